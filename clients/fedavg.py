@@ -1,0 +1,41 @@
+"""Supervised client for FedAvg and FedProx: train on the labelled split, evaluate on val/test.
+
+The proximal term is on when the server's config carries ``proximal-mu`` > 0 (Flower's FedProx).
+"""
+
+from __future__ import annotations
+
+from flwr.app import ArrayRecord, Context, Message
+
+from fedderm.train import evaluate as evaluate_model
+from fedderm.train import round_lr, train_supervised
+
+from .common import reply, session
+
+
+def train(msg: Message, context: Context) -> Message:
+    s = session(context)
+    cfg, config = s.cfg, msg.content["config"]
+    server_round = int(config["server-round"])
+    model = s.model(msg.content["arrays"])
+    images, labels = s.data.tensors("labelled")
+    metrics = train_supervised(
+        model, images, labels, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+        lr=round_lr(cfg.lr, server_round, cfg.num_server_rounds, cfg.lr_schedule),
+        optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+        proximal_mu=float(config.get("proximal-mu", 0.0)), seed=s.seed(server_round), device=s.device)
+    metrics["partition-id"] = s.partition_id
+    return reply(msg, metrics, ArrayRecord(model.state_dict()))
+
+
+def evaluate(msg: Message, context: Context) -> Message:
+    s = session(context)
+    split = str(msg.content["config"].get("split", "val"))
+    model = s.model(msg.content["arrays"])
+    images, labels = s.data.tensors(split)
+    metrics = evaluate_model(model, images, labels, s.data.num_classes, device=s.device)
+    metrics["partition-id"] = s.partition_id
+    return reply(msg, metrics)
+
+
+HANDLERS = {"train": train, "evaluate": evaluate}

@@ -1,0 +1,198 @@
+"""The run config, parsed once into a typed, validated object.
+
+Keys are the flat, dash-separated keys of ``[tool.flwr.app.config]`` (``num-server-rounds``);
+attributes are their snake_case twins (``cfg.num_server_rounds``).  Method-specific keys are
+namespaced (``fedclf.queue-size``), declared by each method in the registry, and read with
+``cfg.option("fedclf.queue-size")``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "dataset": ("synthetic", "folder", "csv", "npz"),
+    "partition": ("iid", "dirichlet", "source"),
+    "optimizer": ("sgd", "adam", "adamw"),
+    "lr-schedule": ("constant", "cosine"),
+    "device": ("auto", "cpu", "cuda"),
+}
+
+
+class ConfigError(ValueError):
+    """A run-config key is unknown, mistyped or out of range; the message names it."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every run-config key shared by all methods (README, "Run config")."""
+
+    method: str = "fedavg"
+    seed: int = 0
+    # data
+    dataset: str = "synthetic"
+    data_path: str = ""
+    image_dir: str = ""
+    classes: str = ""
+    site_column: str = "auto"
+    skip_bad_files: bool = False
+    cache_dir: str = "~/.cache/fedderm"
+    image_size: int = 64
+    synthetic_sites: int = 0
+    synthetic_per_class: int = 60
+    # partitions and splits
+    partition: str = "source"
+    dirichlet_alpha: float = 0.5
+    val_fraction: float = 0.2
+    test_fraction: float = 0.2
+    label_fraction: float = 1.0
+    # model and local training
+    model: str = "resnet18"
+    num_server_rounds: int = 5
+    min_clients: int = 2
+    local_epochs: int = 1
+    batch_size: int = 32
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    lr_schedule: str = "cosine"
+    proximal_mu: float = 0.0
+    device: str = "auto"
+    # results
+    output_dir: str = "~/fedderm-results"
+    run_name: str = ""
+    # method-specific keys ("<method>.<key>"), validated against the registry's declarations
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def option(self, key: str) -> Any:
+        """The value of a method-specific key such as ``fedclf.queue-size``."""
+        try:
+            return self.options[key]
+        except KeyError:
+            raise ConfigError(
+                f"unknown method option {key!r}; declared options: {sorted(self.options)}"
+            ) from None
+
+    @property
+    def class_list(self) -> list[str] | None:
+        """``classes`` split on commas (run-config values cannot be lists), or None."""
+        names = [c.strip() for c in self.classes.split(",") if c.strip()]
+        return names or None
+
+    def to_flat(self) -> dict[str, Any]:
+        """The resolved config as flat run-config keys (for ``config.json`` and messages)."""
+        flat = {_key(f.name): getattr(self, f.name) for f in _core_fields()}
+        flat.update(self.options)
+        return dict(sorted(flat.items()))
+
+    @property
+    def output_path(self) -> Path:
+        return Path(self.output_dir).expanduser().resolve()
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir).expanduser().resolve()
+
+
+def _core_fields() -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(Config) if f.name != "options"]
+
+
+def _key(attr: str) -> str:
+    return attr.replace("_", "-")
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default
+
+
+def default_config() -> dict[str, Any]:
+    """The core keys with their defaults, as flat run-config keys."""
+    return {_key(f.name): _default(f) for f in _core_fields()}
+
+
+def _check_type(key: str, value: Any, default: Any) -> Any:
+    """Return ``value`` coerced to the type of ``default``, or raise naming the key."""
+    expected = type(default)
+    if expected is bool:
+        ok = isinstance(value, bool)
+    elif expected is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif expected is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    else:
+        ok = isinstance(value, expected)
+    if not ok:
+        raise ConfigError(
+            f"run-config key {key!r} must be {expected.__name__} (like {default!r}), "
+            f"got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _check_ranges(cfg: Config) -> None:
+    def need(cond: bool, key: str, what: str) -> None:
+        if not cond:
+            raise ConfigError(f"run-config key {key!r} {what}, got {getattr(cfg, key.replace('-', '_'))!r}")
+
+    for key, allowed in CHOICES.items():
+        need(getattr(cfg, key.replace("-", "_")) in allowed, key, f"must be one of {list(allowed)}")
+    for key in ("image-size", "num-server-rounds", "local-epochs", "batch-size", "min-clients",
+                "synthetic-per-class"):
+        need(getattr(cfg, key.replace("-", "_")) >= 1, key, "must be >= 1")
+    need(cfg.image_size >= 8, "image-size", "must be >= 8")
+    need(cfg.synthetic_sites >= 0, "synthetic-sites", "must be >= 0 (0 = one site per client)")
+    need(cfg.dirichlet_alpha > 0, "dirichlet-alpha", "must be > 0")
+    need(0 < cfg.label_fraction <= 1, "label-fraction", "must be in (0, 1]")
+    need(0 < cfg.val_fraction < 1, "val-fraction", "must be in (0, 1)")
+    need(0 < cfg.test_fraction < 1, "test-fraction", "must be in (0, 1)")
+    need(cfg.val_fraction + cfg.test_fraction < 1, "val-fraction",
+         "plus test-fraction must leave a training split (< 1)")
+    need(cfg.lr > 0, "lr", "must be > 0")
+    need(cfg.proximal_mu >= 0, "proximal-mu", "must be >= 0")
+    if cfg.dataset != "synthetic":
+        need(bool(cfg.data_path), "data-path", f"must name the data for dataset={cfg.dataset!r}")
+
+
+def parse_config(
+    raw: Mapping[str, Any],
+    methods: Iterable[str] = ("fedavg",),
+    method_options: Mapping[str, Any] | None = None,
+) -> Config:
+    """Parse a flat run config (``context.run_config``) into a validated :class:`Config`.
+
+    ``methods`` are the valid ``method`` names and ``method_options`` the namespaced keys the
+    methods declare, with their defaults.  Missing keys take their defaults; an unknown key,
+    a wrong type or an out-of-range value raises :class:`ConfigError` naming the key.
+    """
+    method_options = dict(method_options or {})
+    core = default_config()
+    valid = sorted([*core, *method_options])
+    values: dict[str, Any] = {}
+    options = dict(method_options)
+    for key, value in raw.items():
+        if key in core:
+            values[key.replace("-", "_")] = _check_type(key, value, core[key])
+        elif key in method_options:
+            options[key] = _check_type(key, value, method_options[key])
+        else:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"unknown run-config key {key!r}.{hint} Valid keys: {', '.join(valid)}"
+            )
+    cfg = Config(**values, options=options)
+    methods = sorted(methods)
+    if cfg.method not in methods:
+        close = difflib.get_close_matches(cfg.method, methods, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown method {cfg.method!r}.{hint} Valid methods: {', '.join(methods)}")
+    _check_ranges(cfg)
+    return cfg

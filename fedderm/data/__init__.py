@@ -1,0 +1,124 @@
+"""Data: sources (synthetic, folder, csv, npz), partitions across clients, per-client splits.
+
+A client loads its share once per process with :func:`load_client_data`; the decoded pool is
+cached on disk (``cache-dir``) and in memory, so epochs read tensors, never files.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .partition import ClientSplit, partition_indices, split_client
+from .pool import DataError, ImagePool
+from .sources import load_source
+from .synthetic import load_synthetic
+
+__all__ = ["ClientData", "DataError", "ImagePool", "TensorBatches", "load_client_data", "load_pool"]
+
+log = logging.getLogger("fedderm.data")
+
+_POOLS: dict[tuple, ImagePool] = {}
+
+
+def load_pool(dataset: str, data_path: str, *, image_size: int, seed: int, num_partitions: int = 1,
+              synthetic_sites: int = 0, synthetic_per_class: int = 60, cache_dir: str | Path | None = None,
+              classes: list[str] | None = None, image_dir: str = "", site_column: str = "auto",
+              skip_bad_files: bool = False) -> ImagePool:
+    """The decoded pool of a data source, memoised per process."""
+    key = (dataset, data_path, image_size, seed, num_partitions, synthetic_sites, synthetic_per_class,
+           str(cache_dir), tuple(classes or ()), image_dir, site_column, skip_bad_files)
+    if key not in _POOLS:
+        if dataset == "synthetic":
+            _POOLS[key] = load_synthetic(synthetic_sites or num_partitions, synthetic_per_class,
+                                         image_size, seed, cache_dir)
+        else:
+            extra = {"image_dir": image_dir or None, "site_column": site_column} if dataset == "csv" else {}
+            _POOLS[key] = load_source(dataset, data_path, image_size=image_size, classes=classes,
+                                      skip_bad_files=skip_bad_files, cache_dir=cache_dir, **extra)
+    return _POOLS[key]
+
+
+@dataclass
+class ClientData:
+    """One client's view of the pool: its train/val/test/labelled index sets."""
+
+    pool: ImagePool
+    split: ClientSplit
+    partition_id: int
+
+    @property
+    def classes(self) -> list[str]:
+        return self.pool.classes
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.pool.classes)
+
+    def tensors(self, which: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(uint8 images N×3×S×S, int64 labels N) of split ``train``|``val``|``test``|``labelled``."""
+        idx = getattr(self.split, which)
+        return self.pool.images[idx], torch.from_numpy(self.pool.labels[idx])
+
+    def __repr__(self) -> str:
+        s = self.split
+        return (f"ClientData(partition={self.partition_id}, train={len(s.train)}, "
+                f"labelled={len(s.labelled)}, val={len(s.val)}, test={len(s.test)})")
+
+
+def load_client_data(cfg, partition_id: int, num_partitions: int, *, data_path: str | None = None,
+                     dataset: str | None = None) -> ClientData:
+    """Load client ``partition_id``'s data according to the run config ``cfg``.
+
+    In simulation every client partitions one shared pool (``cfg.partition``).  In deployment a
+    hospital passes its own ``data_path`` (node config): all of it is that client's, nothing is
+    partitioned.
+    """
+    own = data_path is not None
+    pool = load_pool(
+        dataset or cfg.dataset, data_path if own else cfg.data_path,
+        image_size=cfg.image_size, seed=cfg.seed, num_partitions=1 if own else num_partitions,
+        synthetic_sites=cfg.synthetic_sites, synthetic_per_class=cfg.synthetic_per_class,
+        cache_dir=cfg.cache_path, classes=cfg.class_list, image_dir=cfg.image_dir,
+        site_column=cfg.site_column, skip_bad_files=cfg.skip_bad_files,
+    )
+    if own:
+        idx = np.arange(len(pool))
+    else:
+        parts = partition_indices(cfg.partition, pool.labels, num_partitions, seed=cfg.seed,
+                                  alpha=cfg.dirichlet_alpha, sites=pool.sites, site_names=pool.site_names)
+        idx = parts[partition_id]
+    if len(idx) == 0:
+        raise DataError(f"client {partition_id} has an empty partition "
+                        f"(partition={cfg.partition!r}, {len(pool)} images in the pool)")
+    split = split_client(idx, pool.labels, seed=cfg.seed * 1000 + partition_id,
+                         val_fraction=cfg.val_fraction, test_fraction=cfg.test_fraction,
+                         label_fraction=cfg.label_fraction, groups=pool.groups)
+    data = ClientData(pool=pool, split=split, partition_id=partition_id)
+    log.info("%r", data)
+    return data
+
+
+class TensorBatches:
+    """Mini-batches of in-memory tensors; shuffled by a seeded generator (no worker processes)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
+                 shuffle: bool = False, seed: int = 0, drop_last: bool = False):
+        self.images, self.labels = images, labels
+        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        n = len(self.labels)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self):
+        n = len(self.labels)
+        order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+        for b in range(len(self)):
+            sel = order[b * self.batch_size:(b + 1) * self.batch_size]
+            yield self.images[sel], self.labels[sel]

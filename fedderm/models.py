@@ -1,0 +1,129 @@
+"""Model factory: ``create_model(name, num_classes, image_size)`` (timm-style registry).
+
+Every model exposes ``forward_features(x) -> (B, D)`` and ``head`` (the output layer), so that
+self-supervised methods can swap heads and fine-tuning can attach a new linear head.
+Nothing is downloaded: models start from random weights or a local checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+_MODELS: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_model(name: str):
+    def deco(fn):
+        _MODELS[name] = fn
+        return fn
+    return deco
+
+
+def list_models() -> list[str]:
+    return sorted(_MODELS)
+
+
+def create_model(name: str, num_classes: int, image_size: int = 64, **kwargs) -> nn.Module:
+    """Build model ``name`` with a ``num_classes``-way head, randomly initialised."""
+    if name not in _MODELS:
+        raise ValueError(f"unknown model {name!r}; valid models: {', '.join(list_models())}")
+    return _MODELS[name](num_classes=num_classes, image_size=image_size, **kwargs)
+
+
+class ResNetClassifier(nn.Module):
+    """A torchvision ResNet trunk with ``forward_features`` and a linear ``head``.
+
+    ``small_stem`` replaces the 7×7/2 convolution and max-pool by a 3×3/1 convolution, the usual
+    change for images under 48 px (chosen automatically by the factory).
+    """
+
+    def __init__(self, arch: str, num_classes: int, small_stem: bool = False):
+        super().__init__()
+        import torchvision
+
+        trunk = getattr(torchvision.models, arch)(weights=None)
+        if small_stem:
+            trunk.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+            trunk.maxpool = nn.Identity()
+        self.num_features = trunk.fc.in_features
+        trunk.fc = nn.Identity()
+        self.backbone = trunk
+        self.head = nn.Linear(self.num_features, num_classes)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.forward_features(x))
+
+
+class TinyCNN(nn.Module):
+    """A four-layer CNN for tests, benchmarks and quick looks (≈100k parameters)."""
+
+    def __init__(self, num_classes: int, width: int = 32):
+        super().__init__()
+
+        def block(cin: int, cout: int) -> nn.Sequential:
+            return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout),
+                                 nn.ReLU(inplace=True), nn.MaxPool2d(2))
+
+        self.backbone = nn.Sequential(block(3, width), block(width, 2 * width), block(2 * width, 2 * width),
+                                      block(2 * width, 4 * width), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.num_features = 4 * width
+        self.head = nn.Linear(self.num_features, num_classes)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.forward_features(x))
+
+
+class TimmClassifier(nn.Module):
+    """A timm model (e.g. a ViT) behind the same ``forward_features``/``head`` interface."""
+
+    def __init__(self, timm_name: str, num_classes: int, image_size: int, **kwargs):
+        super().__init__()
+        import timm
+
+        self.backbone = timm.create_model(timm_name, pretrained=False, num_classes=0,
+                                          img_size=image_size, **kwargs)
+        self.num_features = self.backbone.num_features
+        self.head = nn.Linear(self.num_features, num_classes)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone(x)  # pooled features (num_classes=0 removes timm's head)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.forward_features(x))
+
+
+@register_model("resnet18")
+def resnet18(num_classes: int, image_size: int = 64, **_) -> nn.Module:
+    return ResNetClassifier("resnet18", num_classes, small_stem=image_size < 48)
+
+
+@register_model("resnet50")
+def resnet50(num_classes: int, image_size: int = 64, **_) -> nn.Module:
+    return ResNetClassifier("resnet50", num_classes, small_stem=image_size < 48)
+
+
+@register_model("tiny-cnn")
+def tiny_cnn(num_classes: int, image_size: int = 64, **_) -> nn.Module:
+    return TinyCNN(num_classes)
+
+
+def _vit(timm_name: str, patch: int):
+    def build(num_classes: int, image_size: int = 64, **_) -> nn.Module:
+        if image_size % patch:
+            raise ValueError(f"image-size {image_size} is not a multiple of the patch size {patch}")
+        return TimmClassifier(timm_name, num_classes, image_size, patch_size=patch, global_pool="avg")
+    return build
+
+
+for _name, _timm, _patch in [("vit-tiny", "vit_tiny_patch16_224", 8), ("vit-small", "vit_small_patch16_224", 8),
+                             ("vit-base", "vit_base_patch16_224", 16)]:
+    register_model(_name)(_vit(_timm, _patch))

@@ -1,0 +1,435 @@
+"""Run folder writer: config, per-round CSV, JSON summary, model, curves, table.
+
+A run folder written by :class:`RunRecorder` looks like::
+
+    <run_dir>/
+        config.json      resolved run config (sorted keys), written at start
+        rounds.csv       one row per client per evaluation round + a 'mean' row,
+                         appended as soon as the round is evaluated
+        summary.json     machine-readable summary, rewritten after every round
+        model.pt         final global model state_dict (torch.save)
+        curves.png       mean validation metrics per round + per-client balanced accuracy
+        train_loss.png   mean training loss per round (only if train losses were logged)
+        final_table.txt  the text table of the final test metrics (see ``table()``)
+
+All means are *unweighted* means over clients (each hospital counts the same).
+JSON files are strict JSON: NaN / infinity are written as ``null``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import numbers
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fedderm.metrics import METRIC_NAMES, mean_over_clients
+
+__all__ = ["RunRecorder", "format_table", "to_json_safe", "CSV_COLUMNS"]
+
+#: Columns of rounds.csv, in order.  ``train_loss`` is filled on the 'mean' row of
+#: rounds where training metrics were given, empty otherwise.
+CSV_COLUMNS: tuple[str, ...] = ("round", "split", "client", "num-examples", "loss", *METRIC_NAMES, "train_loss")
+
+_RESERVED_SUMMARY_KEYS = frozenset({"method", "config", "rounds", "best_round", "final"})
+_CURVE_METRICS = (
+    ("balanced_accuracy", "Balanced accuracy"),
+    ("accuracy", "Accuracy"),
+    ("f1", "Macro F1"),
+    ("auc", "Macro ROC-AUC (OvR)"),
+)
+
+
+# --------------------------------------------------------------------------- helpers
+def to_json_safe(obj: Any) -> Any:
+    """Recursively convert ``obj`` to strict-JSON-safe Python values.
+
+    NaN/inf -> None, numpy scalars/arrays -> Python numbers/lists, tuples/sets ->
+    lists, dict keys -> str, Paths and other unknown objects -> str.
+    """
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): to_json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [to_json_safe(v) for v in obj]
+    if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy scalars / arrays, torch tensors
+        return to_json_safe(obj.tolist())
+    if hasattr(obj, "item") and callable(obj.item):
+        return to_json_safe(obj.item())
+    return str(obj)
+
+
+def _file_mode() -> int:
+    """Mode for new files honouring the umask (mkstemp would create them 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_FILE_MODE = _file_mode()
+
+
+def _mkstemp(path: Path) -> tuple[int, str]:
+    """Temp file next to ``path`` (same filesystem, so os.replace is atomic)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.chmod(tmp, _FILE_MODE)
+    return fd, tmp
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    fd, tmp = _mkstemp(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _write_json(path: Path, obj: Any, sort_keys: bool = False) -> None:
+    text = json.dumps(to_json_safe(obj), indent=2, sort_keys=sort_keys, allow_nan=False)
+    _atomic_write_bytes(path, (text + "\n").encode("utf-8"))
+
+
+def _client_sort_key(client_id: str):
+    """Natural order: '2' before '10'; non-numeric ids after numeric ones."""
+    parts = re.split(r"(\d+)", str(client_id))
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p != ""]
+
+
+def _sorted_clients(per_client: Mapping[str, Any]) -> list[str]:
+    return sorted((str(k) for k in per_client), key=_client_sort_key)
+
+
+def _num(value: Any) -> float:
+    """float(value), NaN for missing / non-numeric."""
+    if value is None or isinstance(value, bool):
+        return float("nan")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _csv_cell(value: Any) -> str:
+    """CSV text of a value: '' for missing/NaN, exact repr for floats."""
+    if value is None or isinstance(value, (bool, str)):
+        return "" if value is None else str(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    number = _num(value)
+    return "" if math.isnan(number) else repr(number)
+
+
+def _train_loss(train: Mapping[str, Any] | None) -> float | None:
+    if not train:
+        return None
+    for key in ("train_loss", "train-loss", "loss"):
+        if key in train:
+            return _num(train[key])
+    return None
+
+
+def _total_examples(per_client: Mapping[str, Mapping[str, Any]]) -> int | None:
+    counts = [m.get("num-examples") for m in per_client.values() if m.get("num-examples") is not None]
+    return int(sum(int(c) for c in counts)) if counts else None
+
+
+def _plain(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    return {str(k): (int(v) if k == "num-examples" and v is not None else v) for k, v in metrics.items()}
+
+
+def _style_axis(ax, ylabel: str, unit_interval: bool = True) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("round")
+    ax.set_ylabel(ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if unit_interval:
+        ax.set_ylim(-0.02, 1.02)
+    ax.grid(True, alpha=0.3)
+
+
+# --------------------------------------------------------------------------- table
+def format_table(per_client: Mapping[str, Mapping[str, float]], title: str) -> str:
+    """Fixed-width text table: one row per client + a 'mean' row.
+
+    Columns are :data:`METRIC_NAMES` (3 decimals, ``n/a`` for undefined values)
+    and ``n`` (``num-examples``).  The 'mean' row is the unweighted, NaN-ignoring
+    mean over clients; its ``n`` is the total number of examples.
+    """
+    mean = mean_over_clients(per_client)
+    clients = _sorted_clients(per_client)
+    by_id = {str(k): v for k, v in per_client.items()}
+
+    def fmt(value: Any) -> str:
+        number = _num(value)
+        return "n/a" if math.isnan(number) else f"{number:.3f}"
+
+    def fmt_n(value: Any) -> str:
+        return "" if value is None else str(int(value))
+
+    header = ["client", *METRIC_NAMES, "n"]
+    rows = [[cid, *(fmt(by_id[cid].get(m)) for m in METRIC_NAMES), fmt_n(by_id[cid].get("num-examples"))]
+            for cid in clients]
+    rows.append(["mean", *(fmt(mean.get(m)) for m in METRIC_NAMES), fmt_n(_total_examples(per_client))])
+
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = [c.rjust(w) for c, w in zip(cells[1:], widths[1:])]
+        return "  ".join([first, *rest])
+
+    rule = "-" * len(line(header))
+    out = [title, rule, line(header), rule, *(line(r) for r in rows[:-1]), rule, line(rows[-1]), rule,
+           "The mean row is the unweighted mean over clients (n/a values ignored); its n is the total number of examples."]
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- recorder
+class RunRecorder:
+    """Writes everything about one run into ``run_dir`` as the run progresses.
+
+    Args:
+        run_dir: folder to create (parents included); existing files are overwritten.
+        method: name of the federated method (e.g. ``"fedavg"``).
+        config: the resolved run config; written to ``config.json`` right away.
+    """
+
+    def __init__(self, run_dir: Path, method: str, config: dict):
+        self.run_dir = Path(run_dir).expanduser()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.method = str(method)
+        self.config = dict(config)
+        self.rounds: list[dict[str, Any]] = []
+        self.best_round: int | None = None
+        self.final: dict[str, Any] | None = None
+        self.extra: dict[str, Any] = {}
+
+        _write_json(self.config_path, self.config, sort_keys=True)
+        with open(self.rounds_csv_path, "w", newline="", encoding="utf-8") as fh:
+            csv.writer(fh).writerow(CSV_COLUMNS)
+        self._write_summary()
+
+    # paths ------------------------------------------------------------------
+    @property
+    def config_path(self) -> Path:
+        return self.run_dir / "config.json"
+
+    @property
+    def rounds_csv_path(self) -> Path:
+        return self.run_dir / "rounds.csv"
+
+    @property
+    def summary_path(self) -> Path:
+        return self.run_dir / "summary.json"
+
+    @property
+    def model_path(self) -> Path:
+        return self.run_dir / "model.pt"
+
+    # recording ----------------------------------------------------------------
+    def log_round(
+        self,
+        round: int,  # noqa: A002 - name fixed by the interface
+        split: str,
+        per_client: dict[str, dict[str, float]],
+        train: dict[str, float] | None = None,
+    ) -> dict[str, float]:
+        """Record one evaluation round: per_client maps partition-id (str) -> {metric: value, 'num-examples': n, maybe 'loss'}; returns the unweighted mean (mean_over_clients).
+
+        Appends rows to rounds.csv immediately (one row per client + one row
+        client='mean'; columns :data:`CSV_COLUMNS`) so nothing is lost if the run
+        dies, and rewrites summary.json (atomic write: tmp + os.replace).  The
+        ``train_loss`` column is filled on the 'mean' row from ``train['train_loss']``
+        (or ``train['loss']``) when ``train`` is given.
+        """
+        per_client = {str(k): _plain(v) for k, v in per_client.items()}
+        mean = mean_over_clients(per_client)
+        train_dict = dict(train) if train else {}
+
+        rows = []
+        for cid in _sorted_clients(per_client):
+            m = per_client[cid]
+            rows.append([int(round), split, cid, m.get("num-examples"), m.get("loss"),
+                         *(m.get(name) for name in METRIC_NAMES), None])
+        rows.append([int(round), split, "mean", _total_examples(per_client), mean.get("loss"),
+                     *(mean.get(name) for name in METRIC_NAMES), _train_loss(train_dict)])
+        with open(self.rounds_csv_path, "a", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh)
+            for row in rows:
+                writer.writerow([_csv_cell(v) for v in row])
+            fh.flush()
+
+        self.rounds.append({
+            "round": int(round),
+            "split": str(split),
+            "metrics": dict(mean),
+            "per_client": per_client,
+            "train": train_dict,
+        })
+        self._write_summary()
+        return mean
+
+    def set_final(
+        self,
+        per_client: dict[str, dict[str, float]],
+        best_round: int | None,
+        extra: dict | None = None,
+    ) -> dict[str, float]:
+        """Record the final (test) metrics per client; returns their unweighted mean.
+
+        ``extra`` entries are merged at the top level of summary.json (they may not
+        override ``method``, ``config``, ``rounds``, ``best_round`` or ``final``).
+        """
+        per_client = {str(k): _plain(v) for k, v in per_client.items()}
+        mean = mean_over_clients(per_client)
+        self.final = {**mean, "per_client": per_client}
+        self.best_round = None if best_round is None else int(best_round)
+        if extra:
+            self.update_extra(extra)
+        else:
+            self._write_summary()
+        return mean
+
+    def update_extra(self, extra: dict) -> None:
+        """Merge more top-level entries into summary.json (e.g. ``rounds_to_target``)."""
+        clash = _RESERVED_SUMMARY_KEYS.intersection(extra)
+        if clash:
+            raise ValueError(f"extra keys {sorted(clash)} are reserved in summary.json")
+        self.extra.update({str(k): v for k, v in extra.items()})
+        self._write_summary()
+
+    def save_model(self, state_dict, name: str = "model.pt") -> Path:
+        """torch.save the state_dict to ``run_dir/name`` (atomic); returns the path."""
+        import torch  # local import: the rest of this module does not need torch
+
+        path = self.run_dir / name
+        fd, tmp = _mkstemp(path)
+        os.close(fd)
+        try:
+            torch.save(state_dict, tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+    def summary(self) -> dict[str, Any]:
+        """The summary.json content (JSON-safe: NaN -> None)."""
+        data: dict[str, Any] = {
+            "method": self.method,
+            "config": self.config,
+            "rounds": self.rounds,
+            "best_round": self.best_round,
+            "final": self.final,
+        }
+        data.update(self.extra)
+        return to_json_safe(data)
+
+    def _write_summary(self) -> None:
+        _write_json(self.summary_path, self.summary())
+
+    def finish(self) -> Path:
+        """Write summary.json, the PNG curves and final_table.txt; return run_dir."""
+        self._write_summary()
+        self._plot_curves()
+        self._plot_train_loss()
+        if self.final is not None:
+            _atomic_write_bytes(self.run_dir / "final_table.txt", (self.table() + "\n").encode("utf-8"))
+        return self.run_dir
+
+    def table(self) -> str:
+        """Readable text table of the final test metrics (see :func:`format_table`)."""
+        title = f"Final test metrics - {self.method}"
+        if self.final is None:
+            return f"{title}\n(no final metrics recorded)"
+        if self.best_round is not None:
+            title += f" (model from round {self.best_round})"
+        return format_table(self.final["per_client"], title)
+
+    # plotting -----------------------------------------------------------------
+    def _curve_split(self) -> str | None:
+        splits = [r["split"] for r in self.rounds]
+        if not splits:
+            return None
+        return "val" if "val" in splits else splits[0]
+
+    def _save_figure(self, fig, name: str) -> Path:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
+        fig.tight_layout()
+        path = self.run_dir / name
+        fd, tmp = _mkstemp(path)
+        os.close(fd)
+        try:
+            fig.savefig(tmp, format="png", dpi=100)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+    def _plot_curves(self) -> Path | None:
+        split = self._curve_split()
+        if split is None:
+            return None
+        from matplotlib.figure import Figure
+
+        records = [r for r in self.rounds if r["split"] == split]
+        xs = [r["round"] for r in records]
+        fig = Figure(figsize=(13, 7.5))
+        axes = fig.subplots(2, 3).ravel()
+        for ax, (key, label) in zip(axes, _CURVE_METRICS):
+            ys = [_num(r["metrics"].get(key)) for r in records]
+            ax.plot(xs, ys, marker="o", color="tab:blue")
+            ax.set_title(f"{label}\nmean over clients, {split}")
+            _style_axis(ax, label)
+
+        ax = axes[4]
+        clients = _sorted_clients({cid: None for r in records for cid in r["per_client"]})
+        for cid in clients:
+            ys = [_num(r["per_client"].get(cid, {}).get("balanced_accuracy")) for r in records]
+            ax.plot(xs, ys, marker=".", label=f"client {cid}")
+        ax.plot(xs, [_num(r["metrics"].get("balanced_accuracy")) for r in records],
+                color="black", linewidth=2, linestyle="--", label="mean")
+        ax.set_title(f"Balanced accuracy\nper client, {split}")
+        _style_axis(ax, "Balanced accuracy")
+        ax.legend(fontsize="small", ncol=2 if len(clients) > 8 else 1)
+        axes[5].axis("off")
+        fig.suptitle(f"{self.method}: {'validation' if split == 'val' else split} metrics per round")
+        return self._save_figure(fig, "curves.png")
+
+    def _plot_train_loss(self) -> Path | None:
+        points = [(r["round"], _train_loss(r["train"])) for r in self.rounds]
+        points = sorted({x: y for x, y in points if y is not None}.items())
+        if not points:
+            return None
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(6, 4))
+        ax = fig.subplots()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color="tab:red")
+        ax.set_title(f"{self.method}: mean training loss per round")
+        _style_axis(ax, "training loss", unit_interval=False)
+        return self._save_figure(fig, "train_loss.png")

@@ -1,0 +1,127 @@
+"""Local training and evaluation loops shared by every method (pure PyTorch)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .data import TensorBatches
+from .metrics import classification_metrics
+
+MEAN, STD = 0.5, 0.5
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``auto`` -> CUDA when present, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' was asked for but no CUDA device is available; use device='auto'")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch; same seed -> same numbers on CPU."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def to_input(images: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """uint8 N×3×S×S -> normalised float on ``device``."""
+    return (images.to(device, non_blocking=True).float() / 255.0 - MEAN) / STD
+
+
+def random_flips(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Random horizontal and vertical flips per image (lesions have no canonical orientation)."""
+    n = x.shape[0]
+    h = torch.rand(n, generator=generator) < 0.5
+    v = torch.rand(n, generator=generator) < 0.5
+    x = x.clone()
+    x[h] = x[h].flip(-1)
+    x[v] = x[v].flip(-2)
+    return x
+
+
+def round_lr(base_lr: float, server_round: int, num_rounds: int, schedule: str = "cosine") -> float:
+    """Learning rate of federated round ``server_round`` (1-based): constant or cosine decay."""
+    if schedule == "constant" or num_rounds <= 1:
+        return base_lr
+    return base_lr * 0.5 * (1 + math.cos(math.pi * (server_round - 1) / num_rounds))
+
+
+def make_optimizer(params, name: str, lr: float, momentum: float = 0.9,
+                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}; valid: sgd, adam, adamw")
+
+
+def proximal_term(model: nn.Module, reference: list[torch.Tensor]) -> torch.Tensor:
+    """‖w − w_global‖² over trainable parameters (FedProx, Li et al. 2020, Eq. 2 without μ/2)."""
+    return sum(((p - r) ** 2).sum() for p, r in zip(model.parameters(), reference) if p.requires_grad)
+
+
+def train_supervised(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, epochs: int,
+                     batch_size: int, lr: float, optimizer: str = "sgd", momentum: float = 0.9,
+                     weight_decay: float = 0.0, proximal_mu: float = 0.0, seed: int = 0,
+                     device: torch.device | str = "cpu") -> dict[str, float]:
+    """Cross-entropy training for ``epochs`` epochs; with ``proximal_mu`` > 0 adds FedProx's
+    (μ/2)‖w − w_global‖², w_global being the weights the model had on entry.
+
+    Returns ``{"train_loss": mean loss of the last epoch, "num-examples": n}``.
+    """
+    device = torch.device(device)
+    model.to(device).train()
+    reference = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
+    opt = make_optimizer([p for p in model.parameters() if p.requires_grad], optimizer, lr,
+                         momentum, weight_decay)
+    batches = TensorBatches(images, labels, batch_size, shuffle=True, seed=seed)
+    flips = torch.Generator().manual_seed(seed + 1)
+    loss_sum, seen = 0.0, 0
+    for _ in range(epochs):
+        loss_sum, seen = 0.0, 0
+        for xb, yb in batches:
+            if len(yb) < 2:  # a batch of one breaks BatchNorm statistics
+                continue
+            x = to_input(random_flips(xb, flips), device)
+            y = yb.to(device)
+            loss = F.cross_entropy(model(x), y)
+            if reference is not None:
+                loss = loss + proximal_mu / 2 * proximal_term(model, reference)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.item() * len(yb)
+            seen += len(yb)
+    return {"train_loss": loss_sum / max(seen, 1), "num-examples": int(len(labels))}
+
+
+@torch.no_grad()
+def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 256,
+            device: torch.device | str = "cpu") -> torch.Tensor:
+    """Softmax probabilities (N, C) of the model in eval mode."""
+    device = torch.device(device)
+    model.to(device).eval()
+    out = [F.softmax(model(to_input(images[i:i + batch_size], device)), dim=1).cpu()
+           for i in range(0, len(images), batch_size)]
+    return torch.cat(out) if out else torch.empty(0)
+
+
+def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, num_classes: int, *,
+             batch_size: int = 256, device: torch.device | str = "cpu") -> dict[str, float]:
+    """Loss and every metric of :func:`fedderm.metrics.classification_metrics` on one split."""
+    probs = predict(model, images, batch_size, device)
+    y = labels.numpy()
+    loss = F.nll_loss(torch.log(probs.clamp_min(1e-12)), labels).item()
+    return {"loss": loss, **classification_metrics(y, probs.numpy(), num_classes),
+            "num-examples": int(len(y))}

@@ -1,0 +1,15 @@
+"""FedAvg (McMahan et al. 2017): Flower's built-in strategy, weighted by ``num-examples``."""
+
+from flwr.serverapp.strategy import FedAvg
+
+from .common import Tracked
+
+
+class FedAvgStrategy(Tracked, FedAvg):
+    """Flower's FedAvg with fedderm's per-client results and best-on-val tracking."""
+
+
+def build_strategy(cfg, recorder) -> FedAvgStrategy:
+    n = cfg.min_clients
+    return FedAvgStrategy(cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n,
+                          min_available_nodes=n)

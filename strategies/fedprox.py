@@ -1,0 +1,16 @@
+"""FedProx (Li et al. 2020): Flower's built-in strategy; it sends ``proximal-mu`` to the clients,
+whose local loss adds (μ/2)‖w − w_global‖² (``fedderm.train.train_supervised``)."""
+
+from flwr.serverapp.strategy import FedProx
+
+from .common import Tracked
+
+
+class FedProxStrategy(Tracked, FedProx):
+    """Flower's FedProx with fedderm's per-client results and best-on-val tracking."""
+
+
+def build_strategy(cfg, recorder) -> FedProxStrategy:
+    n = cfg.min_clients
+    return FedProxStrategy(cfg=cfg, recorder=recorder, proximal_mu=cfg.proximal_mu, min_train_nodes=n,
+                           min_evaluate_nodes=n, min_available_nodes=n)

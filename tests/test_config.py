@@ -1,0 +1,62 @@
+import tomllib
+
+import pytest
+
+import registry
+from fedderm.config import Config, ConfigError, default_config, parse_config
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_pyproject_defaults_match_the_typed_config():
+    """Every key flwr run sends is a Config key, with the same default."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        app_config = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
+    expected = {**default_config(), **registry.method_options()}
+    assert app_config == expected
+
+
+def test_parse_types_and_defaults():
+    cfg = registry.load_config({"method": "fedprox", "lr": 1, "proximal-mu": 0.01, "num-server-rounds": 3})
+    assert isinstance(cfg, Config)
+    assert cfg.method == "fedprox" and cfg.num_server_rounds == 3
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float)  # TOML int accepted for a float key
+    assert cfg.batch_size == Config().batch_size
+
+
+def test_unknown_key_names_it_and_lists_valid_keys():
+    with pytest.raises(ConfigError) as err:
+        registry.load_config({"num-server-round": 3})
+    msg = str(err.value)
+    assert "'num-server-round'" in msg and "Did you mean 'num-server-rounds'" in msg
+    assert "batch-size" in msg and "dirichlet-alpha" in msg
+
+
+def test_wrong_type_and_range_name_the_key():
+    with pytest.raises(ConfigError, match="'batch-size' must be int"):
+        registry.load_config({"batch-size": "32"})
+    with pytest.raises(ConfigError, match="'skip-bad-files' must be bool"):
+        registry.load_config({"skip-bad-files": 1})
+    with pytest.raises(ConfigError, match="'partition' must be one of"):
+        registry.load_config({"partition": "dirichet"})
+    with pytest.raises(ConfigError, match="'label-fraction'"):
+        registry.load_config({"label-fraction": 0.0})
+    with pytest.raises(ConfigError, match="'data-path'"):
+        registry.load_config({"dataset": "npz"})
+
+
+def test_unknown_method_lists_methods():
+    with pytest.raises(ConfigError, match="unknown method 'fedav'.*Did you mean 'fedavg'"):
+        registry.load_config({"method": "fedav"})
+
+
+def test_method_options_are_namespaced_and_typed():
+    cfg = parse_config({"demo.k": 7}, methods=["fedavg"], method_options={"demo.k": 3, "demo.t": 0.5})
+    assert cfg.option("demo.k") == 7 and cfg.option("demo.t") == 0.5
+    with pytest.raises(ConfigError, match="'demo.k' must be int"):
+        parse_config({"demo.k": 0.5}, methods=["fedavg"], method_options={"demo.k": 3})
+
+
+def test_class_list_and_flat_round_trip():
+    cfg = registry.load_config({"classes": "mel, nv ,bcc"})
+    assert cfg.class_list == ["mel", "nv", "bcc"]
+    assert registry.load_config(cfg.to_flat()) == cfg

@@ -1,0 +1,81 @@
+import numpy as np
+import pytest
+
+from fedderm.data.partition import partition_indices, split_client
+from fedderm.data.pool import DataError
+
+
+def _labels(n=2000, classes=5, seed=0):
+    return np.random.default_rng(seed).integers(0, classes, n)
+
+
+def _class_shares(labels, parts, classes=5):
+    return np.array([np.bincount(labels[p], minlength=classes) / len(p) for p in parts])
+
+
+@pytest.mark.parametrize("scheme", ["iid", "dirichlet"])
+def test_every_index_used_exactly_once(scheme):
+    labels = _labels()
+    parts = partition_indices(scheme, labels, 4, seed=1, alpha=0.5)
+    allidx = np.concatenate(parts)
+    assert len(allidx) == len(labels)
+    assert np.array_equal(np.sort(allidx), np.arange(len(labels)))
+
+
+def test_dirichlet_is_reproducible_by_seed():
+    labels = _labels()
+    a = partition_indices("dirichlet", labels, 4, seed=3, alpha=0.5)
+    b = partition_indices("dirichlet", labels, 4, seed=3, alpha=0.5)
+    c = partition_indices("dirichlet", labels, 4, seed=4, alpha=0.5)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+
+
+def test_dirichlet_balanced_at_large_alpha_and_skewed_at_small_alpha():
+    labels = _labels()
+    global_share = np.bincount(labels) / len(labels)
+    flat = _class_shares(labels, partition_indices("dirichlet", labels, 4, seed=0, alpha=100.0))
+    skew = _class_shares(labels, partition_indices("dirichlet", labels, 4, seed=0, alpha=0.5))
+    # total variation distance between each client's label mix and the global one
+    tv_flat = 0.5 * np.abs(flat - global_share).sum(1)
+    tv_skew = 0.5 * np.abs(skew - global_share).sum(1)
+    assert tv_flat.max() < 0.08
+    assert tv_skew.mean() > 0.25
+
+
+def test_source_partition_one_site_per_client_and_mismatch_error():
+    labels = _labels(30)
+    sites = np.repeat([0, 1, 2], 10)
+    parts = partition_indices("source", labels, 3, seed=0, sites=sites, site_names=["a", "b", "c"])
+    assert [list(p) for p in parts] == [list(range(0, 10)), list(range(10, 20)), list(range(20, 30))]
+    with pytest.raises(DataError, match="3 sites.*2 clients"):
+        partition_indices("source", labels, 2, seed=0, sites=sites, site_names=["a", "b", "c"])
+    with pytest.raises(DataError, match="site information"):
+        partition_indices("source", labels, 2, seed=0, sites=None)
+
+
+def test_split_is_stratified_disjoint_and_labelled_subset():
+    labels = np.repeat(np.arange(5), 100)
+    idx = np.arange(500)
+    s = split_client(idx, labels, seed=0, label_fraction=0.1)
+    assert len(s.train) == 300 and len(s.val) == 100 and len(s.test) == 100
+    assert np.array_equal(np.sort(np.concatenate([s.train, s.val, s.test])), idx)
+    for part in (s.val, s.test):
+        assert np.array_equal(np.bincount(labels[part]), [20] * 5)
+    assert set(s.labelled) <= set(s.train)
+    assert np.array_equal(np.bincount(labels[s.labelled]), [6] * 5)
+
+
+def test_split_keeps_groups_together():
+    labels = np.repeat(np.arange(2), 60)
+    groups = np.arange(120) // 3  # 40 lesions, 3 images each
+    s = split_client(np.arange(120), labels, seed=0, groups=groups)
+    sets = [set(groups[p]) for p in (s.train, s.val, s.test)]
+    assert not (sets[0] & sets[1]) and not (sets[0] & sets[2]) and not (sets[1] & sets[2])
+    assert len(s.test) == pytest.approx(24, abs=3) and len(s.val) == pytest.approx(24, abs=3)
+
+
+def test_label_fraction_keeps_every_class():
+    labels = np.array([0] * 50 + [1] * 3)
+    s = split_client(np.arange(53), labels, seed=0, label_fraction=0.1)
+    assert set(labels[s.labelled]) == {0, 1}
