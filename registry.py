@@ -47,6 +47,10 @@ METHODS: dict[str, Method] = {
         Method("fedprox", "strategies.fedprox", "clients.fedavg",
                "Supervised FedProx (Li et al. 2020): FedAvg plus the client-side proximal term "
                "(proximal-mu/2)·‖w − w_global‖²."),
+        # -- FedCLF and its baselines (issue 3) --
+        # -- FedMAE, Fed-MAE, Fed-BEiT (issue 4) --
+        # -- SiFT, SCAFFOLD, FedDyn (issue 5) --
+        # -- FL-BT, SSL-FL-BT, FedBN, MOON, local (issue 6) --
     ]
 }
 

@@ -44,7 +44,7 @@ class Config:
     cache_dir: str = "~/.cache/fedderm"
     image_size: int = 64
     synthetic_sites: int = 0
-    synthetic_per_class: int = 60
+    synthetic_per_class: int = 100
     # partitions and splits
     partition: str = "source"
     dirichlet_alpha: float = 0.5
@@ -53,12 +53,12 @@ class Config:
     label_fraction: float = 1.0
     # model and local training
     model: str = "resnet18"
-    num_server_rounds: int = 5
+    num_server_rounds: int = 8
     min_clients: int = 2
-    local_epochs: int = 1
+    local_epochs: int = 2
     batch_size: int = 32
-    optimizer: str = "sgd"
-    lr: float = 0.05
+    optimizer: str = "adam"
+    lr: float = 1e-3
     momentum: float = 0.9
     weight_decay: float = 5e-4
     lr_schedule: str = "cosine"

@@ -57,3 +57,31 @@ def test_same_seed_same_numbers(tmp_path):
 def test_bad_key_fails_before_starting():
     with pytest.raises(ConfigError, match="'num-server-round'"):
         sim.simulate({"num-server-round": 2})
+
+
+def _medmnist_like(path, n=300, size=28, classes=4, seed=0):
+    """A small MedMNIST-format file: grayscale images whose brightness encodes the label."""
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for split, m in (("train", n), ("val", n // 5), ("test", n // 5)):
+        labels = rng.integers(0, classes, (m, 1))
+        images = (labels[:, :, None] * 60 + rng.integers(0, 40, (m, size, size))).astype(np.uint8)
+        arrays[f"{split}_images"], arrays[f"{split}_labels"] = images, labels
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize("method,extra", [("fedavg", {}), ("fedprox", {"proximal-mu": 0.01})])
+def test_npz_dirichlet_reports_per_client_metrics(tmp_path, method, extra):
+    npz = _medmnist_like(tmp_path / "organmnist.npz")
+    run_dir = sim.simulate({**FAST, "dataset": "npz", "data-path": str(npz), "image-size": 28,
+                            "partition": "dirichlet", "dirichlet-alpha": 0.5, "method": method,
+                            "num-server-rounds": 2, "output-dir": str(tmp_path),
+                            "cache-dir": str(tmp_path / "cache"), **extra}, num_supernodes=3)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["method"] == method
+    assert set(summary["final"]["per_client"]) == {"0", "1", "2"}
+    assert sum(c["num-examples"] for c in summary["final"]["per_client"].values()) == pytest.approx(
+        0.2 * 420, abs=6)
+    if method == "fedprox":
+        assert summary["config"]["proximal-mu"] == 0.01

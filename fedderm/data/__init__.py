@@ -26,7 +26,7 @@ _POOLS: dict[tuple, ImagePool] = {}
 
 
 def load_pool(dataset: str, data_path: str, *, image_size: int, seed: int, num_partitions: int = 1,
-              synthetic_sites: int = 0, synthetic_per_class: int = 60, cache_dir: str | Path | None = None,
+              synthetic_sites: int = 0, synthetic_per_class: int = 100, cache_dir: str | Path | None = None,
               classes: list[str] | None = None, image_dir: str = "", site_column: str = "auto",
               skip_bad_files: bool = False) -> ImagePool:
     """The decoded pool of a data source, memoised per process."""

@@ -348,7 +348,7 @@ def _decode_files(paths: Sequence[Path], size: int, skip_bad: bool,
         for i, result in enumerate(executor.map(_try_read_image, paths, [size] * n)):
             if isinstance(result, DataError):
                 if not skip_bad:
-                    raise DataError(f"{result} (pass skip_bad_files=True to skip unreadable "
+                    raise DataError(f"{result} (set skip-bad-files=true to skip unreadable "
                                     "images)") from result
                 logger.warning("skipping unreadable image: %s", result)
                 skipped.append(str(paths[i]))
@@ -423,7 +423,7 @@ def _raise_or_skip(problems: list[tuple[str, str]], skip_bad: bool, header: str,
     listed = "; ".join(f"{what}: {why}" for what, why in problems[:_MAX_LISTED])
     more = f"; ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
     raise DataError(f"{header} ({len(problems)}): {listed}{more} "
-                    "(pass skip_bad_files=True to skip them)")
+                    "(set skip-bad-files=true to skip them)")
 
 
 # --------------------------------------------------------------------------------------
