@@ -63,6 +63,13 @@ def run_dir_for(cfg, run_id: int) -> Path:
     return path
 
 
+def run_supervised(grid: Grid, cfg, recorder: RunRecorder, classes: list[str]) -> None:
+    """The default plan: the method's strategy trains ``cfg.model`` from scratch, then test."""
+    model = create_model(cfg.model, num_classes=len(classes), image_size=cfg.image_size)
+    strategy = registry.get_method(cfg.method).strategy_module().build_strategy(cfg, recorder)
+    run_federated(strategy, grid, ArrayRecord(model.state_dict()))
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = registry.load_config(context.run_config)
@@ -75,9 +82,9 @@ def main(grid: Grid, context: Context) -> None:
 
     infos = meet_clients(grid, wait_for_nodes(grid, cfg.min_clients))
     classes = list(next(iter(infos.values()))["classes"])
-    model = create_model(cfg.model, num_classes=len(classes), image_size=cfg.image_size)
-    strategy = method.strategy_module().build_strategy(cfg, recorder)
-    run_federated(strategy, grid, ArrayRecord(model.state_dict()))
+    # A strategy module runs the default plan (federated training, then test) unless it
+    # defines its own ``run(grid, cfg, recorder, classes)`` (e.g. pre-train -> fine-tune -> test).
+    getattr(method.strategy_module(), "run", run_supervised)(grid, cfg, recorder, classes)
 
     run_dir = recorder.finish()
     log(INFO, "\n%s", recorder.table())
