@@ -22,4 +22,6 @@ def dispatch(msg: Message, context: Context) -> Message:
 
 app.query("info")(info)
 app.train()(dispatch)
+app.train("pretrain")(dispatch)
+app.train("finetune")(dispatch)
 app.evaluate()(dispatch)

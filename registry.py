@@ -48,6 +48,8 @@ METHODS: dict[str, Method] = {
                "Supervised FedProx (Li et al. 2020): FedAvg plus the client-side proximal term "
                "(proximal-mu/2)·‖w − w_global‖²."),
         # -- FedCLF and its baselines (issue 3) --
+        Method("fedrotation", "strategies.fedrotation", "clients.fedrotation",
+               "FedRotation (000 baseline): rotation-prediction pre-training + FedAvg, then fine-tuning."),
         # -- FedMAE, Fed-MAE, Fed-BEiT (issue 4) --
         # -- SiFT, SCAFFOLD, FedDyn (issue 5) --
         # -- FL-BT, SSL-FL-BT, FedBN, MOON, local (issue 6) --

@@ -8,7 +8,8 @@ partition comes from ``partition-id``/``num-partitions``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -17,6 +18,7 @@ import registry
 from fedderm.config import Config
 from fedderm.data import ClientData, load_client_data
 from fedderm.models import create_model
+from fedderm.train import evaluate as evaluate_model
 from fedderm.train import resolve_device
 
 _SESSIONS: dict[tuple, "ClientSession"] = {}
@@ -28,15 +30,19 @@ class ClientSession:
     data: ClientData
     device: torch.device
     partition_id: int
-    _model: torch.nn.Module | None = None
+    _models: dict = field(default_factory=dict)
 
-    def model(self, arrays: ArrayRecord | None = None) -> torch.nn.Module:
-        """The client's model (built once per process), loaded with ``arrays`` if given."""
-        if self._model is None:
-            self._model = create_model(self.cfg.model, self.data.num_classes, self.cfg.image_size)
+    def model(self, arrays: ArrayRecord | None = None, key: str = "classifier",
+              factory: Callable[[], torch.nn.Module] | None = None) -> torch.nn.Module:
+        """The client's model ``key`` (built once per process by ``factory``; default: the
+        classifier ``cfg.model``), loaded with ``arrays`` if given, on the client's device."""
+        if key not in self._models:
+            build = factory or (lambda: create_model(self.cfg.model, self.data.num_classes, self.cfg.image_size))
+            self._models[key] = build()
+        model = self._models[key]
         if arrays is not None:
-            self._model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
-        return self._model.to(self.device)
+            model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+        return model.to(self.device)
 
     def seed(self, server_round: int, salt: int = 0) -> int:
         """A seed unique to (run seed, round, client): same seed, same numbers."""
@@ -74,3 +80,12 @@ def info(msg: Message, context: Context) -> Message:
                            "train": len(sp.train), "labelled": len(sp.labelled), "val": len(sp.val),
                            "test": len(sp.test)})
     return Message(RecordDict({"info": record}), reply_to=msg)
+
+
+def evaluate_split(s: ClientSession, weights: ArrayRecord, split: str) -> dict:
+    """Metrics of the classifier with ``weights`` on this client's ``split`` (tagged with its id)."""
+    model = s.model(weights)
+    images, labels = s.data.tensors(split)
+    metrics = evaluate_model(model, images, labels, s.data.num_classes, device=s.device)
+    metrics["partition-id"] = s.partition_id
+    return metrics

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from flwr.app import ArrayRecord, Context, Message
 
-from fedderm.train import evaluate as evaluate_model
 from fedderm.train import round_lr, train_supervised
 
-from .common import reply, session
+from .common import evaluate_split, reply, session
 
 
 def train(msg: Message, context: Context) -> Message:
@@ -29,13 +28,8 @@ def train(msg: Message, context: Context) -> Message:
 
 
 def evaluate(msg: Message, context: Context) -> Message:
-    s = session(context)
     split = str(msg.content["config"].get("split", "val"))
-    model = s.model(msg.content["arrays"])
-    images, labels = s.data.tensors(split)
-    metrics = evaluate_model(model, images, labels, s.data.num_classes, device=s.device)
-    metrics["partition-id"] = s.partition_id
-    return reply(msg, metrics)
+    return reply(msg, evaluate_split(session(context), msg.content["arrays"], split))
 
 
 HANDLERS = {"train": train, "evaluate": evaluate}

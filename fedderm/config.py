@@ -21,6 +21,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer": ("sgd", "adam", "adamw"),
     "lr-schedule": ("constant", "cosine"),
     "device": ("auto", "cpu", "cuda"),
+    "finetune": ("none", "local", "federated"),
+    "finetune-optimizer": ("sgd", "adam", "adamw"),
 }
 
 
@@ -64,6 +66,12 @@ class Config:
     lr_schedule: str = "cosine"
     proximal_mu: float = 0.0
     device: str = "auto"
+    # fine-tuning stage of the self-supervised methods (after num-server-rounds of pre-training)
+    finetune: str = "federated"
+    finetune_rounds: int = 5
+    finetune_epochs: int = 2
+    finetune_lr: float = 1e-4
+    finetune_optimizer: str = "adam"
     # results
     output_dir: str = "~/fedderm-results"
     run_name: str = ""
@@ -145,7 +153,7 @@ def _check_ranges(cfg: Config) -> None:
     for key, allowed in CHOICES.items():
         need(getattr(cfg, key.replace("-", "_")) in allowed, key, f"must be one of {list(allowed)}")
     for key in ("image-size", "num-server-rounds", "local-epochs", "batch-size", "min-clients",
-                "synthetic-per-class"):
+                "synthetic-per-class", "finetune-rounds", "finetune-epochs"):
         need(getattr(cfg, key.replace("-", "_")) >= 1, key, "must be >= 1")
     need(cfg.image_size >= 8, "image-size", "must be >= 8")
     need(cfg.synthetic_sites >= 0, "synthetic-sites", "must be >= 0 (0 = one site per client)")
@@ -156,6 +164,7 @@ def _check_ranges(cfg: Config) -> None:
     need(cfg.val_fraction + cfg.test_fraction < 1, "val-fraction",
          "plus test-fraction must leave a training split (< 1)")
     need(cfg.lr > 0, "lr", "must be > 0")
+    need(cfg.finetune_lr > 0, "finetune-lr", "must be > 0")
     need(cfg.proximal_mu >= 0, "proximal-mu", "must be >= 0")
     if cfg.dataset != "synthetic":
         need(bool(cfg.data_path), "data-path", f"must name the data for dataset={cfg.dataset!r}")

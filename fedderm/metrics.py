@@ -20,7 +20,7 @@ from sklearn.metrics import (
     roc_auc_score,
 )
 
-__all__ = ["METRIC_NAMES", "NON_METRIC_KEYS", "classification_metrics", "mean_over_clients"]
+__all__ = ["METRIC_NAMES", "NON_METRIC_KEYS", "SELECTION_METRIC", "classification_metrics", "mean_over_clients"]
 
 #: Metric names in the fixed order used for tables and CSV columns.
 METRIC_NAMES: tuple[str, ...] = (
@@ -32,6 +32,9 @@ METRIC_NAMES: tuple[str, ...] = (
     "auc",
     "accuracy",
 )
+
+#: The metric that chooses the best round on the validation split.
+SELECTION_METRIC = "balanced_accuracy"
 
 #: Keys that may appear in a client's metric dict but are not averaged.
 NON_METRIC_KEYS: frozenset[str] = frozenset(

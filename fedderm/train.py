@@ -71,39 +71,55 @@ def proximal_term(model: nn.Module, reference: list[torch.Tensor]) -> torch.Tens
     return sum(((p - r) ** 2).sum() for p, r in zip(model.parameters(), reference) if p.requires_grad)
 
 
-def train_supervised(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, epochs: int,
-                     batch_size: int, lr: float, optimizer: str = "sgd", momentum: float = 0.9,
-                     weight_decay: float = 0.0, proximal_mu: float = 0.0, seed: int = 0,
-                     device: torch.device | str = "cpu") -> dict[str, float]:
-    """Cross-entropy training for ``epochs`` epochs; with ``proximal_mu`` > 0 adds FedProx's
-    (μ/2)‖w − w_global‖², w_global being the weights the model had on entry.
+def train_epochs(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, loss_fn, *, epochs: int,
+                 batch_size: int, lr: float, optimizer: str = "sgd", momentum: float = 0.9,
+                 weight_decay: float = 0.0, seed: int = 0, device: torch.device | str = "cpu",
+                 params=None) -> dict[str, float]:
+    """The local loop every method shares: ``epochs`` passes of shuffled mini-batches.
 
-    Returns ``{"train_loss": mean loss of the last epoch, "num-examples": n}``.
+    ``loss_fn(model, images_uint8, labels, generator)`` returns the batch loss (the method's
+    objective; ``generator`` seeds its augmentations).  ``params`` defaults to every trainable
+    parameter.  Returns ``{"train_loss": mean loss of the last epoch, "num-examples": n}``.
     """
     device = torch.device(device)
     model.to(device).train()
-    reference = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
-    opt = make_optimizer([p for p in model.parameters() if p.requires_grad], optimizer, lr,
-                         momentum, weight_decay)
+    params = [p for p in model.parameters() if p.requires_grad] if params is None else list(params)
+    opt = make_optimizer(params, optimizer, lr, momentum, weight_decay)
     batches = TensorBatches(images, labels, batch_size, shuffle=True, seed=seed)
-    flips = torch.Generator().manual_seed(seed + 1)
+    augment = torch.Generator().manual_seed(seed + 1)
     loss_sum, seen = 0.0, 0
     for _ in range(epochs):
         loss_sum, seen = 0.0, 0
         for xb, yb in batches:
             if len(yb) < 2:  # a batch of one breaks BatchNorm statistics
                 continue
-            x = to_input(random_flips(xb, flips), device)
-            y = yb.to(device)
-            loss = F.cross_entropy(model(x), y)
-            if reference is not None:
-                loss = loss + proximal_mu / 2 * proximal_term(model, reference)
+            loss = loss_fn(model, xb, yb, augment)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             loss_sum += loss.item() * len(yb)
             seen += len(yb)
     return {"train_loss": loss_sum / max(seen, 1), "num-examples": int(len(labels))}
+
+
+def train_supervised(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, epochs: int,
+                     batch_size: int, lr: float, optimizer: str = "sgd", momentum: float = 0.9,
+                     weight_decay: float = 0.0, proximal_mu: float = 0.0, seed: int = 0,
+                     device: torch.device | str = "cpu") -> dict[str, float]:
+    """Cross-entropy training with random flips; with ``proximal_mu`` > 0 adds FedProx's
+    (μ/2)‖w − w_global‖², w_global being the weights the model had on entry."""
+    device = torch.device(device)
+    reference = [p.detach().clone().to(device) for p in model.parameters()] if proximal_mu > 0 else None
+
+    def loss_fn(model, xb, yb, generator):
+        loss = F.cross_entropy(model(to_input(random_flips(xb, generator), device)), yb.to(device))
+        if reference is not None:
+            loss = loss + proximal_mu / 2 * proximal_term(model, reference)
+        return loss
+
+    return train_epochs(model, images, labels, loss_fn, epochs=epochs, batch_size=batch_size, lr=lr,
+                        optimizer=optimizer, momentum=momentum, weight_decay=weight_decay, seed=seed,
+                        device=device)
 
 
 @torch.no_grad()

@@ -11,14 +11,13 @@ import time
 from collections.abc import Iterable
 from logging import INFO, WARNING
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 
 from fedderm.config import Config
+from fedderm.metrics import SELECTION_METRIC
 from fedderm.results import RunRecorder
-
-SELECTION_METRIC = "balanced_accuracy"
 
 
 def _finite(metrics: dict[str, float]) -> dict[str, float]:
@@ -33,9 +32,12 @@ class Tracked:
     Flower's weighted averaging and used to key per-client rows in the results.
     """
 
-    def __init__(self, *, cfg: Config, recorder: RunRecorder, **kwargs):
+    def __init__(self, *, cfg: Config, recorder: RunRecorder, action: str = "",
+                 num_rounds: int | None = None, **kwargs):
         super().__init__(**kwargs)
         self.cfg, self.recorder = cfg, recorder
+        self.action = action  # train messages go out as "train.<action>" (e.g. train.pretrain)
+        self.num_rounds = cfg.num_server_rounds if num_rounds is None else num_rounds
         self.split = "val"
         self.train_per_client: dict[str, dict[str, float]] = {}
         self.best_round: int | None = None
@@ -57,8 +59,12 @@ class Tracked:
 
     def configure_train(self, server_round, arrays, config, grid):
         self._round_start = time.monotonic()
-        config["num-rounds"] = self.cfg.num_server_rounds
-        return super().configure_train(server_round, arrays, config, grid)
+        config["num-rounds"] = self.num_rounds
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        if self.action:
+            for msg in messages:
+                msg.metadata.message_type = f"{MessageType.TRAIN}.{self.action}"
+        return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
@@ -71,6 +77,8 @@ class Tracked:
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
+        if not replies:  # nothing was sent (e.g. no evaluation during pre-training)
+            return None
         per_client = self._per_client(replies)
         super().aggregate_evaluate(server_round, replies)  # logs failures, checks consistency
         if not per_client:
@@ -99,8 +107,8 @@ class Tracked:
             self.best_round, self.best_score = server_round, score
             self.best_arrays = ArrayRecord(arrays.to_torch_state_dict())
         train = _mean_train_loss(self.train_per_client)
-        log(INFO, "round %d/%d · val %s %.3f · accuracy %.3f · train loss %s · best %.3f @ round %s · %.1f s",
-            server_round, self.cfg.num_server_rounds, SELECTION_METRIC, score,
+        log(INFO, "%sround %d/%d · val %s %.3f · accuracy %.3f · train loss %s · best %.3f @ round %s · %.1f s",
+            f"{self.action} " if self.action else "", server_round, self.num_rounds, SELECTION_METRIC, score,
             self.last_mean.get("accuracy", float("nan")),
             f"{train['train_loss']:.3f}" if train else "-", self.best_score, self.best_round,
             time.monotonic() - self._round_start)
@@ -112,11 +120,11 @@ def _mean_train_loss(per_client: dict[str, dict[str, float]]) -> dict[str, float
 
 
 def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord, timeout: float = 3600):
-    """Round 0 on val, ``num-server-rounds`` of train + val, then test with the best-on-val model.
+    """Round 0 on val, ``strategy.num_rounds`` rounds of train + val, then test with the
+    best-on-val model; saves ``model.pt`` (final) and ``model-best.pt``.
 
     Returns Flower's ``Result`` (final global model in ``result.arrays``).
     """
-    cfg = strategy.cfg
 
     def on_round(server_round: int, arrays: ArrayRecord) -> None:
         if server_round == 0:
@@ -124,13 +132,13 @@ def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord, ti
             strategy.evaluate_round(grid, 0, arrays, "val", timeout)
         strategy.after_round(server_round, arrays)
 
-    result = strategy.start(grid, initial_arrays, num_rounds=cfg.num_server_rounds, timeout=timeout,
+    result = strategy.start(grid, initial_arrays, num_rounds=strategy.num_rounds, timeout=timeout,
                             train_config=ConfigRecord(), evaluate_config=ConfigRecord({"split": "val"}),
                             evaluate_fn=on_round)
     final = result.arrays if len(result.arrays) else initial_arrays
     best = strategy.best_arrays or final
     log(INFO, "testing the best model on val (round %s) on every client's test split", strategy.best_round)
-    strategy.evaluate_round(grid, cfg.num_server_rounds, best, "test", timeout)
+    strategy.evaluate_round(grid, strategy.num_rounds, best, "test", timeout)
     strategy.recorder.save_model(final.to_torch_state_dict())
     strategy.recorder.save_model(best.to_torch_state_dict(), name="model-best.pt")
     return result

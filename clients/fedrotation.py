@@ -1,0 +1,30 @@
+"""FedRotation client: rotation prediction on all training images (labels unused)."""
+
+from flwr.app import ArrayRecord, Context, Message
+
+from fedderm.models import create_model
+from fedderm.rotation import NUM_ROTATIONS, rotation_loss
+from fedderm.train import round_lr, train_epochs
+
+from . import finetune
+from .common import reply, session
+
+
+def pretrain(msg: Message, context: Context) -> Message:
+    s = session(context)
+    cfg, config = s.cfg, msg.content["config"]
+    server_round = int(config["server-round"])
+    model = s.model(msg.content["arrays"], key="rotation",
+                    factory=lambda: create_model(cfg.model, NUM_ROTATIONS, cfg.image_size))
+    images, labels = s.data.tensors("train")
+    metrics = train_epochs(
+        model, images, labels, lambda m, xb, yb, g: rotation_loss(m, xb, s.device, g),
+        epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+        lr=round_lr(cfg.lr, server_round, int(config["num-rounds"]), cfg.lr_schedule),
+        optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+        seed=s.seed(server_round), device=s.device)
+    metrics["partition-id"] = s.partition_id
+    return reply(msg, metrics, ArrayRecord(model.state_dict()))
+
+
+HANDLERS = {"train.pretrain": pretrain, **finetune.HANDLERS}

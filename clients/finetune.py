@@ -1,0 +1,60 @@
+"""Client side of the fine-tuning stage shared by every self-supervised method.
+
+``train.finetune`` trains the classifier (pre-trained backbone + new head) on the labelled
+split.  Federated: start from the server's weights, reply with them.  Local
+(``config["local"]``): start from the server's weights in round 1 and from the client's own
+model afterwards, keep the model and its best-on-val copy in ``context.state``, reply with
+metrics only.  SSL client modules include :data:`HANDLERS` in theirs.
+"""
+
+from __future__ import annotations
+
+from flwr.app import ArrayRecord, Context, Message, MetricRecord
+
+from fedderm.metrics import SELECTION_METRIC
+from fedderm.train import round_lr, train_supervised
+
+from .common import evaluate_split, reply, session
+
+LOCAL, BEST, BEST_SCORE = "finetune-model", "finetune-best", "finetune-best-score"
+
+
+def train(msg: Message, context: Context) -> Message:
+    s = session(context)
+    cfg, config = s.cfg, msg.content["config"]
+    server_round, local = int(config["server-round"]), bool(config.get("local", False))
+    start = context.state[LOCAL] if local and server_round > 1 else msg.content["arrays"]
+    model = s.model(start)
+    images, labels = s.data.tensors("labelled")
+    metrics = train_supervised(
+        model, images, labels, epochs=cfg.finetune_epochs, batch_size=cfg.batch_size,
+        lr=round_lr(cfg.finetune_lr, server_round, int(config.get("num-rounds", cfg.finetune_rounds)),
+                    cfg.lr_schedule),
+        optimizer=cfg.finetune_optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+        seed=s.seed(server_round, salt=7), device=s.device)
+    metrics["partition-id"] = s.partition_id
+    if local:
+        context.state[LOCAL] = ArrayRecord(model.state_dict())
+        return reply(msg, metrics)
+    return reply(msg, metrics, ArrayRecord(model.state_dict()))
+
+
+def evaluate(msg: Message, context: Context) -> Message:
+    s = session(context)
+    config = msg.content["config"]
+    split, local = str(config.get("split", "val")), bool(config.get("local", False))
+    if local:
+        weights = context.state[BEST] if split == "test" and BEST in context.state else context.state[LOCAL]
+    else:
+        weights = msg.content["arrays"]
+    metrics = evaluate_split(s, weights, split)
+    score = metrics[SELECTION_METRIC]
+    if local and split == "val" and score == score:
+        best = context.state[BEST_SCORE]["score"] if BEST_SCORE in context.state else float("-inf")
+        if score > best:
+            context.state[BEST] = weights
+            context.state[BEST_SCORE] = MetricRecord({"score": float(score)})
+    return reply(msg, metrics)
+
+
+HANDLERS = {"train.finetune": train, "evaluate": evaluate}

@@ -1,0 +1,29 @@
+"""FedRotation (000 §V baseline): rotation-prediction pre-training averaged by FedAvg, then the
+shared fine-tuning stage."""
+
+import torch
+from flwr.app import ArrayRecord
+from flwr.serverapp.strategy import FedAvg
+
+from fedderm.models import create_model
+from fedderm.rotation import NUM_ROTATIONS
+
+from .common import Tracked
+from .finetune import pretrain_then_finetune
+
+
+class FedRotationStrategy(Tracked, FedAvg):
+    """FedAvg of the rotation-prediction models (weighted by the clients' training images)."""
+
+
+def build_strategy(cfg, recorder) -> FedRotationStrategy:
+    n = cfg.min_clients
+    return FedRotationStrategy(cfg=cfg, recorder=recorder, action="pretrain", fraction_evaluate=0.0,
+                               min_train_nodes=n, min_available_nodes=n)
+
+
+def run(grid, cfg, recorder, classes) -> None:
+    torch.manual_seed(cfg.seed)
+    model = create_model(cfg.model, NUM_ROTATIONS, cfg.image_size)
+    pretrain_then_finetune(grid, cfg, recorder, classes, build_strategy(cfg, recorder),
+                           ArrayRecord(model.state_dict()))

@@ -1,0 +1,113 @@
+"""The plan every self-supervised method shares (SPEC "Shared protocol"; 000 §V-B):
+
+1. ``pretrain``: the method's strategy runs ``num-server-rounds`` rounds of ``train.pretrain``
+   on the clients' unlabelled training images;
+2. ``finetune``: the pre-trained backbone plus a new linear head is trained on each client's
+   labelled fraction, by FedAvg (``finetune="federated"``) or by every client alone
+   (``finetune="local"``), for ``finetune-rounds`` rounds of ``finetune-epochs`` epochs;
+3. ``test``: the best-on-val model of the fine-tuning stage on every client's test split.
+
+``summary.json`` holds the pre-training rounds (``split="pretrain"``, SSL loss per client) and
+the fine-tuning rounds (``split="val"``); ``final`` is the test after fine-tuning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from logging import INFO
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from fedderm.models import create_model
+
+from .common import Tracked, run_federated
+
+
+class FederatedFinetune(Tracked, FedAvg):
+    """Fine-tuning by FedAvg over the clients' labelled images."""
+
+
+class LocalFinetune(Tracked, FedAvg):
+    """Every client fine-tunes its own copy of the pre-trained model; nothing is averaged.
+
+    Round 1 carries the pre-trained model; later rounds and evaluations carry no weights, and
+    each client evaluates (and on the test split, uses its best-on-val) local model.
+    """
+
+    def configure_train(self, server_round, arrays, config, grid):
+        config["local"] = True
+        return super().configure_train(server_round, arrays if server_round == 1 else ArrayRecord(),
+                                       config, grid)
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        config["local"] = server_round > 0  # round 0 evaluates the pre-trained model itself
+        return super().configure_evaluate(server_round, ArrayRecord() if server_round > 0 else arrays,
+                                          config, grid)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        replies = list(replies)
+        self.train_per_client = self._per_client(replies)
+        valid, _ = self._check_and_log_replies(replies, is_train=True, validate=False)
+        metrics = self.train_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key) if valid else None
+        return None, metrics
+
+
+FINETUNE_STRATEGIES = {"federated": FederatedFinetune, "local": LocalFinetune}
+
+
+def backbone_prefix_state(ssl_state: dict[str, torch.Tensor], prefix: str = "backbone.") -> dict[str, torch.Tensor]:
+    """The default mapping from a pre-trained model to the classifier's backbone: every key
+    under ``backbone.`` (the encoder), with the prefix removed."""
+    return {k[len(prefix):]: v for k, v in ssl_state.items() if k.startswith(prefix)}
+
+
+def classifier_from_pretrained(cfg, num_classes: int, ssl_state: dict[str, torch.Tensor],
+                               backbone_state: Callable = backbone_prefix_state) -> torch.nn.Module:
+    """``cfg.model`` with the pre-trained backbone (strict) and a new, seeded linear head."""
+    torch.manual_seed(cfg.seed)
+    model = create_model(cfg.model, num_classes=num_classes, image_size=cfg.image_size)
+    model.backbone.load_state_dict(backbone_state(ssl_state), strict=True)
+    return model
+
+
+def pretrain(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord, timeout: float = 3600) -> ArrayRecord:
+    """Stage 1: ``strategy.num_rounds`` rounds of ``train.pretrain``; returns the global model."""
+    recorder = strategy.recorder
+
+    def on_round(server_round: int, arrays: ArrayRecord) -> None:
+        if server_round == 0:
+            return
+        per_client = {pid: {"loss": m.get("train_loss", float("nan")), "num-examples": m.get("num-examples", 0)}
+                      for pid, m in strategy.train_per_client.items()}
+        mean = recorder.log_round(server_round, "pretrain", per_client)
+        log(INFO, "pretrain round %d/%d · SSL loss %.4f · %d clients", server_round, strategy.num_rounds,
+            mean.get("loss", float("nan")), len(per_client))
+
+    result = strategy.start(grid, initial_arrays, num_rounds=strategy.num_rounds, timeout=timeout,
+                            train_config=ConfigRecord(), evaluate_fn=on_round)
+    arrays = result.arrays if len(result.arrays) else initial_arrays
+    recorder.save_model(arrays.to_torch_state_dict(), name="model-pretrained.pt")
+    return arrays
+
+
+def pretrain_then_finetune(grid: Grid, cfg, recorder, classes: list[str], pretrain_strategy: Tracked,
+                           initial_arrays: ArrayRecord, backbone_state: Callable = backbone_prefix_state,
+                           timeout: float = 3600) -> None:
+    """The whole SSL plan: pre-train, then fine-tune (federated or local) and test."""
+    log(INFO, "stage 1/2: self-supervised pre-training (%d rounds)", pretrain_strategy.num_rounds)
+    arrays = pretrain(pretrain_strategy, grid, initial_arrays, timeout)
+    if cfg.finetune == "none":
+        log(INFO, "finetune='none': pre-training only; no fine-tuning or test")
+        return
+    log(INFO, "stage 2/2: %s fine-tuning (%d rounds x %d epochs, %.0f %% labels)", cfg.finetune,
+        cfg.finetune_rounds, cfg.finetune_epochs, 100 * cfg.label_fraction)
+    model = classifier_from_pretrained(cfg, len(classes), arrays.to_torch_state_dict(), backbone_state)
+    n = cfg.min_clients
+    strategy = FINETUNE_STRATEGIES[cfg.finetune](
+        cfg=cfg, recorder=recorder, action="finetune", num_rounds=cfg.finetune_rounds,
+        min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n)
+    run_federated(strategy, grid, ArrayRecord(model.state_dict()), timeout)
