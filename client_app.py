@@ -4,9 +4,10 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 import registry
+from clients.audit import audit_mod
 from clients.common import info, session
 
-app = ClientApp()
+app = ClientApp(mods=[audit_mod])
 
 
 def dispatch(msg: Message, context: Context) -> Message:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
-from logging import INFO
+import json
+from logging import INFO, WARNING
 from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -15,41 +15,39 @@ import registry
 from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
-from strategies.common import run_federated
+from strategies.common import run_federated, short_reason, wait_for_nodes
 
 app = ServerApp()
+HANDSHAKE_TIMEOUT = 1800.0
 
 
-def wait_for_nodes(grid: Grid, n: int, poll: float = 1.0) -> list[int]:
-    """Block until at least ``n`` SuperNodes are connected; log while waiting."""
-    last = -1
-    while len(ids := sorted(grid.get_node_ids())) < n:
-        if len(ids) != last:
-            log(INFO, "waiting for clients: %d connected, %d needed (min-clients)", len(ids), n)
-            last = len(ids)
-        time.sleep(poll)
-    return ids
-
-
-def meet_clients(grid: Grid, node_ids: list[int], timeout: float = 600) -> dict[int, ConfigRecord]:
-    """Ask every client for its class list and split sizes (``query.info``); check they agree."""
-    msgs = [Message(RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type="query.info")
+def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> dict[int, ConfigRecord]:
+    """Hand every client the resolved run config and ask for its class list and split sizes
+    (``query.info``); check that they agree."""
+    msgs = [Message(RecordDict({"config": ConfigRecord(cfg.to_flat())}), dst_node_id=n, message_type="query.info")
             for n in node_ids]
     infos, failed = {}, []
     for reply in grid.send_and_receive(msgs, timeout=timeout):
         if reply.has_error():
-            failed.append(f"node {reply.metadata.src_node_id}: {reply.error.reason}")
+            failed.append(f"node {reply.metadata.src_node_id}: {short_reason(reply.error.reason, 2000)}")
         else:
             infos[reply.metadata.src_node_id] = reply.content["info"]
     if failed:
         raise RuntimeError("clients could not load their data:\n  " + "\n  ".join(failed))
+    silent = sorted(set(node_ids) - set(infos))
+    if silent:
+        log(WARNING, "nodes %s did not answer the handshake within %.0f s", silent, timeout)
+    if len(infos) < cfg.min_clients:
+        raise RuntimeError(f"only {len(infos)} of {len(node_ids)} clients answered the handshake within "
+                           f"{timeout:.0f} s (min-clients={cfg.min_clients})")
     classes = {tuple(info["classes"]) for info in infos.values()}
     if len(classes) != 1:
         raise RuntimeError(f"clients disagree on the class list: {sorted(classes)}; set the run-config "
                            "key 'classes' so that every hospital maps labels the same way")
     for nid, info in sorted(infos.items(), key=lambda kv: kv[1]["partition-id"]):
-        log(INFO, "client %d (node %d): train %d (labelled %d) · val %d · test %d", info["partition-id"], nid,
-            info["train"], info["labelled"], info["val"], info["test"])
+        log(INFO, "client %d (node %d): train %d (labelled %d) · val %d · test %d%s", info["partition-id"], nid,
+            info["train"], info["labelled"], info["val"], info["test"],
+            f" · {info['skipped-files']} bad files skipped" if info["skipped-files"] else "")
     return infos
 
 
@@ -70,17 +68,48 @@ def run_supervised(grid: Grid, cfg, recorder: RunRecorder, classes: list[str]) -
     run_federated(strategy, grid, ArrayRecord(model.state_dict()))
 
 
+def resolve_config(run_config: dict):
+    """The run config; with ``resume`` set, the resumed run's own config.json (a resumed run
+    must continue with the settings it started with)."""
+    cfg = registry.load_config(run_config)
+    if not cfg.resume:
+        return cfg
+    folder = Path(cfg.resume).expanduser().resolve()
+    saved_path = folder / "config.json"
+    if not saved_path.exists():
+        raise FileNotFoundError(f"resume={cfg.resume!r}: no config.json in {folder}; name a fedderm run folder")
+    saved = json.loads(saved_path.read_text())
+    changed = sorted(k for k, v in cfg.to_flat().items()
+                     if k not in ("resume", "run-name", "output-dir") and saved.get(k) != v and k in run_config)
+    if changed:
+        log(WARNING, "resume: ignoring %s; the run continues with the settings in %s", changed, saved_path)
+    return registry.load_config({**saved, "resume": str(folder)})
+
+
+def make_recorder(cfg, run_id: int) -> RunRecorder:
+    run_dir = Path(cfg.resume) if cfg.resume else run_dir_for(cfg, run_id)
+    config = {**cfg.to_flat(), "resume": ""}  # config.json records the run's settings, not the resume
+    return RunRecorder(run_dir, cfg.method, config)
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    cfg = registry.load_config(context.run_config)
+    cfg = resolve_config(context.run_config)
     method = registry.get_method(cfg.method)
     seed_everything(cfg.seed)
-    recorder = RunRecorder(run_dir_for(cfg, context.run_id), cfg.method, cfg.to_flat())
+    recorder = make_recorder(cfg, context.run_id)
     context.state["fedderm"] = ConfigRecord({"run-dir": str(recorder.run_dir)})
     log(INFO, "fedderm: method %s · %s", cfg.method, method.description)
-    log(INFO, "results will be written to %s", recorder.run_dir)
+    log(INFO, "results %s %s", "continue in" if cfg.resume else "will be written to", recorder.run_dir)
 
-    infos = meet_clients(grid, wait_for_nodes(grid, cfg.min_clients))
+    # the first message also loads (and on first use decodes) every client's data: wait longer
+    handshake_timeout = max(cfg.round_timeout, HANDSHAKE_TIMEOUT)
+    infos = meet_clients(grid, wait_for_nodes(grid, cfg.min_clients, handshake_timeout), cfg, handshake_timeout)
+    recorder.node_partitions = {nid: int(info["partition-id"]) for nid, info in infos.items()}
+    skipped = {str(info["partition-id"]): int(info["skipped-files"]) for info in infos.values()
+               if info["skipped-files"]}
+    if skipped:
+        recorder.update_extra({"skipped_files": skipped})
     classes = list(next(iter(infos.values()))["classes"])
     # A strategy module runs the default plan (federated training, then test) unless it
     # defines its own ``run(grid, cfg, recorder, classes)`` (e.g. pre-train -> fine-tune -> test).

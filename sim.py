@@ -59,14 +59,18 @@ def _simulation_run(overrides: dict):
 
 
 def simulate(overrides: dict, num_supernodes: int = 2, cpus_per_client: int = 1,
-             gpus_per_client: float = 0.0, verbose: bool = False) -> Path:
-    """Run one simulation with ``num_supernodes`` virtual hospitals; return the run folder."""
+             gpus_per_client: float = 0.0, verbose: bool = False, client_app=None) -> Path:
+    """Run one simulation with ``num_supernodes`` virtual hospitals; return the run folder.
+
+    ``client_app`` replaces fedderm's ClientApp (tests use it to inject faults)."""
     from flwr.app import Context, RecordDict
     from flwr.supercore.telemetry import EventType as Ev
     from flwr.simulation.run_simulation import _run_simulation
 
-    from client_app import app as client_app
     from server_app import app as server_app
+
+    if client_app is None:
+        from client_app import app as client_app
 
     run_config = resolved_run_config(overrides)
     run = _simulation_run(overrides)

@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 
 import registry
 from fedderm.config import Config
-from fedderm.data import ClientData, load_client_data
+from fedderm.data import ClientData, DataError, load_client_data
 from fedderm.models import create_model
 from fedderm.train import evaluate as evaluate_model
 from fedderm.train import resolve_device
@@ -49,15 +49,27 @@ class ClientSession:
         return (self.cfg.seed * 1_000_003 + server_round * 10_007 + self.partition_id * 101 + salt) % 2**31
 
 
+RUN_CONFIG = "run-config"
+
+
 def session(context: Context) -> ClientSession:
-    """This client's session for the current run (config parsed, data loaded: once per process)."""
+    """This client's session for the current run (config parsed, data loaded: once per process).
+
+    The config is the one the server resolved and handed out with ``query.info`` (kept in
+    ``context.state``, which outlives the per-message processes of a deployment), so that
+    server and clients always agree, also on a resumed run.
+    """
     node = context.node_config
     key = (context.run_id, node.get("partition-id"), node.get("data-path"))
     if key not in _SESSIONS:
-        cfg = registry.load_config(context.run_config)
+        source = context.state[RUN_CONFIG] if RUN_CONFIG in context.state else context.run_config
+        cfg = registry.load_config(dict(source))
         pid = int(node.get("partition-id", 0))
-        data = load_client_data(cfg, pid, int(node.get("num-partitions", 1)),
-                                data_path=node.get("data-path"), dataset=node.get("dataset"))
+        try:
+            data = load_client_data(cfg, pid, int(node.get("num-partitions", 1)),
+                                    data_path=node.get("data-path"), dataset=node.get("dataset"))
+        except DataError as err:
+            raise DataError(f"client {pid}: {err}") from err
         torch.manual_seed(cfg.seed)
         _SESSIONS[key] = ClientSession(cfg, data, resolve_device(cfg.device), pid)
     return _SESSIONS[key]
@@ -72,13 +84,15 @@ def reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None, **reco
 
 
 def info(msg: Message, context: Context) -> Message:
-    """``query.info``: class list and split sizes, so the server can build the model and check
-    that every client maps labels the same way."""
+    """``query.info``: take the server's run config; reply with the class list and split sizes,
+    so the server can build the model and check that every client maps labels the same way."""
+    if len(msg.content["config"]):
+        context.state[RUN_CONFIG] = msg.content["config"]
     s = session(context)
     sp = s.data.split
     record = ConfigRecord({"classes": list(s.data.classes), "partition-id": s.partition_id,
                            "train": len(sp.train), "labelled": len(sp.labelled), "val": len(sp.val),
-                           "test": len(sp.test)})
+                           "test": len(sp.test), "skipped-files": len(s.data.pool.skipped)})
     return Message(RecordDict({"info": record}), reply_to=msg)
 
 

@@ -72,9 +72,12 @@ class Config:
     finetune_epochs: int = 2
     finetune_lr: float = 1e-4
     finetune_optimizer: str = "adam"
-    # results
+    # results and reliability
     output_dir: str = "~/fedderm-results"
     run_name: str = ""
+    resume: str = ""
+    keep_checkpoints: int = 3
+    round_timeout: float = 3600.0
     # method-specific keys ("<method>.<key>"), validated against the registry's declarations
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -165,6 +168,8 @@ def _check_ranges(cfg: Config) -> None:
          "plus test-fraction must leave a training split (< 1)")
     need(cfg.lr > 0, "lr", "must be > 0")
     need(cfg.finetune_lr > 0, "finetune-lr", "must be > 0")
+    need(cfg.round_timeout > 0, "round-timeout", "must be > 0 (seconds)")
+    need(cfg.keep_checkpoints >= 0, "keep-checkpoints", "must be >= 0 (0 keeps every round's checkpoint)")
     need(cfg.proximal_mu >= 0, "proximal-mu", "must be >= 0")
     if cfg.dataset != "synthetic":
         need(bool(cfg.data_path), "data-path", f"must name the data for dataset={cfg.dataset!r}")

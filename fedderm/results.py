@@ -18,6 +18,7 @@ JSON files are strict JSON: NaN / infinity are written as ``null``.
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import math
@@ -213,7 +214,7 @@ class RunRecorder:
         config: the resolved run config; written to ``config.json`` right away.
     """
 
-    def __init__(self, run_dir: Path, method: str, config: dict):
+    def __init__(self, run_dir: Path, method: str, config: dict, state: dict | None = None):
         self.run_dir = Path(run_dir).expanduser()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.method = str(method)
@@ -222,11 +223,26 @@ class RunRecorder:
         self.best_round: int | None = None
         self.final: dict[str, Any] | None = None
         self.extra: dict[str, Any] = {}
+        self.node_partitions: dict[int, int] = {}  # node id -> partition id, from the handshake
 
         _write_json(self.config_path, self.config, sort_keys=True)
         with open(self.rounds_csv_path, "w", newline="", encoding="utf-8") as fh:
             csv.writer(fh).writerow(CSV_COLUMNS)
+        if state:
+            self.restore(state)
         self._write_summary()
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint needs to restore this recorder (JSON-safe copies)."""
+        return copy.deepcopy({"rounds": self.rounds, "best_round": self.best_round,
+                              "final": self.final, "extra": self.extra})
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Restore from :meth:`state` (on resume): rounds.csv is rewritten from the rounds."""
+        self.rounds, self.best_round = [], state.get("best_round")
+        self.final, self.extra = state.get("final"), dict(state.get("extra") or {})
+        for entry in state.get("rounds", []):
+            self._append(entry)
 
     # paths ------------------------------------------------------------------
     @property
@@ -263,30 +279,32 @@ class RunRecorder:
         """
         per_client = {str(k): _plain(v) for k, v in per_client.items()}
         mean = mean_over_clients(per_client)
-        train_dict = dict(train) if train else {}
+        self._append({
+            "round": int(round),
+            "split": str(split),
+            "metrics": dict(mean),
+            "per_client": per_client,
+            "train": dict(train) if train else {},
+        })
+        self._write_summary()
+        return mean
 
+    def _append(self, entry: dict[str, Any]) -> None:
+        """Add one round entry to ``rounds`` and its rows to rounds.csv."""
+        per_client, mean = entry["per_client"], entry["metrics"]
         rows = []
         for cid in _sorted_clients(per_client):
             m = per_client[cid]
-            rows.append([int(round), split, cid, m.get("num-examples"), m.get("loss"),
+            rows.append([entry["round"], entry["split"], cid, m.get("num-examples"), m.get("loss"),
                          *(m.get(name) for name in METRIC_NAMES), None])
-        rows.append([int(round), split, "mean", _total_examples(per_client), mean.get("loss"),
-                     *(mean.get(name) for name in METRIC_NAMES), _train_loss(train_dict)])
+        rows.append([entry["round"], entry["split"], "mean", _total_examples(per_client), mean.get("loss"),
+                     *(mean.get(name) for name in METRIC_NAMES), _train_loss(entry["train"])])
         with open(self.rounds_csv_path, "a", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh)
             for row in rows:
                 writer.writerow([_csv_cell(v) for v in row])
             fh.flush()
-
-        self.rounds.append({
-            "round": int(round),
-            "split": str(split),
-            "metrics": dict(mean),
-            "per_client": per_client,
-            "train": train_dict,
-        })
-        self._write_summary()
-        return mean
+        self.rounds.append(entry)
 
     def set_final(
         self,

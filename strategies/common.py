@@ -1,20 +1,24 @@
-"""What every fedderm strategy shares: per-client bookkeeping, best-on-val tracking, the
-round-0 / per-round / final-test evaluation plan, and the results folder.
+"""What every fedderm strategy shares: per-client bookkeeping, reply validation, dropped
+clients, best-on-val tracking, the round loop with per-round checkpoints and resume, and the
+round-0 / per-round / final-test evaluation plan.
 
 A method's strategy is a Flower strategy with :class:`Tracked` mixed in front of it, e.g.
-``class FedAvgStrategy(Tracked, FedAvg)``.
+``class FedAvgStrategy(Tracked, FedAvg)``; its rounds are driven by :func:`run_rounds`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
+from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, save_checkpoint
 from fedderm.config import Config
 from fedderm.metrics import SELECTION_METRIC
 from fedderm.results import RunRecorder
@@ -25,11 +29,94 @@ def _finite(metrics: dict[str, float]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if v == v}
 
 
+def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) -> list[Message]:
+    """Send ``messages`` and return the replies that arrived within ``timeout`` seconds."""
+    messages = list(messages)
+    return list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+
+
+def wait_for_nodes(grid: Grid, n: int, timeout: float | None = None, poll: float = 1.0) -> list[int]:
+    """Connected node ids once at least ``n`` are connected; raises after ``timeout`` seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = -1
+    while len(ids := sorted(grid.get_node_ids())) < n:
+        if deadline is not None and time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(ids)} clients connected after {timeout:.0f} s; "
+                               f"min-clients={n}. The results so far are in the run folder; "
+                               "resume with resume=\"<run folder>\" once the hospitals are back")
+        if len(ids) != last:
+            log(INFO, "waiting for clients: %d connected, %d needed (min-clients)", len(ids), n)
+            last = len(ids)
+        time.sleep(poll)
+    return ids
+
+
+class NodeView:
+    """The grid as a strategy sees it during one round: the nodes connected at its start.
+
+    Flower's node sampling waits forever while fewer than ``min_available_nodes`` are
+    connected; sampling from this fixed list never blocks on a node that vanished mid-round.
+    """
+
+    def __init__(self, grid: Grid, node_ids: list[int]):
+        self._grid, self._ids = grid, list(node_ids)
+
+    def get_node_ids(self) -> list[int]:
+        return list(self._ids)
+
+    def __getattr__(self, name: str):
+        return getattr(self._grid, name)
+
+
+def reply_problem(reply: ArrayRecord | None, template: ArrayRecord) -> str | None:
+    """Why a client's returned weights cannot be aggregated, or None when they can:
+    missing or extra keys, another shape or dtype than what was sent, non-finite values."""
+    if reply is None:
+        return "no 'arrays' record in the reply"
+    missing, extra = sorted(set(template) - set(reply)), sorted(set(reply) - set(template))
+    if missing or extra:
+        return f"keys differ from the global model (missing {missing[:3]}, extra {extra[:3]})"
+    for key, sent in template.items():
+        got = reply[key]
+        if tuple(got.shape) != tuple(sent.shape) or got.dtype != sent.dtype:
+            return f"{key!r} is {got.dtype}{list(got.shape)}, expected {sent.dtype}{list(sent.shape)}"
+        values = got.numpy()
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            return f"{key!r} holds non-finite values (NaN or inf)"
+    return None
+
+
+def short_reason(reason: str, limit: int = 300) -> str:
+    """The useful end of a client's error (Ray wraps it in a long traceback)."""
+    tail = reason.rsplit("Message:", 1)[-1].strip().strip("'>").strip()
+    return tail if len(tail) <= limit else tail[:limit] + "…"
+
+
+def cast_like(arrays: ArrayRecord, template: ArrayRecord) -> ArrayRecord:
+    """``arrays`` with every array in the dtype it has in ``template``.
+
+    Flower's weighted average returns float64 for integer buffers such as BatchNorm's
+    ``num_batches_tracked``; the global model keeps the dtypes of the model it started from."""
+    out = {}
+    for key, array in arrays.items():
+        want = template[key].dtype if key in template else array.dtype
+        if array.dtype == want:
+            out[key] = array
+        else:
+            values = array.numpy()
+            dtype = np.dtype(want)
+            cast = np.rint(values).astype(dtype) if dtype.kind in "iu" else values.astype(dtype)
+            out[key] = Array(np.asarray(cast))
+    return ArrayRecord(out)
+
+
 class Tracked:
-    """Mixin for a Flower strategy: records per-client metrics and keeps the best model on val.
+    """Mixin for a Flower strategy: screens replies, records per-client metrics and missing
+    clients, keeps the best model on val, and saves/restores its state for checkpoints.
 
     Clients put their ``partition-id`` in every reply's MetricRecord; it is taken out before
-    Flower's weighted averaging and used to key per-client rows in the results.
+    Flower's weighted averaging and used to key per-client rows in the results.  Subclasses
+    with server state of their own extend :meth:`state_dict` / :meth:`load_state_dict`.
     """
 
     def __init__(self, *, cfg: Config, recorder: RunRecorder, action: str = "",
@@ -37,6 +124,7 @@ class Tracked:
         super().__init__(**kwargs)
         self.cfg, self.recorder = cfg, recorder
         self.action = action  # train messages go out as "train.<action>" (e.g. train.pretrain)
+        self.stage = action or DEFAULT_STAGE
         self.num_rounds = cfg.num_server_rounds if num_rounds is None else num_rounds
         self.split = "val"
         self.train_per_client: dict[str, dict[str, float]] = {}
@@ -44,7 +132,46 @@ class Tracked:
         self.best_score = float("-inf")
         self.best_arrays: ArrayRecord | None = None
         self.last_mean: dict[str, float] = {}
+        self.sent: ArrayRecord | None = None  # the global model of the current train round
         self._round_start = time.monotonic()
+
+    # -- screening replies ---------------------------------------------------------------
+    def _partition(self, node_id: int) -> str:
+        return str(self.recorder.node_partitions.get(node_id, f"node {node_id}"))
+
+    def validate_reply(self, msg: Message) -> str | None:
+        """Why this train reply must be rejected, or None.  Default: its weights must match
+        the global model sent this round key by key in shape and dtype, and be finite."""
+        if self.sent is None:
+            return None
+        return reply_problem(msg.content.array_records.get("arrays"), self.sent)
+
+    def screen(self, server_round: int, sent_to: list[int], replies: list[Message],
+               validate: bool = True) -> list[Message]:
+        """The replies fit for aggregation; failures, silences and rejections are logged and
+        recorded in ``summary.json`` under ``missing_clients``."""
+        good, missing = [], []
+        answered = set()
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            answered.add(node)
+            problem = f"failed: {short_reason(msg.error.reason)}" if msg.has_error() else (
+                f"rejected: {p}" if validate and (p := self.validate_reply(msg)) else None)
+            if problem:
+                missing.append((node, problem))
+            else:
+                good.append(msg)
+        missing += [(node, f"no reply within round-timeout={self.cfg.round_timeout:g} s")
+                    for node in sent_to if node not in answered]
+        for node, why in missing:
+            log(WARNING, "%s round %d: client %s (node %d) left out: %s", self.stage, server_round,
+                self._partition(node), node, why)
+        if missing:
+            record = self.recorder.extra.setdefault("missing_clients", [])
+            record += [{"stage": self.stage, "round": server_round, "partition-id": self._partition(n),
+                        "node-id": n, "reason": why} for n, why in missing]
+            self.recorder.update_extra({"missing_clients": record})
+        return good
 
     @staticmethod
     def _per_client(replies: list[Message]) -> dict[str, dict[str, float]]:
@@ -55,49 +182,61 @@ class Tracked:
             metrics = msg.content["metrics"]
             pid = str(metrics.pop("partition-id", msg.metadata.src_node_id))
             per_client[pid] = dict(metrics)
-        return dict(sorted(per_client.items(), key=lambda kv: int(kv[0])))
+        return dict(sorted(per_client.items(), key=lambda kv: (len(kv[0]), kv[0])))
 
+    # -- Flower strategy hooks ------------------------------------------------------------
     def configure_train(self, server_round, arrays, config, grid):
         self._round_start = time.monotonic()
+        self.sent = arrays
         config["num-rounds"] = self.num_rounds
         messages = list(super().configure_train(server_round, arrays, config, grid))
         if self.action:
             for msg in messages:
                 msg.metadata.message_type = f"{MessageType.TRAIN}.{self.action}"
+        self._sent_to = [m.metadata.dst_node_id for m in messages]
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        replies = list(replies)
+        replies = self.screen(server_round, getattr(self, "_sent_to", []), list(replies))
         self.train_per_client = self._per_client(replies)
-        return super().aggregate_train(server_round, replies)
+        if len(replies) < self.cfg.min_clients:
+            log(WARNING, "%s round %d: %d usable replies < min-clients=%d; the global model is kept",
+                self.stage, server_round, len(replies), self.cfg.min_clients)
+            return None, None
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is not None and self.sent is not None:
+            arrays = cast_like(arrays, self.sent)
+        return arrays, metrics
 
     def configure_evaluate(self, server_round, arrays, config, grid):
         self.split = str(config.get("split", "val"))
-        return super().configure_evaluate(server_round, arrays, config, grid)
+        messages = list(super().configure_evaluate(server_round, arrays, config, grid))
+        self._eval_sent_to = [m.metadata.dst_node_id for m in messages]
+        return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
-        if not replies:  # nothing was sent (e.g. no evaluation during pre-training)
-            return None
+        if not replies and not getattr(self, "_eval_sent_to", None):
+            return None  # nothing was sent (e.g. no evaluation during pre-training)
+        replies = self.screen(server_round, self._eval_sent_to, replies, validate=False)
         per_client = self._per_client(replies)
-        super().aggregate_evaluate(server_round, replies)  # logs failures, checks consistency
         if not per_client:
             log(WARNING, "round %d: no client returned %s metrics", server_round, self.split)
             return None
+        super().aggregate_evaluate(server_round, replies)  # Flower's consistency checks and logs
         if self.split == "test":
             self.last_mean = self.recorder.set_final(per_client, self.best_round)
         else:
-            train = {pid: m for pid, m in self.train_per_client.items()}
             self.last_mean = self.recorder.log_round(server_round, self.split, per_client,
-                                                     train=_mean_train_loss(train))
+                                                     train=_mean_train_loss(self.train_per_client))
         return MetricRecord(_finite(self.last_mean))
 
-    # -- the evaluation plan ------------------------------------------------------------
+    # -- evaluation plan and bookkeeping --------------------------------------------------
     def evaluate_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, split: str,
                        timeout: float) -> dict[str, float]:
         """Send ``arrays`` to every client for evaluation on ``split``; return the mean metrics."""
         msgs = self.configure_evaluate(server_round, arrays, ConfigRecord({"split": split}), grid)
-        self.aggregate_evaluate(server_round, grid.send_and_receive(msgs, timeout=timeout))
+        self.aggregate_evaluate(server_round, send_and_receive(grid, msgs, timeout))
         return self.last_mean
 
     def after_round(self, server_round: int, arrays: ArrayRecord) -> None:
@@ -113,32 +252,70 @@ class Tracked:
             f"{train['train_loss']:.3f}" if train else "-", self.best_score, self.best_round,
             time.monotonic() - self._round_start)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Server-side state a checkpoint must hold to continue exactly (extend in subclasses)."""
+        return {"best_round": self.best_round, "best_score": self.best_score,
+                "best_arrays": None if self.best_arrays is None else self.best_arrays.to_torch_state_dict(),
+                "last_mean": dict(self.last_mean)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best_round, self.best_score = state["best_round"], state["best_score"]
+        self.best_arrays = None if state["best_arrays"] is None else ArrayRecord(state["best_arrays"])
+        self.last_mean = dict(state["last_mean"])
+
 
 def _mean_train_loss(per_client: dict[str, dict[str, float]]) -> dict[str, float] | None:
     losses = [m["train_loss"] for m in per_client.values() if "train_loss" in m]
     return {"train_loss": sum(losses) / len(losses)} if losses else None
 
 
-def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord, timeout: float = 3600):
-    """Round 0 on val, ``strategy.num_rounds`` rounds of train + val, then test with the
-    best-on-val model; saves ``model.pt`` (final) and ``model-best.pt``.
+def run_rounds(strategy: Tracked, grid: Grid, arrays: ArrayRecord, *, evaluate: bool = True,
+               on_round: Callable[[int, ArrayRecord], None] | None = None) -> ArrayRecord:
+    """Drive ``strategy.num_rounds`` rounds (train, then val if ``evaluate``) and return the
+    final global model.
 
-    Returns Flower's ``Result`` (final global model in ``result.arrays``).
+    Every round waits (at most ``round-timeout``) for ``min-clients`` connected clients, goes on
+    with the replies that arrive in time, and ends with a checkpoint.  With ``resume`` set, the
+    loop restarts after the newest checkpoint of this stage instead of round 1.
     """
+    cfg, recorder = strategy.cfg, strategy.recorder
+    start = 1
+    ckpt = latest_checkpoint(recorder.run_dir, strategy.stage) if cfg.resume else None
+    if ckpt is not None:
+        arrays = ArrayRecord(ckpt["arrays"])
+        strategy.load_state_dict(ckpt["strategy"])
+        recorder.restore(ckpt["recorder"])
+        start = ckpt["round"] + 1
+        log(INFO, "resuming %s after round %d from %s", strategy.stage, ckpt["round"], recorder.run_dir)
+    elif evaluate:
+        strategy._round_start = time.monotonic()
+        strategy.evaluate_round(grid, 0, arrays, "val", cfg.round_timeout)
+        (on_round or strategy.after_round)(0, arrays)
+    for server_round in range(start, strategy.num_rounds + 1):
+        view = NodeView(grid, wait_for_nodes(grid, cfg.min_clients, cfg.round_timeout))
+        msgs = strategy.configure_train(server_round, arrays, ConfigRecord(), view)
+        new, _ = strategy.aggregate_train(server_round, send_and_receive(grid, msgs, cfg.round_timeout))
+        if new is not None:
+            arrays = new
+        if evaluate:
+            strategy.evaluate_round(view, server_round, arrays, "val", cfg.round_timeout)
+        (on_round or strategy.after_round)(server_round, arrays)
+        save_checkpoint(recorder.run_dir, strategy.stage, server_round,
+                        {"arrays": arrays.to_torch_state_dict(), "strategy": strategy.state_dict(),
+                         "recorder": recorder.state()}, keep=cfg.keep_checkpoints)
+    return arrays
 
-    def on_round(server_round: int, arrays: ArrayRecord) -> None:
-        if server_round == 0:
-            strategy._round_start = time.monotonic()
-            strategy.evaluate_round(grid, 0, arrays, "val", timeout)
-        strategy.after_round(server_round, arrays)
 
-    result = strategy.start(grid, initial_arrays, num_rounds=strategy.num_rounds, timeout=timeout,
-                            train_config=ConfigRecord(), evaluate_config=ConfigRecord({"split": "val"}),
-                            evaluate_fn=on_round)
-    final = result.arrays if len(result.arrays) else initial_arrays
+def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) -> ArrayRecord:
+    """Round 0 on val, ``strategy.num_rounds`` rounds of train + val, then test with the
+    best-on-val model; saves ``model.pt`` (final) and ``model-best.pt``.  Returns the final
+    global model."""
+    final = run_rounds(strategy, grid, initial_arrays)
     best = strategy.best_arrays or final
     log(INFO, "testing the best model on val (round %s) on every client's test split", strategy.best_round)
-    strategy.evaluate_round(grid, strategy.num_rounds, best, "test", timeout)
+    view = NodeView(grid, wait_for_nodes(grid, strategy.cfg.min_clients, strategy.cfg.round_timeout))
+    strategy.evaluate_round(view, strategy.num_rounds, best, "test", strategy.cfg.round_timeout)
     strategy.recorder.save_model(final.to_torch_state_dict())
     strategy.recorder.save_model(best.to_torch_state_dict(), name="model-best.pt")
-    return result
+    return final
+

@@ -17,14 +17,14 @@ from collections.abc import Callable, Iterable
 from logging import INFO
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from fedderm.models import create_model
 
-from .common import Tracked, run_federated
+from .common import Tracked, run_federated, run_rounds
 
 
 class FederatedFinetune(Tracked, FedAvg):
@@ -48,12 +48,13 @@ class LocalFinetune(Tracked, FedAvg):
         return super().configure_evaluate(server_round, ArrayRecord() if server_round > 0 else arrays,
                                           config, grid)
 
+    def validate_reply(self, msg: Message) -> str | None:
+        return "a local fine-tuning reply must not carry weights" if "arrays" in msg.content else None
+
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        replies = list(replies)
+        replies = self.screen(server_round, self._sent_to, list(replies))
         self.train_per_client = self._per_client(replies)
-        valid, _ = self._check_and_log_replies(replies, is_train=True, validate=False)
-        metrics = self.train_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key) if valid else None
-        return None, metrics
+        return None, None
 
 
 FINETUNE_STRATEGIES = {"federated": FederatedFinetune, "local": LocalFinetune}
@@ -74,32 +75,27 @@ def classifier_from_pretrained(cfg, num_classes: int, ssl_state: dict[str, torch
     return model
 
 
-def pretrain(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord, timeout: float = 3600) -> ArrayRecord:
+def pretrain(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) -> ArrayRecord:
     """Stage 1: ``strategy.num_rounds`` rounds of ``train.pretrain``; returns the global model."""
     recorder = strategy.recorder
 
     def on_round(server_round: int, arrays: ArrayRecord) -> None:
-        if server_round == 0:
-            return
         per_client = {pid: {"loss": m.get("train_loss", float("nan")), "num-examples": m.get("num-examples", 0)}
                       for pid, m in strategy.train_per_client.items()}
         mean = recorder.log_round(server_round, "pretrain", per_client)
         log(INFO, "pretrain round %d/%d · SSL loss %.4f · %d clients", server_round, strategy.num_rounds,
             mean.get("loss", float("nan")), len(per_client))
 
-    result = strategy.start(grid, initial_arrays, num_rounds=strategy.num_rounds, timeout=timeout,
-                            train_config=ConfigRecord(), evaluate_fn=on_round)
-    arrays = result.arrays if len(result.arrays) else initial_arrays
+    arrays = run_rounds(strategy, grid, initial_arrays, evaluate=False, on_round=on_round)
     recorder.save_model(arrays.to_torch_state_dict(), name="model-pretrained.pt")
     return arrays
 
 
 def pretrain_then_finetune(grid: Grid, cfg, recorder, classes: list[str], pretrain_strategy: Tracked,
-                           initial_arrays: ArrayRecord, backbone_state: Callable = backbone_prefix_state,
-                           timeout: float = 3600) -> None:
+                           initial_arrays: ArrayRecord, backbone_state: Callable = backbone_prefix_state) -> None:
     """The whole SSL plan: pre-train, then fine-tune (federated or local) and test."""
     log(INFO, "stage 1/2: self-supervised pre-training (%d rounds)", pretrain_strategy.num_rounds)
-    arrays = pretrain(pretrain_strategy, grid, initial_arrays, timeout)
+    arrays = pretrain(pretrain_strategy, grid, initial_arrays)
     if cfg.finetune == "none":
         log(INFO, "finetune='none': pre-training only; no fine-tuning or test")
         return
@@ -110,4 +106,4 @@ def pretrain_then_finetune(grid: Grid, cfg, recorder, classes: list[str], pretra
     strategy = FINETUNE_STRATEGIES[cfg.finetune](
         cfg=cfg, recorder=recorder, action="finetune", num_rounds=cfg.finetune_rounds,
         min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n)
-    run_federated(strategy, grid, ArrayRecord(model.state_dict()), timeout)
+    run_federated(strategy, grid, ArrayRecord(model.state_dict()))

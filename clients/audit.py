@@ -1,0 +1,58 @@
+"""Outgoing-message audit: what leaves a hospital, written down by the hospital's own node.
+
+With the environment variable ``FEDDERM_AUDIT_DIR`` set on a SuperNode (or for a simulation),
+every reply the ClientApp sends is logged before it leaves: one JSON line per message in
+``<dir>/audit-<partition>.jsonl`` (message type, record keys, every array's name, shape, dtype
+and SHA-256, every metric and config value), and the arrays themselves in
+``<dir>/<partition>-<n>.npz`` so that an auditor can inspect them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Context, Message
+
+ENV = "FEDDERM_AUDIT_DIR"
+
+
+def _describe(msg: Message) -> tuple[dict, dict[str, np.ndarray]]:
+    entry, arrays = {"records": {}}, {}
+    for name, record in msg.content.items():
+        if name in msg.content.array_records:
+            desc = {}
+            for key, array in record.items():
+                values = array.numpy()
+                arrays[f"{name}/{key}"] = values
+                desc[key] = {"shape": list(values.shape), "dtype": str(values.dtype),
+                             "sha256": hashlib.sha256(values.tobytes()).hexdigest()}
+            entry["records"][name] = {"type": "arrays", "arrays": desc}
+        else:
+            kind = "metrics" if name in msg.content.metric_records else "config"
+            entry["records"][name] = {"type": kind, "values": {k: (v if not isinstance(v, bytes) else
+                                                                   f"<{len(v)} bytes>") for k, v in record.items()}}
+    return entry, arrays
+
+
+def audit_mod(msg: Message, context: Context, call_next) -> Message:
+    """Flower client mod: log every outgoing reply when ``FEDDERM_AUDIT_DIR`` is set."""
+    out = call_next(msg, context)
+    folder = os.environ.get(ENV)
+    if not folder or out.has_error():
+        return out
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    pid = context.node_config.get("partition-id", context.node_id)
+    entry, arrays = _describe(out)
+    n = sum(1 for _ in folder.glob(f"{pid}-*.npz"))
+    entry.update({"time": time.time(), "message_type": msg.metadata.message_type, "partition-id": pid,
+                  "arrays_file": f"{pid}-{n}.npz"})
+    np.savez(folder / entry["arrays_file"], **arrays)
+    with open(folder / f"audit-{pid}.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(entry, default=str) + "\n")
+    return out

@@ -1,0 +1,162 @@
+"""Reliability: resume after a crash, dropped clients, rejected updates, bad data."""
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+from PIL import Image
+
+import registry
+import sim
+import strategies.common as common
+from fedderm.data import DataError, load_client_data
+from fedderm.results import RunRecorder
+from strategies.fedavg import build_strategy
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+SMALL = {"model": "tiny-cnn", "image-size": 32, "synthetic-per-class": 20, "local-epochs": 1,
+         "batch-size": 16}
+
+
+class Killed(Exception):
+    """Stands for the server process dying."""
+
+
+def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch):
+    base = {**SMALL, "num-server-rounds": 3, "cache-dir": str(tmp_path / "cache")}
+    full = sim.simulate({**base, "output-dir": str(tmp_path / "a"), "run-name": "full"})
+
+    save = common.save_checkpoint
+
+    def save_then_die(run_dir, stage, server_round, payload, keep=3):
+        path = save(run_dir, stage, server_round, payload, keep)
+        if server_round == 2:
+            raise Killed("server killed after round 2")
+        return path
+
+    monkeypatch.setattr(common, "save_checkpoint", save_then_die)
+    with pytest.raises(Killed):
+        sim.simulate({**base, "output-dir": str(tmp_path / "b"), "run-name": "crashed"})
+    crashed = tmp_path / "b" / "crashed"
+    assert (crashed / "checkpoint-round-2.pt").exists() and not (crashed / "model.pt").exists()
+
+    monkeypatch.setattr(common, "save_checkpoint", save)
+    resumed = sim.simulate({"resume": str(crashed)})
+    assert resumed == crashed
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (full, resumed))
+    assert a["final"] == b["final"] and a["rounds"] == b["rounds"] and a["best_round"] == b["best_round"]
+    wa, wb = torch.load(full / "model.pt"), torch.load(resumed / "model.pt")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert len(list(crashed.glob("checkpoint-round-*.pt"))) == 3  # rounds 1, 2, 3 (keep-checkpoints=3)
+
+
+def test_a_failing_and_a_silent_client_do_not_stop_the_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", f"{ROOT}:{ROOT / 'tests'}")  # Ray workers import tests/faults.py
+    monkeypatch.setenv("FEDDERM_TEST_FAULTS", json.dumps([[0, 2, "raise"], [1, 2, "hang"]]))
+    monkeypatch.setenv("FEDDERM_TEST_HANG", "40")
+    import faults
+
+    run_dir = sim.simulate({**SMALL, "num-server-rounds": 3, "round-timeout": 25.0, "partition": "iid",
+                            "synthetic-sites": 1, "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "c")},
+                           num_supernodes=4, client_app=faults.app)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    missing = {(m["round"], m["partition-id"]): m["reason"] for m in summary["missing_clients"]}
+    assert "injected failure" in missing[(2, "0")]
+    assert missing[(2, "1")].startswith("no reply within round-timeout")
+    assert [r["round"] for r in summary["rounds"]] == [0, 1, 2, 3]
+    assert set(summary["final"]["per_client"]) == {"0", "1", "2", "3"}
+
+
+def _strategy(tmp_path, min_clients=1):
+    cfg = registry.load_config({"min-clients": min_clients})
+    return build_strategy(cfg, RunRecorder(tmp_path, "fedavg", cfg.to_flat()))
+
+
+def _reply(instruction, weights, pid):
+    return Message(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in weights.items()}),
+                               "metrics": MetricRecord({"num-examples": 10, "partition-id": pid})}),
+                   reply_to=instruction)
+
+
+def test_nan_and_wrong_shape_updates_are_rejected_and_logged(tmp_path, caplog):
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 1
+    strategy = _strategy(tmp_path)
+    strategy.recorder.node_partitions = {11: 0, 12: 1, 13: 2}
+    global_w = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}
+    sent = ArrayRecord({k: Array(v) for k, v in global_w.items()})
+    strategy.sent, strategy._sent_to = sent, [11, 12, 13]
+    instr = {n: Message(RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type="train") for n in (11, 12, 13)}
+    good = {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32)}
+    nan = {"w": np.full((2, 3), np.nan, np.float32), "b": np.ones(3, np.float32)}
+    shape = {"w": np.ones((3, 2), np.float32), "b": np.ones(3, np.float32)}
+    with caplog.at_level(logging.WARNING):
+        arrays, _ = strategy.aggregate_train(1, [_reply(instr[11], good, 0), _reply(instr[12], nan, 1),
+                                                 _reply(instr[13], shape, 2)])
+    assert np.array_equal(arrays["w"].numpy(), good["w"])  # only the valid update is averaged
+    assert all(np.isfinite(a.numpy()).all() for a in arrays.values())
+    text = caplog.text
+    assert "client 1 (node 12) left out: rejected: 'w' holds non-finite values" in text
+    assert "client 2 (node 13) left out: rejected: 'w' is float32[3, 2], expected float32[2, 3]" in text
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {m["partition-id"] for m in summary["missing_clients"]} == {"1", "2"}
+
+
+def test_too_few_replies_keep_the_global_model(tmp_path):
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 1
+    strategy = _strategy(tmp_path, min_clients=2)
+    strategy.sent = ArrayRecord({"w": Array(np.zeros(2, np.float32))})
+    strategy._sent_to = [11, 12]
+    instr = Message(RecordDict({"config": ConfigRecord()}), dst_node_id=11, message_type="train")
+    arrays, metrics = strategy.aggregate_train(1, [_reply(instr, {"w": np.ones(2, np.float32)}, 0)])
+    assert arrays is None and metrics is None
+
+
+def _folder_with_a_corrupt_image(root, size=40):
+    rng = np.random.default_rng(0)
+    for c, cls in enumerate(["benign", "malignant"]):
+        (root / cls).mkdir(parents=True)
+        for i in range(12):
+            img = (rng.integers(0, 60, (size, size, 3)) + 150 * c).astype(np.uint8)
+            Image.fromarray(img).save(root / cls / f"{i}.png")
+    (root / "malignant" / "broken.png").write_bytes(b"not a png")
+    return root
+
+
+def test_bad_file_is_named_with_the_client_or_skipped_and_counted(tmp_path):
+    data = _folder_with_a_corrupt_image(tmp_path / "data")
+    base = {**SMALL, "dataset": "folder", "data-path": str(data), "partition": "iid", "num-server-rounds": 1,
+            "output-dir": str(tmp_path / "out"), "cache-dir": str(tmp_path / "c")}
+    with pytest.raises(Exception) as err:
+        sim.simulate(base)
+    assert "broken.png" in str(err.value) and "client 0" in str(err.value)
+    run_dir = sim.simulate({**base, "skip-bad-files": True})
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["skipped_files"] == {"0": 1, "1": 1}  # the shared pool skipped one file
+
+
+def test_empty_partition_names_the_client(monkeypatch, tmp_path):
+    import fedderm.data as data
+
+    cfg = registry.load_config({**SMALL, "cache-dir": str(tmp_path)})
+    monkeypatch.setattr(data, "partition_indices", lambda *a, **k: [np.arange(5), np.array([], np.int64)])
+    with pytest.raises(DataError, match="client 1 has an empty partition"):
+        load_client_data(cfg, 1, 2)
+
+
+def test_aggregation_keeps_integer_buffers_integer(tmp_path):
+    """Flower averages in float64; BatchNorm's num_batches_tracked must stay int64 so that the
+    next round's replies still match the global model."""
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 1
+    strategy = _strategy(tmp_path)
+    sent = {"w": np.zeros(2, np.float32), "n": np.array(4, np.int64)}
+    strategy.sent = ArrayRecord({k: Array(v) for k, v in sent.items()})
+    strategy._sent_to = [11, 12]
+    instr = {n: Message(RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type="train") for n in (11, 12)}
+    arrays, _ = strategy.aggregate_train(1, [_reply(instr[11], {"w": np.ones(2, np.float32), "n": np.array(6)}, 0),
+                                             _reply(instr[12], {"w": np.zeros(2, np.float32), "n": np.array(8)}, 1)])
+    assert arrays["n"].dtype == "int64" and int(arrays["n"].numpy()) == 7
+    assert arrays["w"].dtype == "float32" and np.allclose(arrays["w"].numpy(), 0.5)
