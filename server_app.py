@@ -15,7 +15,7 @@ import registry
 from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
-from strategies.common import run_federated
+from strategies.common import FastPollGrid, run_federated
 
 app = ServerApp()
 
@@ -43,13 +43,21 @@ def meet_clients(grid: Grid, node_ids: list[int], timeout: float = 600) -> dict[
             infos[reply.metadata.src_node_id] = reply.content["info"]
     if failed:
         raise RuntimeError("clients could not load their data:\n  " + "\n  ".join(failed))
+    by_pid: dict[int, list[int]] = {}
+    for nid, info in infos.items():
+        by_pid.setdefault(int(info["partition-id"]), []).append(nid)
+    clashes = {pid: nids for pid, nids in by_pid.items() if len(nids) > 1}
+    if clashes:
+        raise RuntimeError(f"several clients report the same partition-id {clashes} (partition-id: node ids); "
+                           "give each SuperNode its own --node-config 'partition-id=N'")
     classes = {tuple(info["classes"]) for info in infos.values()}
     if len(classes) != 1:
         raise RuntimeError(f"clients disagree on the class list: {sorted(classes)}; set the run-config "
                            "key 'classes' so that every hospital maps labels the same way")
     for nid, info in sorted(infos.items(), key=lambda kv: kv[1]["partition-id"]):
-        log(INFO, "client %d (node %d): train %d (labelled %d) · val %d · test %d", info["partition-id"], nid,
-            info["train"], info["labelled"], info["val"], info["test"])
+        site = f" {info['site']!r}" if info.get("site") else ""
+        log(INFO, "client %d%s (node %d): train %d (labelled %d) · val %d · test %d", info["partition-id"], site,
+            nid, info["train"], info["labelled"], info["val"], info["test"])
     return infos
 
 
@@ -72,6 +80,7 @@ def run_supervised(grid: Grid, cfg, recorder: RunRecorder, classes: list[str]) -
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    grid = FastPollGrid(grid)  # replies within 0.1 s instead of Flower's 3 s pull interval
     cfg = registry.load_config(context.run_config)
     method = registry.get_method(cfg.method)
     seed_everything(cfg.seed)

@@ -2,13 +2,18 @@
 
 A client loads its data once per process (the decoded pool is also cached on disk), so
 messages after the first only pay for training.  In deployment a hospital's SuperNode names its
-own data with node config ``data-path`` (and optionally ``dataset``); in simulation the
-partition comes from ``partition-id``/``num-partitions``.
+own data with node config (``data-path``, ``dataset``, ``partition-id``, ``site``, ``state-dir``,
+``cache-dir``: :mod:`fedderm.node`); in simulation the partition comes from
+``partition-id``/``num-partitions``.  Deployed SuperNodes start a new ClientApp process for every
+message: state that must outlive one message lives in ``context.state`` (one run) or under
+``state-dir`` (:meth:`ClientSession.state_path`, across runs).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -17,6 +22,7 @@ import registry
 from fedderm.config import Config
 from fedderm.data import ClientData, load_client_data
 from fedderm.models import create_model
+from fedderm.node import NodeSettings, parse_node_config
 from fedderm.train import resolve_device
 
 _SESSIONS: dict[tuple, "ClientSession"] = {}
@@ -28,6 +34,7 @@ class ClientSession:
     data: ClientData
     device: torch.device
     partition_id: int
+    node: NodeSettings
     _model: torch.nn.Module | None = None
 
     def model(self, arrays: ArrayRecord | None = None) -> torch.nn.Module:
@@ -42,18 +49,34 @@ class ClientSession:
         """A seed unique to (run seed, round, client): same seed, same numbers."""
         return (self.cfg.seed * 1_000_003 + server_round * 10_007 + self.partition_id * 101 + salt) % 2**31
 
+    def state_path(self, name: str) -> Path:
+        """``<state-dir>/<name>`` for client state that must outlive the run (parent created).
+
+        Raises naming the node-config key when the SuperNode was started without ``state-dir``.
+        """
+        if self.node.state_dir is None:
+            raise RuntimeError(f"this client needs persistent state ({name!r}) but its SuperNode has no "
+                               "node-config 'state-dir': start it with --node-config '... state-dir=\"/path\"'")
+        path = self.node.state_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
 
 def session(context: Context) -> ClientSession:
     """This client's session for the current run (config parsed, data loaded: once per process)."""
-    node = context.node_config
-    key = (context.run_id, node.get("partition-id"), node.get("data-path"))
+    key = (context.run_id, context.node_id, tuple(sorted(context.node_config.items())))
     if key not in _SESSIONS:
+        node = parse_node_config(context.node_config, context.node_id)
         cfg = registry.load_config(context.run_config)
-        pid = int(node.get("partition-id", 0))
-        data = load_client_data(cfg, pid, int(node.get("num-partitions", 1)),
-                                data_path=node.get("data-path"), dataset=node.get("dataset"))
+        # The decoded-image cache is the hospital's business: node-config cache-dir, else
+        # <state-dir>/cache, else the run config's cache-dir.
+        cache = node.cache_dir or (str(node.state_dir / "cache") if node.state_dir else None)
+        if cache:
+            cfg = dataclasses.replace(cfg, cache_dir=cache)
+        data = load_client_data(cfg, node.partition_id, node.num_partitions,
+                                data_path=node.data_path, dataset=node.dataset)
         torch.manual_seed(cfg.seed)
-        _SESSIONS[key] = ClientSession(cfg, data, resolve_device(cfg.device), pid)
+        _SESSIONS[key] = ClientSession(cfg, data, resolve_device(cfg.device), node.partition_id, node)
     return _SESSIONS[key]
 
 
@@ -70,7 +93,7 @@ def info(msg: Message, context: Context) -> Message:
     that every client maps labels the same way."""
     s = session(context)
     sp = s.data.split
-    record = ConfigRecord({"classes": list(s.data.classes), "partition-id": s.partition_id,
+    record = ConfigRecord({"classes": list(s.data.classes), "partition-id": s.partition_id, "site": s.node.site,
                            "train": len(sp.train), "labelled": len(sp.labelled), "val": len(sp.val),
                            "test": len(sp.test)})
     return Message(RecordDict({"info": record}), reply_to=msg)
