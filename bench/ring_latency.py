@@ -58,11 +58,18 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((f"SuperExec poll {'0.1' if fast_superexec else '1'} s", mode, m))
     print(f"ring hop time on loopback, {args.nodes} SuperNodes, TLS + node auth, {args.hops} hops per setting, "
           f"ClientApp {'without' if args.no_fedderm_imports else 'with'} fedderm's imports")
-    print(f"{'SuperNode side':<22} {'ServerApp side':<38} {'median':>7} {'mean':>7} {'min':>6} {'max':>6}")
+    print(f"{'SuperNode side':<22} {'ServerApp side':<36} {'median':>7} {'mean':>7} {'min':>6} {'max':>6}"
+          f" | mean of: {'pickup':>7} {'startup':>8} {'work':>6} {'return':>7}")
     names = {"flower": "Grid.send_and_receive (3 s pulls)", "fast": "send_and_receive_fast (0.1 s)"}
     for side, mode, m in rows:
-        print(f"{side:<22} {names[mode]:<38} {m['median_s']:>6.2f}s {m['mean_s']:>6.2f}s "
-              f"{m['min_s']:>5.2f}s {m['max_s']:>5.2f}s")
+        p = m.get("parts_mean_s", {})
+        print(f"{side:<22} {names[mode]:<36} {m['median_s']:>6.2f}s {m['mean_s']:>6.2f}s "
+              f"{m['min_s']:>5.2f}s {m['max_s']:>5.2f}s |          "
+              + " ".join(f"{p.get(k, float('nan')):>{w}.2f}s" for k, w in
+                         (("pickup", 6), ("startup", 7), ("work", 5), ("return", 6))))
+    print("pickup: push -> ClientApp process started (SuperNode idle poll <= 3 s, SuperExec poll); "
+          "startup: process start -> handler (imports); return: reply -> ServerApp has it (SuperNode "
+          "reply push <= 0.5 s, ServerApp poll)")
     print(f"(logs under {root})")
     return 0
 
