@@ -194,8 +194,7 @@ class Loopback:
     def stop(self) -> None:
         """Stop every process this object started, newest first: SIGTERM to its process group,
         then SIGKILL what is left after 15 s."""
-        for proc in reversed(self.procs):
-            _stop_group(proc.popen)
+        _stop_groups([proc.popen for proc in reversed(self.procs)])
         self.procs.clear()
 
     def __enter__(self) -> Loopback:
@@ -366,26 +365,38 @@ def check_results(outcome: RunOutcome, num_clients: int, rounds: int) -> list[st
 
 
 def _stop_group(popen: subprocess.Popen, grace: float = 15.0) -> None:
-    """SIGTERM the process group led by ``popen`` (started with a new session), SIGKILL after
-    ``grace`` s.  Only groups of processes this module started are signalled."""
-    pgid = popen.pid
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
+    _stop_groups([popen], grace)
+
+
+def _stop_groups(popens: list[subprocess.Popen], grace: float = 15.0) -> None:
+    """SIGTERM the process groups led by ``popens`` (each started with a new session, so its
+    group id is its PID), then SIGKILL whatever is left after ``grace`` s.  Only groups of
+    processes this module started are signalled."""
+
+    def signal_all(sig: int) -> list[int]:
+        alive = []
+        for p in popens:
+            p.poll()  # reap the leader if it has exited
+            try:
+                os.killpg(p.pid, sig)
+                alive.append(p.pid)
+            except ProcessLookupError:
+                pass
+        return alive
+
+    if not signal_all(signal.SIGTERM):
         return
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        popen.poll()
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
+        if not signal_all(0):
             return
         time.sleep(0.2)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    popen.poll()
+    signal_all(signal.SIGKILL)
+    for p in popens:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _json_tail(text: str) -> dict:
@@ -417,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900, help="seconds allowed per run (default 900)")
     args = parser.parse_args(argv)
 
+    # SIGTERM (e.g. a CI timeout) unwinds like Ctrl-C, so the finally below still stops everything
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     methods, missing = available_methods(args.method or list(METHODS))
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fedderm-loopback-"))
     failures: list[str] = []
