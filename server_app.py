@@ -87,7 +87,7 @@ def main(grid: Grid, context: Context) -> None:
     recorder = RunRecorder(run_dir_for(cfg, context.run_id), cfg.method, cfg.to_flat())
     context.state["fedderm"] = ConfigRecord({"run-dir": str(recorder.run_dir)})
     log(INFO, "fedderm: method %s · %s", cfg.method, method.description)
-    log(INFO, "results will be written to %s", recorder.run_dir)
+    log(INFO, "results will be written to %s (on the host running the ServerApp)", recorder.run_dir)
 
     infos = meet_clients(grid, wait_for_nodes(grid, cfg.min_clients))
     classes = list(next(iter(infos.values()))["classes"])

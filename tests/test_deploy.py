@@ -347,3 +347,27 @@ def test_loopback_federation_tls_node_auth(tmp_path):
         fed.stop()
     assert _group_members(groups) == []
     assert any(line.startswith("nodes connected: 3/3 online") for line in lines)
+
+
+def test_loopback_result_check_catches_incomplete_runs(tmp_path):
+    import json
+
+    from deploy.loopback import RunOutcome, check_results, run_config_arg
+
+    run_dir = tmp_path / "fedavg"
+    run_dir.mkdir()
+    for name in ("model.pt", "model-best.pt", "rounds.csv"):
+        (run_dir / name).write_bytes(b"x")
+    client = {"balanced_accuracy": 0.5, "num-examples": 10}
+    summary = {"method": "fedavg", "rounds": [{"round": 0}, {"round": 1}],
+               "final": {"per_client": {"0": client, "1": client, "2": client}}}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    good = RunOutcome("fedavg", 1, "finished:completed", run_dir, 1.0)
+    assert check_results(good, 3, 1) == []
+    failed = RunOutcome("fedavg", 1, "finished:failed", run_dir, 1.0)
+    assert any("finished:failed" in p for p in check_results(failed, 3, 1))
+    assert any("expected 4" in p for p in check_results(good, 4, 1))  # a hospital without final metrics
+    assert any("expected up to 2" in p for p in check_results(good, 3, 2))  # a round missing
+    (run_dir / "model.pt").unlink()
+    assert any("model.pt" in p for p in check_results(good, 3, 1))
+    assert run_config_arg({"a": 1, "b": "x y", "c": True, "d": 0.5}) == 'a=1 b="x y" c=true d=0.5'
