@@ -88,6 +88,8 @@ class FastPollGrid(Grid):
         return send_and_receive_fast(self.inner, messages, timeout, self.poll_interval)
 
     def __getattr__(self, name):  # anything else a concrete grid offers
+        if name == "inner":
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
 
