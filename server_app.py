@@ -15,7 +15,7 @@ import registry
 from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
-from strategies.common import run_federated, short_reason, wait_for_nodes
+from strategies.common import FastPollGrid, run_federated, short_reason, wait_for_nodes
 
 app = ServerApp()
 HANDSHAKE_TIMEOUT = 1800.0
@@ -40,13 +40,21 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
     if len(infos) < cfg.min_clients:
         raise RuntimeError(f"only {len(infos)} of {len(node_ids)} clients answered the handshake within "
                            f"{timeout:.0f} s (min-clients={cfg.min_clients})")
+    by_pid: dict[int, list[int]] = {}
+    for nid, info in infos.items():
+        by_pid.setdefault(int(info["partition-id"]), []).append(nid)
+    clashes = {pid: nids for pid, nids in by_pid.items() if len(nids) > 1}
+    if clashes:
+        raise RuntimeError(f"several clients report the same partition-id {clashes} (partition-id: node ids); "
+                           "give each SuperNode its own --node-config 'partition-id=N'")
     classes = {tuple(info["classes"]) for info in infos.values()}
     if len(classes) != 1:
         raise RuntimeError(f"clients disagree on the class list: {sorted(classes)}; set the run-config "
                            "key 'classes' so that every hospital maps labels the same way")
     for nid, info in sorted(infos.items(), key=lambda kv: kv[1]["partition-id"]):
-        log(INFO, "client %d (node %d): train %d (labelled %d) · val %d · test %d%s", info["partition-id"], nid,
-            info["train"], info["labelled"], info["val"], info["test"],
+        site = f" {info['site']!r}" if info.get("site") else ""
+        log(INFO, "client %d%s (node %d): train %d (labelled %d) · val %d · test %d%s", info["partition-id"], site,
+            nid, info["train"], info["labelled"], info["val"], info["test"],
             f" · {info['skipped-files']} bad files skipped" if info["skipped-files"] else "")
     return infos
 
@@ -94,13 +102,15 @@ def make_recorder(cfg, run_id: int) -> RunRecorder:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    grid = FastPollGrid(grid)  # replies within 0.1 s instead of Flower's 3 s pull interval
     cfg = resolve_config(context.run_config)
     method = registry.get_method(cfg.method)
     seed_everything(cfg.seed)
     recorder = make_recorder(cfg, context.run_id)
     context.state["fedderm"] = ConfigRecord({"run-dir": str(recorder.run_dir)})
     log(INFO, "fedderm: method %s · %s", cfg.method, method.description)
-    log(INFO, "results %s %s", "continue in" if cfg.resume else "will be written to", recorder.run_dir)
+    log(INFO, "results %s %s (on the host running the ServerApp)", "continue in" if cfg.resume else
+        "will be written to", recorder.run_dir)
 
     # the first message also loads (and on first use decodes) every client's data: wait longer
     handshake_timeout = max(cfg.round_timeout, HANDSHAKE_TIMEOUT)

@@ -2,14 +2,19 @@
 
 A client loads its data once per process (the decoded pool is also cached on disk), so
 messages after the first only pay for training.  In deployment a hospital's SuperNode names its
-own data with node config ``data-path`` (and optionally ``dataset``); in simulation the
-partition comes from ``partition-id``/``num-partitions``.
+own data with node config (``data-path``, ``dataset``, ``partition-id``, ``site``, ``state-dir``,
+``cache-dir``: :mod:`fedderm.node`); in simulation the partition comes from
+``partition-id``/``num-partitions``.  Deployed SuperNodes start a new ClientApp process for every
+message: state that must outlive one message lives in ``context.state`` (one run) or under
+``state-dir`` (:meth:`ClientSession.state_path`, across runs).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -18,6 +23,7 @@ import registry
 from fedderm.config import Config
 from fedderm.data import ClientData, DataError, load_client_data
 from fedderm.models import create_model
+from fedderm.node import NodeSettings, parse_node_config
 from fedderm.train import evaluate as evaluate_model
 from fedderm.train import resolve_device
 
@@ -30,6 +36,7 @@ class ClientSession:
     data: ClientData
     device: torch.device
     partition_id: int
+    node: NodeSettings
     _models: dict = field(default_factory=dict)
 
     def model(self, arrays: ArrayRecord | None = None, key: str = "classifier",
@@ -48,6 +55,18 @@ class ClientSession:
         """A seed unique to (run seed, round, client): same seed, same numbers."""
         return (self.cfg.seed * 1_000_003 + server_round * 10_007 + self.partition_id * 101 + salt) % 2**31
 
+    def state_path(self, name: str) -> Path:
+        """``<state-dir>/<name>`` for client state that must outlive the run (parent created).
+
+        Raises naming the node-config key when the SuperNode was started without ``state-dir``.
+        """
+        if self.node.state_dir is None:
+            raise RuntimeError(f"this client needs persistent state ({name!r}) but its SuperNode has no "
+                               "node-config 'state-dir': start it with --node-config '... state-dir=\"/path\"'")
+        path = self.node.state_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
 
 RUN_CONFIG = "run-config"
 
@@ -59,19 +78,23 @@ def session(context: Context) -> ClientSession:
     ``context.state``, which outlives the per-message processes of a deployment), so that
     server and clients always agree, also on a resumed run.
     """
-    node = context.node_config
-    key = (context.run_id, node.get("partition-id"), node.get("data-path"))
+    key = (context.run_id, context.node_id, tuple(sorted(context.node_config.items())))
     if key not in _SESSIONS:
+        node = parse_node_config(context.node_config, context.node_id)
         source = context.state[RUN_CONFIG] if RUN_CONFIG in context.state else context.run_config
         cfg = registry.load_config(dict(source))
-        pid = int(node.get("partition-id", 0))
+        # The decoded-image cache is the hospital's business: node-config cache-dir, else
+        # <state-dir>/cache, else the run config's cache-dir.
+        cache = node.cache_dir or (str(node.state_dir / "cache") if node.state_dir else None)
+        if cache:
+            cfg = dataclasses.replace(cfg, cache_dir=cache)
         try:
-            data = load_client_data(cfg, pid, int(node.get("num-partitions", 1)),
-                                    data_path=node.get("data-path"), dataset=node.get("dataset"))
+            data = load_client_data(cfg, node.partition_id, node.num_partitions,
+                                    data_path=node.data_path, dataset=node.dataset)
         except DataError as err:
-            raise DataError(f"client {pid}: {err}") from err
+            raise DataError(f"client {node.partition_id}: {err}") from err
         torch.manual_seed(cfg.seed)
-        _SESSIONS[key] = ClientSession(cfg, data, resolve_device(cfg.device), pid)
+        _SESSIONS[key] = ClientSession(cfg, data, resolve_device(cfg.device), node.partition_id, node)
     return _SESSIONS[key]
 
 
@@ -90,7 +113,7 @@ def info(msg: Message, context: Context) -> Message:
         context.state[RUN_CONFIG] = msg.content["config"]
     s = session(context)
     sp = s.data.split
-    record = ConfigRecord({"classes": list(s.data.classes), "partition-id": s.partition_id,
+    record = ConfigRecord({"classes": list(s.data.classes), "partition-id": s.partition_id, "site": s.node.site,
                            "train": len(sp.train), "labelled": len(sp.labelled), "val": len(sp.val),
                            "test": len(sp.test), "skipped-files": len(s.data.pool.skipped)})
     return Message(RecordDict({"info": record}), reply_to=msg)

@@ -12,13 +12,6 @@ import warnings
 from collections.abc import Mapping
 
 import numpy as np
-from sklearn.metrics import (
-    accuracy_score,
-    balanced_accuracy_score,
-    confusion_matrix,
-    precision_recall_fscore_support,
-    roc_auc_score,
-)
 
 __all__ = ["METRIC_NAMES", "NON_METRIC_KEYS", "SELECTION_METRIC", "classification_metrics", "mean_over_clients"]
 
@@ -87,6 +80,16 @@ def classification_metrics(y_true, y_prob, num_classes: int) -> dict[str, float]
         raise ValueError(f"y_true values must lie in [0, {num_classes}), got {np.unique(y_true)}")
     if y_true.size == 0:
         return {name: float("nan") for name in METRIC_NAMES}
+
+    # imported here: deployed SuperNodes start a process per message, and train messages
+    # need no metrics (scikit-learn + scipy take seconds to import)
+    from sklearn.metrics import (
+        accuracy_score,
+        balanced_accuracy_score,
+        confusion_matrix,
+        precision_recall_fscore_support,
+        roc_auc_score,
+    )
 
     y_pred = np.argmax(y_prob, axis=1)
     present = np.unique(y_true)

@@ -26,15 +26,17 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
 from fedderm.data.pool import DataError, ImagePool, resize_square
+
+if TYPE_CHECKING:  # pandas is imported where a CSV is read: most processes never need it
+    import pandas as pd
 
 __all__ = [
     "CACHE_VERSION",
@@ -512,6 +514,8 @@ def _line(row: int) -> int:
 
 def _read_table(csv_path: Path, site_column: str | None) -> pd.DataFrame:
     """The CSV with its id, label, group and site columns read as text."""
+    import pandas as pd
+
     named = (_ISIC_ID, _HAM_ID, _HAM_LABEL, _GROUP_COLUMN, _AUTO_SITE_COLUMN, site_column)
     text_columns = {c: str for c in named if c and c != "auto"}
     try:
@@ -538,12 +542,16 @@ def _resolve_site_column(table: pd.DataFrame, csv_path: Path, site_column: str |
 
 def _text(table: pd.DataFrame, column: str) -> list[str | None]:
     """Column values as stripped strings, ``None`` where empty."""
+    import pandas as pd
+
     return [None if pd.isna(v) or not str(v).strip() else str(v).strip()
             for v in table[column].to_numpy(dtype=object)]
 
 
 def _parse_rows(table: pd.DataFrame, csv_path: Path, site_column: str | None) -> _Rows:
     """Detect the layout of ``table`` and extract ids, label names, sites and groups."""
+    import pandas as pd
+
     columns = list(table.columns)
     reserved = {_ISIC_ID, _GROUP_COLUMN, site_column}
     one_hot = [c for c in columns if c not in reserved and not c.startswith("Unnamed: ")]
@@ -583,6 +591,8 @@ def _one_hot_labels(table: pd.DataFrame, columns: list[str]) -> tuple[list[str |
 
 
 def _layout_error(table: pd.DataFrame, csv_path: Path, one_hot: list[str]) -> str:
+    import pandas as pd
+
     msg = (f"unrecognised CSV layout in {csv_path}: found columns {list(table.columns)}; "
            f"expected {_ISIC_ID!r} + one-hot numeric class columns (ISIC 2019 ground truth) "
            f"or {_HAM_ID!r} + {_HAM_LABEL!r} (HAM10000 metadata)")

@@ -1,0 +1,30 @@
+"""The ring probe's ClientApp: add 1 to the array, pass it back with timestamps of this hop."""
+
+import os
+import time
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+app = ClientApp()
+
+
+def process_start_time() -> float:
+    """Wall-clock time this process started (Linux /proc), or -1 where unknown."""
+    try:
+        ticks = int(open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[19])
+        boot = next(int(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration):
+        return -1.0
+
+
+@app.query("hop")
+def hop(msg: Message, context: Context) -> Message:
+    t_handler = time.time()
+    if msg.content["config"]["import-fedderm"]:
+        import client_app  # noqa: F401  fedderm's ClientApp module: the real per-process start-up cost
+
+    x = msg.content["arrays"]["x"].numpy()
+    times = ConfigRecord({"process-start": process_start_time(), "handler": t_handler, "reply": time.time()})
+    return Message(RecordDict({"arrays": ArrayRecord({"x": Array(x + 1)}), "times": times}), reply_to=msg)

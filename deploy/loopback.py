@@ -1,0 +1,485 @@
+"""A real fedderm federation on this machine: one SuperLink and N SuperNodes as separate processes
+on 127.0.0.1, with TLS and SuperNode authentication, each hospital with its own data folder.
+
+    python deploy/loopback.py                       # 3 hospitals, every method of METHODS present
+    python deploy/loopback.py --method fedavg --rounds 2 --workdir /tmp/loopback --keep
+
+What it does, in order (the output says each step):
+ 1. generates a small image folder per hospital (``<class>/<image>.png``, one synthetic site each);
+ 2. creates a CA, the SuperLink certificate (SAN 127.0.0.1, localhost) and a key pair per hospital
+    plus one for an outsider (``deploy/make_certs.py``);
+ 3. starts ``flower-superlink`` (TLS, ``--enable-supernode-auth``, runtime dependency
+    installation off), registers the hospitals' public keys with ``flwr supernode register``;
+ 4. starts one ``flower-supernode`` per hospital with ``--node-config`` naming its own
+    ``data-path``, ``dataset``, ``partition-id``, ``site`` and ``state-dir``, waits until all are online;
+ 5. starts a SuperNode with the outsider's (unregistered) key and checks that it is refused;
+ 6. ``flwr run``s each method and checks its results folder (``summary.json``: every hospital
+    has final test metrics, every round is there) and that Flower reports the run completed;
+ 7. stops every process it started — by process group of the PIDs it started, also on failure.
+
+Every process gets its own ``FLWR_HOME`` under the work folder, ports are picked free, and
+nothing else on the machine is touched.  Exit code 0 iff every check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+APP_DIR = Path(__file__).resolve().parents[1]
+if str(APP_DIR) not in sys.path:
+    sys.path.insert(0, str(APP_DIR))
+
+from deploy.make_certs import make_certs  # noqa: E402
+
+# The methods the loopback federation runs, with their extra run config.  Methods not (yet) in
+# this build's registry are skipped with a note, so a new method is one line here.
+METHODS: dict[str, dict] = {
+    "fedavg": {},
+    "sift": {},  # the ring method (issue 5); runs as soon as registry.py has it
+}
+# Small and fast: a tiny CNN on 32 px images, one local epoch.
+BASE_RUN_CONFIG = {"model": "tiny-cnn", "image-size": 32, "local-epochs": 1, "batch-size": 16,
+                   "optimizer": "sgd", "lr": 0.05, "lr-schedule": "constant", "seed": 0}
+CONNECTION = "loopback"
+OUTSIDER = "outsider"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (chosen by the kernel)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_hospital_data(root: Path, hospitals: list[str], per_class: int = 12, image_size: int = 32,
+                       seed: int = 0) -> dict[str, Path]:
+    """One ImageFolder per hospital (``root/<hospital>/<class>/<n>.png``), each a different
+    synthetic site (its own skin tone and lighting), as a hospital's export would look."""
+    from PIL import Image
+
+    from fedderm.data.synthetic import generate
+
+    pool = generate(len(hospitals), per_class, image_size, seed)
+    folders = {}
+    for site, name in enumerate(hospitals):
+        folder = root / name
+        for i in (i for i in range(len(pool)) if pool.sites[i] == site):
+            target = folder / pool.classes[pool.labels[i]] / f"{i:05d}.png"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pool.images[i].permute(1, 2, 0).numpy()).save(target)
+        folders[name] = folder
+    return folders
+
+
+def _bin(name: str) -> str:
+    """A Flower executable from the running interpreter's environment (else from PATH)."""
+    local = Path(sys.executable).parent / name
+    found = str(local) if local.exists() else shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"{name} not found next to {sys.executable} nor on PATH: install flwr")
+    return found
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a TOML basic string
+
+
+def run_config_arg(config: dict) -> str:
+    """``{'a': 1, 'b': 'x'}`` -> ``a=1 b="x"`` (``flwr run --run-config`` syntax)."""
+    return " ".join(f"{k}={_toml_value(v)}" for k, v in config.items())
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+
+@dataclass
+class RunOutcome:
+    method: str
+    run_id: int | None
+    status: str
+    run_dir: Path
+    wall_s: float
+    summary: dict | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class Loopback:
+    """Start, use and stop a TLS + node-auth federation on 127.0.0.1 (a context manager)."""
+
+    def __init__(self, workdir: str | Path, num_hospitals: int = 3, *, fast_superexec: bool = True,
+                 per_class: int = 12, image_size: int = 32, echo=print):
+        self.workdir = Path(workdir).resolve()
+        self.hospitals = [f"hospital-{chr(ord('a') + i)}" for i in range(num_hospitals)]
+        self.fast_superexec, self.per_class, self.image_size = fast_superexec, per_class, image_size
+        self.echo = echo
+        self.procs: list[Proc] = []
+        self.port: int | None = None
+        self.node_ids: dict[str, int] = {}
+        self.secrets = None
+        self.data: dict[str, Path] = {}
+
+    # -- processes -----------------------------------------------------------------------
+    def env(self, home: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "FLWR_HOME": str(self.workdir / "homes" / home),
+            "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            # the app's code wins over any installed copy of fedderm (e.g. an editable install
+            # of another checkout); the FAB that flwr run ships is this same folder
+            "PYTHONPATH": os.pathsep.join([str(APP_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        })
+        if self.fast_superexec:
+            # Flower's SuperExec checks for new work every 1 s by default (0.01-60 s allowed)
+            env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "0.1"
+        (self.workdir / "homes" / home).mkdir(parents=True, exist_ok=True)
+        return env
+
+    def spawn(self, name: str, argv: list[str], home: str) -> Proc:
+        """Start ``argv`` in a new session (its own process group, so it and every child it
+        spawns — SuperExec, ServerApp, ClientApps — can be stopped together)."""
+        log = self.workdir / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "wb") as out:
+            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env(home),
+                                     cwd=self.workdir, start_new_session=True)
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run the ``flwr`` CLI against the loopback SuperLink (own process group; killed on timeout)."""
+        popen = subprocess.Popen([_bin("flwr"), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 env={**self.env("cli"), "COLUMNS": "200"}, cwd=self.workdir,
+                                 start_new_session=True, text=True)
+        proc = Proc("flwr " + " ".join(args[:2]), popen, Path(os.devnull))
+        self.procs.append(proc)  # so that stop() ends it if we are interrupted meanwhile
+        try:
+            out, _ = popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop_group(popen)
+            out, _ = popen.communicate()
+            raise TimeoutError(f"flwr {' '.join(args)} did not finish within {timeout:.0f} s:\n{out[-3000:]}")
+        finally:
+            if popen.poll() is not None:
+                self.procs.remove(proc)
+        return subprocess.CompletedProcess(popen.args, popen.returncode, out, "")
+
+    def stop(self) -> None:
+        """Stop every process this object started, newest first: SIGTERM to its process group,
+        then SIGKILL what is left after 15 s."""
+        _stop_groups([proc.popen for proc in reversed(self.procs)])
+        self.procs.clear()
+
+    def __enter__(self) -> Loopback:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- the federation ------------------------------------------------------------------
+    def prepare(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.data = make_hospital_data(self.workdir / "data", self.hospitals, self.per_class, self.image_size)
+        self.echo(f"data: {len(self.hospitals)} hospitals, {self.per_class} images per class each, "
+                  f"under {self.workdir / 'data'}")
+        self.secrets = make_certs(self.workdir / "secrets", ["127.0.0.1", "localhost"],
+                                  [*self.hospitals, OUTSIDER], connection=CONNECTION)
+        self.echo(f"certificates: CA, SuperLink (SAN 127.0.0.1, localhost), {len(self.hospitals) + 1} "
+                  f"EC key pairs under {self.secrets.out}")
+
+    def start_superlink(self, timeout: float = 60) -> None:
+        s = self.secrets
+        self.port = free_port()
+        self.spawn("superlink", [
+            _bin("flower-superlink"), "--ssl-ca-certfile", str(s.superlink_ca), "--ssl-certfile", str(s.server_cert),
+            "--ssl-keyfile", str(s.server_key), "--enable-supernode-auth",
+            "--disable-runtime-dependency-installation", "--database", str(self.workdir / "superlink.db"),
+            "--host", "127.0.0.1", "--port", str(self.port)], home="superlink")
+        config = self.workdir / "homes" / "cli" / "config.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+                          f'address = "127.0.0.1:{self.port}"\nroot-certificates = "{s.ca_cert}"\n')
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive("superlink")
+            res = self.flwr("supernode", "list", CONNECTION, "--format", "json", timeout=60)
+            if _json_tail(res.stdout).get("success"):  # flwr exits 0 on connection errors too
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the SuperLink did not answer within {timeout:.0f} s "
+                                   f"(log: {self.workdir / 'logs' / 'superlink.log'})")
+            time.sleep(1)
+        self.echo(f"superlink: up on 127.0.0.1:{self.port} (TLS, SuperNode authentication on, "
+                  "runtime dependency installation off)")
+
+    def register(self, name: str) -> int:
+        res = self.flwr("supernode", "register", str(self.secrets.hospitals[name]["public"]), CONNECTION,
+                        "--name", name, "--format", "json")
+        data = _json_tail(res.stdout)
+        if res.returncode != 0 or not data.get("success"):
+            raise RuntimeError(f"flwr supernode register failed for {name}:\n{res.stdout}")
+        self.node_ids[name] = int(data["node-id"])
+        return self.node_ids[name]
+
+    def supernode_argv(self, name: str, node_config: str) -> list[str]:
+        keys = self.secrets.hospitals[name]
+        return [_bin("flower-supernode"), "--root-certificates", str(keys["ca"]),
+                "--superlink", f"127.0.0.1:{self.port}", "--auth-supernode-private-key", str(keys["private"]),
+                "--node-config", node_config, "--host", "127.0.0.1", "--port", str(free_port())]
+
+    def node_config(self, i: int, name: str) -> str:
+        return (f'partition-id={i} site="{name}" dataset="folder" data-path="{self.data[name]}" '
+                f'state-dir="{self.workdir / "state" / name}"')
+
+    def start_supernodes(self, timeout: float = 90) -> None:
+        for i, name in enumerate(self.hospitals):
+            self.spawn(f"supernode-{name}", self.supernode_argv(name, self.node_config(i, name)), home=name)
+        deadline = time.monotonic() + timeout
+        while (online := self.online()) != set(self.node_ids.values()):
+            for name in self.hospitals:
+                self._check_alive(f"supernode-{name}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"SuperNodes online after {timeout:.0f} s: {sorted(online)}; "
+                                   f"registered: {self.node_ids}")
+            time.sleep(1)
+        self.echo(f"nodes connected: {len(online)}/{len(self.hospitals)} online — "
+                  + ", ".join(f"{n} (node {self.node_ids[n]})" for n in self.hospitals))
+
+    def online(self) -> set[int]:
+        res = self.flwr("supernode", "list", CONNECTION, "--format", "json")
+        nodes = _json_tail(res.stdout).get("nodes", [])
+        return {int(n["node-id"]) for n in nodes if n.get("status") == "online"}
+
+    def start(self) -> None:
+        self.prepare()
+        self.start_superlink()
+        for name in self.hospitals:
+            self.register(name)
+        self.echo(f"registered: {', '.join(f'{n} -> node {i}' for n, i in self.node_ids.items())}")
+        self.start_supernodes()
+
+    def try_outsider(self, timeout: float = 90) -> dict:
+        """Start a SuperNode whose key was never registered; return how it ended."""
+        proc = self.spawn("supernode-outsider", self.supernode_argv(OUTSIDER, f'site="{OUTSIDER}"'), home=OUTSIDER)
+        try:
+            rc = proc.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            _stop_group(proc.popen)  # its SuperExec child outlives it for a while otherwise
+        log = proc.log.read_text(errors="replace")
+        reason = next((line.strip() for line in log.splitlines() if "Failed to activate" in line), "")
+        refused = rc not in (None, 0) and bool(reason) and not (self.online() - set(self.node_ids.values()))
+        return {"refused": refused, "returncode": rc, "reason": reason, "log": str(proc.log)}
+
+    def run(self, method: str, run_config: dict, timeout: float = 900) -> RunOutcome:
+        """``flwr run`` the app for ``method`` and check its results folder."""
+        out_dir = self.workdir / "results"
+        config = {**BASE_RUN_CONFIG, "min-clients": len(self.hospitals), **run_config, "method": method,
+                  "output-dir": str(out_dir), "run-name": method}
+        run_id, status, wall = self.flwr_run(APP_DIR, config, f"run-{method}", timeout)
+        outcome = RunOutcome(method, run_id, status, out_dir / method, wall)
+        outcome.problems = check_results(outcome, len(self.hospitals), config["num-server-rounds"])
+        if outcome.problems:
+            outcome.problems.append(f"flwr run output: {self.workdir / 'logs' / f'run-{method}.log'}")
+        return outcome
+
+    def flwr_run(self, app: Path, run_config: dict, log_name: str, timeout: float = 900):
+        """``flwr run <app> --stream``; returns (run id, Flower's final status, wall seconds).
+
+        ``flwr run`` exits 0 even when the run failed, so the status comes from ``flwr ls``.
+        """
+        start = time.monotonic()
+        res = self.flwr("run", str(app), CONNECTION, "--stream", "--run-config", run_config_arg(run_config),
+                        timeout=timeout)
+        wall = time.monotonic() - start
+        (self.workdir / "logs" / f"{log_name}.log").write_text(res.stdout)
+        match = re.search(r"Successfully started run (\d+)", res.stdout)
+        run_id = int(match.group(1)) if match else None
+        status = "not started"
+        if run_id is not None:
+            runs = _json_tail(self.flwr("ls", CONNECTION, "--run-id", str(run_id), "--format", "json").stdout)
+            status = next((r["status"] for r in runs.get("runs", []) if int(r["run-id"]) == run_id), "unknown")
+        return run_id, status, wall
+
+    def _check_alive(self, name: str) -> None:
+        for proc in self.procs:
+            if proc.name == name and proc.popen.poll() is not None:
+                tail = proc.log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited with code {proc.popen.returncode}:\n{tail}")
+
+
+def check_results(outcome: RunOutcome, num_clients: int, rounds: int) -> list[str]:
+    """What is wrong with a finished run (empty: nothing)."""
+    problems = []
+    if outcome.status != "finished:completed":
+        problems.append(f"Flower reports run {outcome.run_id} as {outcome.status!r}")
+    path = outcome.run_dir / "summary.json"
+    if not path.exists():
+        return problems + [f"no {path}"]
+    summary = json.loads(path.read_text())
+    outcome.summary = summary
+    if summary.get("method") != outcome.method:
+        problems.append(f"summary.json method is {summary.get('method')!r}, not {outcome.method!r}")
+    per_client = summary.get("final", {}).get("per_client", {})
+    if len(per_client) != num_clients:
+        problems.append(f"final test metrics for {len(per_client)} clients, expected {num_clients}")
+    for pid, metrics in per_client.items():
+        ba = metrics.get("balanced_accuracy")
+        if ba is None or not 0.0 <= ba <= 1.0 or metrics.get("num-examples", 0) <= 0:
+            problems.append(f"client {pid}: bad final metrics {metrics}")
+    done = sorted({r["round"] for r in summary.get("rounds", [])})
+    if not done or max(done) < rounds:
+        problems.append(f"rounds in summary.json: {done}, expected up to {rounds}")
+    for name in ("model.pt", "model-best.pt", "rounds.csv"):
+        if not (outcome.run_dir / name).exists():
+            problems.append(f"missing {outcome.run_dir / name}")
+    return problems
+
+
+def _stop_group(popen: subprocess.Popen, grace: float = 15.0) -> None:
+    _stop_groups([popen], grace)
+
+
+def _stop_groups(popens: list[subprocess.Popen], grace: float = 15.0) -> None:
+    """SIGTERM the process groups led by ``popens`` (each started with a new session, so its
+    group id is its PID), then SIGKILL whatever is left after ``grace`` s.  Only groups of
+    processes this module started are signalled."""
+
+    def signal_all(sig: int) -> list[int]:
+        alive = []
+        for p in popens:
+            p.poll()  # reap the leader if it has exited
+            try:
+                os.killpg(p.pid, sig)
+                alive.append(p.pid)
+            except ProcessLookupError:
+                pass
+        return alive
+
+    if not signal_all(signal.SIGTERM):
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not signal_all(0):
+            return
+        time.sleep(0.2)
+    signal_all(signal.SIGKILL)
+    for p in popens:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _json_tail(text: str) -> dict:
+    """The JSON object a ``flwr ... --format json`` printed (after any 'Using SuperLink' line)."""
+    start = text.find("{")
+    try:
+        return json.loads(text[start:]) if start >= 0 else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def available_methods(wanted: list[str]) -> tuple[list[str], list[str]]:
+    import registry
+
+    return [m for m in wanted if m in registry.METHODS], [m for m in wanted if m not in registry.METHODS]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hospitals", type=int, default=3, help="number of SuperNodes (default 3)")
+    parser.add_argument("--method", action="append", default=None,
+                        help=f"method to run; repeat for several (default: {', '.join(METHODS)})")
+    parser.add_argument("--rounds", type=int, default=2, help="num-server-rounds per run (default 2)")
+    parser.add_argument("--per-class", type=int, default=12, help="images per class per hospital (default 12)")
+    parser.add_argument("--workdir", default=None, help="work folder (default: a new temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, results)")
+    parser.add_argument("--flower-superexec-polling", action="store_true",
+                        help="leave Flower's SuperExec poll interval at its 1 s default")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds allowed per run (default 900)")
+    args = parser.parse_args(argv)
+
+    # SIGTERM (e.g. a CI timeout) unwinds like Ctrl-C, so the finally below still stops everything
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    methods, missing = available_methods(args.method or list(METHODS))
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fedderm-loopback-"))
+    failures: list[str] = []
+    t0 = time.monotonic()
+    with Loopback(workdir, args.hospitals, fast_superexec=not args.flower_superexec_polling,
+                  per_class=args.per_class) as fed:
+        try:
+            fed.start()
+            outsider = fed.try_outsider()
+            if outsider["refused"]:
+                print(f"unregistered SuperNode: refused (exit code {outsider['returncode']}: {outsider['reason']})")
+            else:
+                failures.append(f"the unregistered SuperNode was not refused: {outsider}")
+            for m in missing:
+                print(f"{m}: not in this build's registry, skipped")
+            for method in methods:
+                cfg = {"num-server-rounds": args.rounds, **METHODS.get(method, {})}
+                out = fed.run(method, cfg, timeout=args.timeout)
+                print(describe_outcome(out))
+                failures += [f"{method}: {p}" for p in out.problems]
+        except Exception as err:  # noqa: BLE001 - reported, processes still stopped below
+            failures.append(f"{type(err).__name__}: {err}")
+        finally:
+            fed.stop()
+    print(f"stopped every process started ({time.monotonic() - t0:.0f} s in all); work folder: {workdir}")
+    if not args.keep and not failures and args.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1
+    print("loopback federation: all checks passed")
+    return 0
+
+
+def describe_outcome(out: RunOutcome) -> str:
+    lines = [f"{out.method}: run {out.run_id} {out.status} in {out.wall_s:.0f} s (flwr run wall time)"]
+    if out.summary:
+        rounds = sorted({r["round"] for r in out.summary["rounds"] if r["round"] > 0})
+        final = out.summary["final"]
+        lines.append(f"  rounds done: {len(rounds)} · best round on val: {out.summary.get('best_round')}")
+        lines.append("  final test metrics (mean over clients): " + ", ".join(
+            f"{k} {final[k]:.3f}" for k in ("balanced_accuracy", "accuracy", "auc") if final.get(k) is not None))
+        for pid, m in sorted(final["per_client"].items(), key=lambda kv: int(kv[0])):
+            lines.append(f"    client {pid}: balanced_accuracy {m['balanced_accuracy']:.3f} "
+                         f"on {m['num-examples']} test images")
+        lines.append(f"  results: {out.run_dir}")
+    for p in out.problems:
+        lines.append(f"  PROBLEM: {p}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+# fedderm superlink image: Flower's official superlink image plus fedderm's dependencies.
+# Build from the repository root:  docker build -f docker/superlink.Dockerfile -t fedderm-superlink .
+# Why: the ServerApp runs inside this container (isolation subprocess): it needs
+# fedderm's dependencies (torch, ...), and writes results to /app/fedderm-results.
+# The app code itself is not in the image: `flwr run` ships it (the FAB) with every run.
+#
+# FLWR_TAG: an Ubuntu variant (PyTorch has no wheels for the Alpine default tags); its flwr must
+# satisfy pyproject.toml's range (checked below).  PIP_ARGS: extra pip options, e.g.
+# "--index-url <a CPU-only PyTorch index>" for a smaller image on hosts without a GPU.
+ARG FLWR_TAG=1.41.0-py3.12-ubuntu24.04
+FROM flwr/superlink:${FLWR_TAG}
+
+ARG PIP_ARGS=""
+WORKDIR /app
+COPY --chown=app:app pyproject.toml docker/requirements.py /app/build/
+RUN python /app/build/requirements.py /app/build/pyproject.toml > /app/build/requirements.txt \
+    && python -m pip install --no-cache-dir ${PIP_ARGS} -r /app/build/requirements.txt \
+    && python /app/build/requirements.py --check /app/build/pyproject.toml \
+    && mkdir -p /app/state /app/fedderm-results
+
+# Apps run with the dependencies installed above, never a `uv sync` at run time.
+ENV FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 \
+    FLWR_TELEMETRY_ENABLED=0 \
+    FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1
+
+ENTRYPOINT ["flower-superlink"]
