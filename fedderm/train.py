@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -48,8 +49,12 @@ def random_flips(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return x
 
 
-def round_lr(base_lr: float, server_round: int, num_rounds: int, schedule: str = "cosine") -> float:
-    """Learning rate of federated round ``server_round`` (1-based): constant or cosine decay."""
+def round_lr(base_lr: float, server_round: int, num_rounds: int, schedule: str = "cosine",
+             decay: float = 0.998) -> float:
+    """Learning rate of federated round ``server_round`` (1-based): constant, cosine decay, or
+    exponential decay base × decay^(r−1) (SiFT §2.4: 0.1 × 0.998 per round)."""
+    if schedule == "exponential":
+        return base_lr * decay ** (server_round - 1)
     if schedule == "constant" or num_rounds <= 1:
         return base_lr
     return base_lr * 0.5 * (1 + math.cos(math.pi * (server_round - 1) / num_rounds))
@@ -74,9 +79,15 @@ def proximal_term(model: nn.Module, reference: list[torch.Tensor]) -> torch.Tens
 def train_supervised(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, epochs: int,
                      batch_size: int, lr: float, optimizer: str = "sgd", momentum: float = 0.9,
                      weight_decay: float = 0.0, proximal_mu: float = 0.0, seed: int = 0,
-                     device: torch.device | str = "cpu") -> dict[str, float]:
+                     device: torch.device | str = "cpu",
+                     regularizer: Callable[[nn.Module], torch.Tensor] | None = None,
+                     after_backward: Callable[[nn.Module], None] | None = None) -> dict[str, float]:
     """Cross-entropy training for ``epochs`` epochs; with ``proximal_mu`` > 0 adds FedProx's
     (μ/2)‖w − w_global‖², w_global being the weights the model had on entry.
+
+    ``regularizer(model)`` is added to every mini-batch loss (e.g. FedDyn's linear and quadratic
+    terms); ``after_backward(model)`` runs between ``backward()`` and the optimiser step (e.g.
+    SCAFFOLD's gradient correction).
 
     Returns ``{"train_loss": mean loss of the last epoch, "num-examples": n}``.
     """
@@ -98,8 +109,12 @@ def train_supervised(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
             loss = F.cross_entropy(model(x), y)
             if reference is not None:
                 loss = loss + proximal_mu / 2 * proximal_term(model, reference)
+            if regularizer is not None:
+                loss = loss + regularizer(model)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if after_backward is not None:
+                after_backward(model)
             opt.step()
             loss_sum += loss.item() * len(yb)
             seen += len(yb)

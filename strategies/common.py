@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable
 from logging import INFO, WARNING
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
@@ -19,6 +19,26 @@ from fedderm.config import Config
 from fedderm.results import RunRecorder
 
 SELECTION_METRIC = "balanced_accuracy"
+
+
+def array_bytes(content: RecordDict) -> int:
+    """Bytes of every ArrayRecord in a message's content (Flower's ``ArrayRecord.count_bytes``)."""
+    return sum(record.count_bytes() for record in content.array_records.values())
+
+
+def rounds_to_target(rounds: list[dict], targets: list[float], split: str = "val",
+                     metric: str = SELECTION_METRIC) -> dict[str, int | None]:
+    """First round whose mean ``metric`` on ``split`` reaches each target (002 Table 2); None if never.
+
+    ``rounds`` are :attr:`RunRecorder.rounds` entries; keys of the result are the targets as
+    written (``"0.55"``).
+    """
+    curve = [(r["round"], r["metrics"].get(metric)) for r in rounds if r["split"] == split]
+    out: dict[str, int | None] = {}
+    for target in targets:
+        hit = [rnd for rnd, value in curve if value is not None and value == value and value >= target]
+        out[f"{target:g}"] = min(hit) if hit else None
+    return out
 
 
 def _finite(metrics: dict[str, float]) -> dict[str, float]:
@@ -43,6 +63,10 @@ class Tracked:
         self.best_arrays: ArrayRecord | None = None
         self.last_mean: dict[str, float] = {}
         self._round_start = time.monotonic()
+        #: bytes of model traffic of the current round (``down``: server -> clients, ``up``:
+        #: clients -> server, ``messages``); strategies with extra records add to it.
+        self.traffic: dict[str, int] | None = None
+        self.traffic_log: list[dict[str, int]] = []
 
     @staticmethod
     def _per_client(replies: list[Message]) -> dict[str, dict[str, float]]:
@@ -58,12 +82,24 @@ class Tracked:
     def configure_train(self, server_round, arrays, config, grid):
         self._round_start = time.monotonic()
         config["num-rounds"] = self.cfg.num_server_rounds
-        return super().configure_train(server_round, arrays, config, grid)
+        msgs = list(super().configure_train(server_round, arrays, config, grid))
+        self.count_traffic(down=sum(array_bytes(m.content) for m in msgs), messages=len(msgs))
+        return msgs
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
+        ok = [r for r in replies if not r.has_error()]
+        self.count_traffic(up=sum(array_bytes(r.content) for r in ok), messages=len(ok))
         self.train_per_client = self._per_client(replies)
         return super().aggregate_train(server_round, replies)
+
+    def count_traffic(self, *, down: int = 0, up: int = 0, messages: int = 0) -> None:
+        """Add model traffic to the current round's count (logged and recorded by after_round)."""
+        if self.traffic is None:
+            self.traffic = {"down": 0, "up": 0, "messages": 0}
+        self.traffic["down"] += int(down)
+        self.traffic["up"] += int(up)
+        self.traffic["messages"] += int(messages)
 
     def configure_evaluate(self, server_round, arrays, config, grid):
         self.split = str(config.get("split", "val"))
@@ -99,6 +135,14 @@ class Tracked:
             self.best_round, self.best_score = server_round, score
             self.best_arrays = ArrayRecord(arrays.to_torch_state_dict())
         train = _mean_train_loss(self.train_per_client)
+        if self.traffic is not None and server_round > 0:
+            t = self.traffic
+            log(INFO, "round %d: bytes sent %d (%.2f MB: server->clients %.2f MB, clients->server %.2f MB, "
+                "%d messages)", server_round, t["down"] + t["up"], (t["down"] + t["up"]) / 2**20,
+                t["down"] / 2**20, t["up"] / 2**20, t["messages"])
+            self.traffic_log.append({"round": server_round, "bytes": t["down"] + t["up"], **t})
+            self.recorder.update_extra({"bytes_per_round": self.traffic_log})
+        self.traffic = None
         log(INFO, "round %d/%d · val %s %.3f · accuracy %.3f · train loss %s · best %.3f @ round %s · %.1f s",
             server_round, self.cfg.num_server_rounds, SELECTION_METRIC, score,
             self.last_mean.get("accuracy", float("nan")),
@@ -131,6 +175,10 @@ def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord, ti
     best = strategy.best_arrays or final
     log(INFO, "testing the best model on val (round %s) on every client's test split", strategy.best_round)
     strategy.evaluate_round(grid, cfg.num_server_rounds, best, "test", timeout)
+    reached = rounds_to_target(strategy.recorder.rounds, cfg.target_list)
+    strategy.recorder.update_extra({"rounds_to_target": reached})
+    log(INFO, "rounds to reach mean val %s %s: %s", SELECTION_METRIC,
+        ", ".join(reached) or "(no targets)", ", ".join(str(v) for v in reached.values()) or "-")
     strategy.recorder.save_model(final.to_torch_state_dict())
     strategy.recorder.save_model(best.to_torch_state_dict(), name="model-best.pt")
     return result
