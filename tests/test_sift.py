@@ -282,3 +282,35 @@ def test_missing_text_model_names_the_key(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(RuntimeError, match="sift.text-model"):
         encode_texts("/nonexistent/biolinkbert", ["a"])
+
+
+# -- end to end through sim.py (Flower's simulation runtime, Ray) -------------------------
+def test_sim_runs_sift_ring_in_partition_order(tmp_path):
+    import sim
+
+    run_dir = sim.simulate({**tiny_run_config(tmp_path), "synthetic-per-class": 30, "partition": "dirichlet",
+                            "run-name": "sift", "targets": "0.1,0.99"}, num_supernodes=3)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["method"] == "sift"
+    assert [r["visited"] for r in summary["ring"]] == [[0, 1, 2], [0, 1, 2]]
+    assert summary["rounds_to_target"] == {"0.1": 0, "0.99": None}
+    assert [b["round"] for b in summary["bytes_per_round"]] == [1, 2]
+    assert summary["bytes_per_round"][0]["messages"] == 6  # 3 hops, there and back
+    assert summary["sift"]["embedding_dim"] == 384 and summary["sift"]["class_texts"] == CLASSES
+    state = torch.load(run_dir / "model.pt")  # the long-term model, P and W included
+    assert state[CLASS_EMBEDDINGS].shape == (5, 384) and state[PROJECTOR].shape == (128, 384)
+
+
+def test_sim_runs_scaffold(tmp_path):
+    """The extra ``control``/``control-delta`` records go through Flower's runtime (FedDyn's
+    messages are FedAvg's; both are tested in-process in test_drift.py)."""
+    import sim
+
+    method = "scaffold"
+
+    run_dir = sim.simulate({**tiny_run_config(tmp_path), "method": method, "num-server-rounds": 2,
+                            "run-name": method}, num_supernodes=2)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["method"] == method and set(summary["final"]["per_client"]) == {"0", "1"}
+    assert set(summary["rounds_to_target"]) == {"0.55", "0.65", "0.75", "0.85"}
+    assert len(summary["bytes_per_round"]) == 2
