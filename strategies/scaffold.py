@@ -15,7 +15,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedderm.drift import scaffold_server_control
 
-from .common import Tracked, array_bytes
+from .common import Tracked
 
 DELTA = "control-delta"
 
