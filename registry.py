@@ -51,7 +51,7 @@ METHODS: dict[str, Method] = {
         # -- FedMAE, Fed-MAE, Fed-BEiT (issue 4) --
         # -- SiFT, SCAFFOLD, FedDyn (issue 5) --
         Method("sift", "strategies.sift", "clients.sift",
-               "SiFT (Li et al., MICCAI 2024): serial ring training, no averaging; short-term model with a "
+               "SiFT (Li et al., MICCAI; paper 002): serial ring training, no averaging; short-term model with a "
                "frozen random projector and a frozen text-embedding head (cosine logits / τ), long-term "
                "model by EMA; the long-term model is evaluated.",
                options={"sift.variant": "full", "sift.ema-beta": 0.9, "sift.temperature": 0.1,
