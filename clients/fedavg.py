@@ -20,7 +20,7 @@ def train(msg: Message, context: Context) -> Message:
     images, labels = s.data.tensors("labelled")
     metrics = train_supervised(
         model, images, labels, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-        lr=round_lr(cfg.lr, server_round, cfg.num_server_rounds, cfg.lr_schedule),
+        lr=round_lr(cfg.lr, server_round, cfg.num_server_rounds, cfg.lr_schedule, cfg.lr_decay),
         optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
         proximal_mu=float(config.get("proximal-mu", 0.0)), seed=s.seed(server_round), device=s.device)
     metrics["partition-id"] = s.partition_id

@@ -19,7 +19,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "dataset": ("synthetic", "folder", "csv", "npz"),
     "partition": ("iid", "dirichlet", "source"),
     "optimizer": ("sgd", "adam", "adamw"),
-    "lr-schedule": ("constant", "cosine"),
+    "lr-schedule": ("constant", "cosine", "exponential"),
     "device": ("auto", "cpu", "cuda"),
     "finetune": ("none", "local", "federated"),
     "finetune-optimizer": ("sgd", "adam", "adamw"),
@@ -64,6 +64,7 @@ class Config:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     lr_schedule: str = "cosine"
+    lr_decay: float = 0.998
     proximal_mu: float = 0.0
     device: str = "auto"
     # fine-tuning stage of the self-supervised methods (after num-server-rounds of pre-training)
@@ -78,6 +79,7 @@ class Config:
     resume: str = ""
     keep_checkpoints: int = 3
     round_timeout: float = 3600.0
+    targets: str = "0.55,0.65,0.75,0.85"
     # method-specific keys ("<method>.<key>"), validated against the registry's declarations
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -95,6 +97,15 @@ class Config:
         """``classes`` split on commas (run-config values cannot be lists), or None."""
         names = [c.strip() for c in self.classes.split(",") if c.strip()]
         return names or None
+
+    @property
+    def target_list(self) -> list[float]:
+        """``targets`` (comma-separated balanced accuracies) as floats, in the order given."""
+        try:
+            return [float(t) for t in self.targets.split(",") if t.strip()]
+        except ValueError:
+            raise ConfigError(f"run-config key 'targets' must be comma-separated numbers like "
+                              f"\"0.5,0.6\", got {self.targets!r}") from None
 
     def to_flat(self) -> dict[str, Any]:
         """The resolved config as flat run-config keys (for ``config.json`` and messages)."""
@@ -171,6 +182,8 @@ def _check_ranges(cfg: Config) -> None:
     need(cfg.round_timeout > 0, "round-timeout", "must be > 0 (seconds)")
     need(cfg.keep_checkpoints >= 0, "keep-checkpoints", "must be >= 0 (0 keeps every round's checkpoint)")
     need(cfg.proximal_mu >= 0, "proximal-mu", "must be >= 0")
+    need(0 < cfg.lr_decay <= 1, "lr-decay", "must be in (0, 1]")
+    need(all(0 < t <= 1 for t in cfg.target_list), "targets", "must be balanced accuracies in (0, 1]")
     if cfg.dataset != "synthetic":
         need(bool(cfg.data_path), "data-path", f"must name the data for dataset={cfg.dataset!r}")
 

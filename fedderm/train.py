@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -48,8 +49,12 @@ def random_flips(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return x
 
 
-def round_lr(base_lr: float, server_round: int, num_rounds: int, schedule: str = "cosine") -> float:
-    """Learning rate of federated round ``server_round`` (1-based): constant or cosine decay."""
+def round_lr(base_lr: float, server_round: int, num_rounds: int, schedule: str = "cosine",
+             decay: float = 0.998) -> float:
+    """Learning rate of federated round ``server_round`` (1-based): constant, cosine decay, or
+    exponential decay base × decay^(r−1) (SiFT §2.4: 0.1 × 0.998 per round)."""
+    if schedule == "exponential":
+        return base_lr * decay ** (server_round - 1)
     if schedule == "constant" or num_rounds <= 1:
         return base_lr
     return base_lr * 0.5 * (1 + math.cos(math.pi * (server_round - 1) / num_rounds))
@@ -74,12 +79,14 @@ def proximal_term(model: nn.Module, reference: list[torch.Tensor]) -> torch.Tens
 def train_epochs(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, loss_fn, *, epochs: int,
                  batch_size: int, lr: float, optimizer: str = "sgd", momentum: float = 0.9,
                  weight_decay: float = 0.0, seed: int = 0, device: torch.device | str = "cpu",
-                 params=None) -> dict[str, float]:
+                 params=None, after_backward: Callable[[nn.Module], None] | None = None) -> dict[str, float]:
     """The local loop every method shares: ``epochs`` passes of shuffled mini-batches.
 
     ``loss_fn(model, images_uint8, labels, generator)`` returns the batch loss (the method's
     objective; ``generator`` seeds its augmentations).  ``params`` defaults to every trainable
-    parameter.  Returns ``{"train_loss": mean loss of the last epoch, "num-examples": n}``.
+    parameter.  ``after_backward(model)`` runs between ``backward()`` and the optimiser step
+    (e.g. SCAFFOLD's gradient correction).
+    Returns ``{"train_loss": mean loss of the last epoch, "num-examples": n}``.
     """
     device = torch.device(device)
     model.to(device).train()
@@ -96,6 +103,8 @@ def train_epochs(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, l
             loss = loss_fn(model, xb, yb, augment)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if after_backward is not None:
+                after_backward(model)
             opt.step()
             loss_sum += loss.item() * len(yb)
             seen += len(yb)
@@ -105,9 +114,16 @@ def train_epochs(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, l
 def train_supervised(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, epochs: int,
                      batch_size: int, lr: float, optimizer: str = "sgd", momentum: float = 0.9,
                      weight_decay: float = 0.0, proximal_mu: float = 0.0, seed: int = 0,
-                     device: torch.device | str = "cpu") -> dict[str, float]:
+                     device: torch.device | str = "cpu",
+                     regularizer: Callable[[nn.Module], torch.Tensor] | None = None,
+                     after_backward: Callable[[nn.Module], None] | None = None) -> dict[str, float]:
     """Cross-entropy training with random flips; with ``proximal_mu`` > 0 adds FedProx's
-    (μ/2)‖w − w_global‖², w_global being the weights the model had on entry."""
+    (μ/2)‖w − w_global‖², w_global being the weights the model had on entry.
+
+    ``regularizer(model)`` is added to every mini-batch loss (e.g. FedDyn's linear and quadratic
+    terms); ``after_backward(model)`` runs between ``backward()`` and the optimiser step (e.g.
+    SCAFFOLD's gradient correction).
+    """
     device = torch.device(device)
     reference = [p.detach().clone().to(device) for p in model.parameters()] if proximal_mu > 0 else None
 
@@ -115,11 +131,13 @@ def train_supervised(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
         loss = F.cross_entropy(model(to_input(random_flips(xb, generator), device)), yb.to(device))
         if reference is not None:
             loss = loss + proximal_mu / 2 * proximal_term(model, reference)
+        if regularizer is not None:
+            loss = loss + regularizer(model)
         return loss
 
     return train_epochs(model, images, labels, loss_fn, epochs=epochs, batch_size=batch_size, lr=lr,
                         optimizer=optimizer, momentum=momentum, weight_decay=weight_decay, seed=seed,
-                        device=device)
+                        device=device, after_backward=after_backward)
 
 
 @torch.no_grad()

@@ -14,7 +14,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
@@ -95,6 +95,26 @@ class FastPollGrid(Grid):
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+
+def array_bytes(content: RecordDict) -> int:
+    """Bytes of every ArrayRecord in a message's content (Flower's ``ArrayRecord.count_bytes``)."""
+    return sum(record.count_bytes() for record in content.array_records.values())
+
+
+def rounds_to_target(rounds: list[dict], targets: list[float], split: str = "val",
+                     metric: str = SELECTION_METRIC) -> dict[str, int | None]:
+    """First round whose mean ``metric`` on ``split`` reaches each target (002 Table 2); None if never.
+
+    ``rounds`` are :attr:`RunRecorder.rounds` entries; keys of the result are the targets as
+    written (``"0.55"``).
+    """
+    curve = [(r["round"], r["metrics"].get(metric)) for r in rounds if r["split"] == split]
+    out: dict[str, int | None] = {}
+    for target in targets:
+        hit = [rnd for rnd, value in curve if value is not None and value == value and value >= target]
+        out[f"{target:g}"] = min(hit) if hit else None
+    return out
 
 
 def _finite(metrics: dict[str, float]) -> dict[str, float]:
@@ -206,7 +226,12 @@ class Tracked:
         self.best_arrays: ArrayRecord | None = None
         self.last_mean: dict[str, float] = {}
         self.sent: ArrayRecord | None = None  # the global model of the current train round
+        self.accepted: list[Message] = []  # this round's train replies that passed screening
         self._round_start = time.monotonic()
+        #: bytes of model traffic of the current round (``down``: server -> clients, ``up``:
+        #: clients -> server, ``messages``); strategies with extra records add to it.
+        self.traffic: dict[str, int] | None = None
+        self.traffic_log: list[dict[str, int]] = []
 
     # -- screening replies ---------------------------------------------------------------
     def _partition(self, node_id: int) -> str:
@@ -267,10 +292,15 @@ class Tracked:
             for msg in messages:
                 msg.metadata.message_type = f"{MessageType.TRAIN}.{self.action}"
         self._sent_to = [m.metadata.dst_node_id for m in messages]
+        self.count_traffic(down=sum(array_bytes(m.content) for m in messages), messages=len(messages))
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        replies = self.screen(server_round, getattr(self, "_sent_to", []), list(replies))
+        replies = list(replies)
+        ok = [r for r in replies if not r.has_error()]
+        self.count_traffic(up=sum(array_bytes(r.content) for r in ok), messages=len(ok))
+        replies = self.screen(server_round, getattr(self, "_sent_to", []), replies)
+        self.accepted = replies  # subclasses aggregate extra records of these replies only
         self.train_per_client = self._per_client(replies)
         if len(replies) < self.cfg.min_clients:
             log(WARNING, "%s round %d: %d usable replies < min-clients=%d; the global model is kept",
@@ -280,6 +310,14 @@ class Tracked:
         if arrays is not None and self.sent is not None:
             arrays = cast_like(arrays, self.sent)
         return arrays, metrics
+
+    def count_traffic(self, *, down: int = 0, up: int = 0, messages: int = 0) -> None:
+        """Add model traffic to the current round's count (logged and recorded by after_round)."""
+        if self.traffic is None:
+            self.traffic = {"down": 0, "up": 0, "messages": 0}
+        self.traffic["down"] += int(down)
+        self.traffic["up"] += int(up)
+        self.traffic["messages"] += int(messages)
 
     def configure_evaluate(self, server_round, arrays, config, grid):
         self.split = str(config.get("split", "val"))
@@ -319,6 +357,14 @@ class Tracked:
             self.best_round, self.best_score = server_round, score
             self.best_arrays = ArrayRecord(arrays.to_torch_state_dict())
         train = _mean_train_loss(self.train_per_client)
+        if self.traffic is not None and server_round > 0:
+            t = self.traffic
+            log(INFO, "%s round %d: bytes sent %d (%.2f MB: server->clients %.2f MB, clients->server %.2f MB, "
+                "%d messages)", self.stage, server_round, t["down"] + t["up"], (t["down"] + t["up"]) / 2**20,
+                t["down"] / 2**20, t["up"] / 2**20, t["messages"])
+            self.traffic_log.append({"stage": self.stage, "round": server_round, "bytes": t["down"] + t["up"], **t})
+            self.recorder.update_extra({"bytes_per_round": self.traffic_log})
+        self.traffic = None
         log(INFO, "%sround %d/%d · val %s %.3f · accuracy %.3f · train loss %s · best %.3f @ round %s · %.1f s",
             f"{self.action} " if self.action else "", server_round, self.num_rounds, SELECTION_METRIC, score,
             self.last_mean.get("accuracy", float("nan")),
@@ -329,12 +375,13 @@ class Tracked:
         """Server-side state a checkpoint must hold to continue exactly (extend in subclasses)."""
         return {"best_round": self.best_round, "best_score": self.best_score,
                 "best_arrays": None if self.best_arrays is None else self.best_arrays.to_torch_state_dict(),
-                "last_mean": dict(self.last_mean)}
+                "last_mean": dict(self.last_mean), "traffic_log": list(self.traffic_log)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best_round, self.best_score = state["best_round"], state["best_score"]
         self.best_arrays = None if state["best_arrays"] is None else ArrayRecord(state["best_arrays"])
         self.last_mean = dict(state["last_mean"])
+        self.traffic_log = list(state.get("traffic_log", []))
 
 
 def _mean_train_loss(per_client: dict[str, dict[str, float]]) -> dict[str, float] | None:
@@ -388,6 +435,10 @@ def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) ->
     log(INFO, "testing the best model on val (round %s) on every client's test split", strategy.best_round)
     view = NodeView(grid, wait_for_nodes(grid, strategy.cfg.min_clients, strategy.cfg.round_timeout))
     strategy.evaluate_round(view, strategy.num_rounds, best, "test", strategy.cfg.round_timeout)
+    reached = rounds_to_target(strategy.recorder.rounds, strategy.cfg.target_list)
+    strategy.recorder.update_extra({"rounds_to_target": reached})
+    log(INFO, "rounds to reach mean val %s %s: %s", SELECTION_METRIC,
+        ", ".join(reached) or "(no targets)", ", ".join(str(v) for v in reached.values()) or "-")
     strategy.recorder.save_model(final.to_torch_state_dict())
     strategy.recorder.save_model(best.to_torch_state_dict(), name="model-best.pt")
     return final

@@ -1,0 +1,65 @@
+"""SCAFFOLD (Karimireddy et al., ICML 2020): FedAvg plus control variates.
+
+The server keeps c and sends it with the model (``control`` record); each client keeps its c_i
+across rounds (``context.state``) and replies with Δc_i.  The server updates
+c ← c + (1/N) Σ Δc_i and averages the models as FedAvg does (weighted by ``num-examples``, global
+step size 1).  Variates cover trainable parameters only; BatchNorm buffers are averaged plainly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from flwr.app import ArrayRecord, Message
+from flwr.serverapp.strategy import FedAvg
+
+from fedderm.drift import scaffold_server_control
+
+from .common import Tracked
+
+DELTA = "control-delta"
+
+
+class ScaffoldStrategy(Tracked, FedAvg):
+    """Flower's FedAvg carrying the server control variate c to and from the clients."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.control = ArrayRecord()  # c = 0 until the first clients report
+        self.num_sampled = 0
+
+    def configure_train(self, server_round, arrays, config, grid):
+        msgs = list(super().configure_train(server_round, arrays, config, grid))
+        for m in msgs:
+            m.content["control"] = self.control
+        self.num_sampled = len(msgs)
+        self.count_traffic(down=self.control.count_bytes() * len(msgs))
+        return msgs
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        replies = list(replies)
+        deltas = {}
+        for r in replies:
+            if r.has_content() and DELTA in r.content:
+                self.count_traffic(up=r.content[DELTA].count_bytes())
+                deltas[id(r)] = r.content[DELTA].to_torch_state_dict()
+                del r.content[DELTA]  # FedAvg wants exactly one ArrayRecord per reply
+        result = super().aggregate_train(server_round, replies)
+        accepted = [deltas[id(r)] for r in self.accepted if id(r) in deltas]
+        if accepted and result[0] is not None:  # Δc of rejected or too few replies is not applied
+            self.control = ArrayRecord(scaffold_server_control(
+                self.control.to_torch_state_dict(), accepted, max(self.num_sampled, len(accepted))))
+        return result
+
+    def state_dict(self):
+        return {**super().state_dict(), "control": self.control.to_torch_state_dict()}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.control = ArrayRecord(state["control"])
+
+
+def build_strategy(cfg, recorder) -> ScaffoldStrategy:
+    n = cfg.min_clients
+    return ScaffoldStrategy(cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n,
+                            min_available_nodes=n)

@@ -1,0 +1,66 @@
+"""An in-process Flower Grid for strategy tests: messages go straight to the real client handlers.
+
+Each node has its own ``Context`` (node config ``partition-id``/``num-partitions``, its own
+``state``), so per-client state survives rounds as under Flower.  A handler that raises becomes an
+error reply, as Flower's ClientApp runtime does; ``fail`` injects failures by partition id:
+``"raise"`` (the handler raises) or ``"timeout"`` (no reply arrives).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.supercore.task_identity import TaskIdentity
+
+from client_app import dispatch
+from clients.common import info
+
+_RUN_IDS = itertools.count(9_000_000)
+
+
+class FakeGrid:
+    def __init__(self, run_config: dict, partition_of_node: dict[int, int], fail: dict[int, str] | None = None):
+        self.run_id = next(_RUN_IDS)  # sessions are cached per run id: one per grid
+        # what the ServerApp runtime sets before messages can be built (as sim.py does)
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, self.run_id, SUPERLINK_NODE_ID
+        self.partition_of_node = dict(partition_of_node)
+        self.contexts = {
+            node: Context(run_id=self.run_id, node_id=node,
+                          node_config={"partition-id": pid, "num-partitions": len(partition_of_node)},
+                          state=RecordDict(), run_config=dict(run_config))
+            for node, pid in partition_of_node.items()}
+        self.fail = dict(fail or {})
+        self.sent: list[Message] = []
+        self.replies: list[Message] = []
+
+    def get_node_ids(self):
+        return list(self.partition_of_node)
+
+    def _handle(self, msg: Message) -> Message | None:
+        node = msg.metadata.dst_node_id
+        context = self.contexts[node]
+        kind = msg.metadata.message_type
+        failure = self.fail.get(self.partition_of_node[node]) if kind.startswith("train") else None
+        if failure == "timeout":
+            return None
+        try:
+            if failure == "raise":
+                raise RuntimeError("injected failure")
+            return info(msg, context) if kind == "query.info" else dispatch(msg, context)
+        except Exception as err:  # noqa: BLE001 - mirrors Flower turning exceptions into error replies
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=repr(err)), reply_to=msg)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        out = []
+        for msg in messages:
+            self.sent.append(msg)
+            reply = self._handle(msg)
+            if reply is not None:
+                self.replies.append(reply)
+                out.append(reply)
+        return out
+
+    def train_messages(self) -> list[Message]:
+        return [m for m in self.sent if m.metadata.message_type.startswith("train")]
