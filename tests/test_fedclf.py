@@ -338,20 +338,28 @@ def test_baselines_run_their_plan(tmp_path, method, finetune):
 
 
 def test_localcl_finetunes_from_the_clients_own_backbone(tmp_path):
-    from clients.localcl import with_own_backbone
+    """The classifier with the initial backbone (round 0, round 1, a test of round 0) gets the
+    client's own pre-trained backbone; a fine-tuned (averaged) backbone is used as sent."""
+    from clients.localcl import INITIAL, backbone_digest, with_own_backbone
 
-    rc = tiny(tmp_path, method="localcl")
-    grid = FakeGrid(rc, 1)
+    grid = FakeGrid(tiny(tmp_path, method="localcl"), 1)
     ctx = next(iter(grid.contexts.values()))
-    own = {"backbone.w": np.ones(2, np.float32), "head.0.weight": np.zeros(1, np.float32)}
-    ctx.state["fedclf-model"] = ArrayRecord({k: Array(v) for k, v in own.items()})
-    msg = Message(RecordDict({"arrays": ArrayRecord({"backbone.w": Array(np.zeros(2, np.float32)),
-                                                     "head.weight": Array(np.full(3, 5, np.float32))}),
-                              "config": ConfigRecord({"server-round": 1})}),
-                  dst_node_id=1, message_type="train.finetune")
-    arrays = with_own_backbone(msg, ctx).content["arrays"]
+    initial = {"backbone.w": np.zeros(2, np.float32), "head.0.weight": np.zeros(1, np.float32)}
+    ctx.state[INITIAL] = ConfigRecord({"digest": backbone_digest(ArrayRecord({k: Array(v) for k, v in initial.items()}))})
+    ctx.state["fedclf-model"] = ArrayRecord({"backbone.w": Array(np.ones(2, np.float32)),
+                                             "head.0.weight": Array(np.zeros(1, np.float32))})
+
+    def instruction(backbone):
+        return Message(RecordDict({"arrays": ArrayRecord({"backbone.w": Array(np.asarray(backbone, np.float32)),
+                                                          "head.weight": Array(np.full(3, 5, np.float32))}),
+                                   "config": ConfigRecord({"server-round": 1})}),
+                       dst_node_id=1, message_type="train.finetune")
+
+    arrays = with_own_backbone(instruction([0, 0]), ctx).content["arrays"]
     assert arrays["backbone.w"].numpy().tolist() == [1, 1]  # the client's own
     assert arrays["head.weight"].numpy().tolist() == [5, 5, 5]  # the server's new head
+    arrays = with_own_backbone(instruction([0.5, 0]), ctx).content["arrays"]
+    assert arrays["backbone.w"].numpy().tolist() == [0.5, 0]  # fine-tuned weights stay
 
 
 def test_fedclf_keys_are_validated():
