@@ -109,8 +109,8 @@ class FedCLFStrategy(Tracked, FedAvg):
             received[self._name(nid)] = int(remote.nbytes)
             log(INFO, "fedclf round %d: relayed %d remote features (%d bytes, %s) to %s", server_round,
                 len(remote), remote.nbytes, remote.dtype, self._name(nid))
-        entry = {"round": server_round, "received_bytes": received,
-                 "uploaded_bytes": {self._name(n): int(f.nbytes) for n, f in self.uploads.items()}}
+        entry = {"round": server_round, "received_bytes": dict(sorted(received.items())),
+                 "uploaded_bytes": dict(sorted((self._name(n), int(f.nbytes)) for n, f in self.uploads.items()))}
         relay = self.recorder.extra.get("feature_relay", [])
         self.recorder.update_extra({"feature_relay": [*relay, entry]})
         return out
