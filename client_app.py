@@ -22,6 +22,7 @@ def dispatch(msg: Message, context: Context) -> Message:
 
 
 app.query("info")(info)
+app.query("features")(dispatch)
 app.train()(dispatch)
 app.train("pretrain")(dispatch)
 app.train("finetune")(dispatch)

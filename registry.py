@@ -7,12 +7,12 @@ message; nothing else in the code branches on method names.  Adding a method = o
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from fedderm.config import Config, parse_config
+from fedderm.config import Config, ConfigError, parse_config
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class Method:
     the client module a ``HANDLERS`` dict from message type (``train``, ``evaluate``, …) to
     handler.  ``options`` are the method's namespaced run-config keys with their defaults.
     ``sends`` are the record keys its client replies may hold (what the outgoing audit checks).
+    ``check(cfg)`` (optional) validates the values of its options, raising ``ConfigError``.
     """
 
     name: str
@@ -31,6 +32,7 @@ class Method:
     description: str
     options: Mapping[str, Any] = field(default_factory=dict)
     sends: tuple[str, ...] = ("arrays", "metrics")
+    check: Callable[[Config], None] | None = None
 
     def strategy_module(self) -> ModuleType:
         return importlib.import_module(self.strategy)
@@ -38,6 +40,29 @@ class Method:
     def client_module(self) -> ModuleType:
         return importlib.import_module(self.client)
 
+
+# FedCLF's MoCo keys; FedMoCo and Local CL read queue-size, temperature and momentum too.
+FEDCLF_OPTIONS = {
+    "fedclf.feature-sharing": True,   # false = FedMoCo (no relay)
+    "fedclf.local-negatives": False,  # false = Eq. 5 (remote negatives only), true = Eq. 4
+    "fedclf.queue-size": 1024,        # K: local bank Q_l and negatives bank Q_CL
+    "fedclf.temperature": 0.2,        # tau of Eq. 6 (MoCo v2)
+    "fedclf.momentum": 0.99,          # EMA coefficient of the momentum encoder
+    "fedclf.feature-dtype": "float16",  # features on the wire: float16 | float32
+}
+
+
+def check_fedclf(cfg: Config) -> None:
+    def need(ok: bool, key: str, what: str) -> None:
+        if not ok:
+            raise ConfigError(f"run-config key {key!r} {what}, got {cfg.option(key)!r}")
+
+    need(cfg.option("fedclf.queue-size") >= 1, "fedclf.queue-size", "must be >= 1")
+    need(cfg.option("fedclf.temperature") > 0, "fedclf.temperature", "must be > 0")
+    need(0 <= cfg.option("fedclf.momentum") < 1, "fedclf.momentum", "must be in [0, 1)")
+    need(cfg.option("fedclf.feature-dtype") in ("float16", "float32"), "fedclf.feature-dtype",
+         "must be one of ['float16', 'float32']")
+    need(cfg.option("fedsimclr.temperature") > 0, "fedsimclr.temperature", "must be > 0")
 
 METHODS: dict[str, Method] = {
     m.name: m
@@ -48,6 +73,21 @@ METHODS: dict[str, Method] = {
                "Supervised FedProx (Li et al. 2020): FedAvg plus the client-side proximal term "
                "(proximal-mu/2)·‖w − w_global‖²."),
         # -- FedCLF and its baselines (issue 3) --
+        Method("fedclf", "strategies.fedclf", "clients.fedclf",
+               "FedCLF (000 §III): MoCo pre-training + FedAvg with de-identified feature relay "
+               "(remote negatives), then fine-tuning.",
+               options=FEDCLF_OPTIONS, sends=("arrays", "metrics", "features"), check=check_fedclf),
+        Method("fedmoco", "strategies.fedmoco", "clients.fedmoco",
+               "FedMoCo (000 baseline, Fig. 6 'W/o FE'): MoCo pre-training + FedAvg, no feature "
+               "relay, then fine-tuning."),
+        Method("fedsimclr", "strategies.fedsimclr", "clients.fedsimclr",
+               "FedSimCLR (000 baseline): SimCLR pre-training (in-batch negatives) + FedAvg, "
+               "then fine-tuning.", options={"fedsimclr.temperature": 0.5}),
+        Method("localcl", "strategies.localcl", "clients.localcl",
+               "Local CL (000 baseline): MoCo pre-training on each client alone (no aggregation), "
+               "then fine-tuning from each client's own backbone."),
+        Method("random-init", "strategies.random_init", "clients.finetune",
+               "Random init (000 baseline): no pre-training, fine-tuning of a randomly initialised model."),
         Method("fedrotation", "strategies.fedrotation", "clients.fedrotation",
                "FedRotation (000 baseline): rotation-prediction pre-training + FedAvg, then fine-tuning."),
         # -- FedMAE, Fed-MAE, Fed-BEiT (issue 4) --
@@ -89,5 +129,10 @@ def method_options() -> dict[str, Any]:
 
 
 def load_config(run_config: Mapping[str, Any]) -> Config:
-    """Parse ``context.run_config`` against the core keys and every method's options."""
-    return parse_config(run_config, methods=METHODS, method_options=method_options())
+    """Parse ``context.run_config`` against the core keys and every method's options (each
+    method's ``check`` validates the values of its options)."""
+    cfg = parse_config(run_config, methods=METHODS, method_options=method_options())
+    for m in METHODS.values():
+        if m.check is not None:
+            m.check(cfg)
+    return cfg

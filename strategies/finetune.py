@@ -102,6 +102,11 @@ def pretrain_then_finetune(grid: Grid, cfg, recorder, classes: list[str], pretra
     log(INFO, "stage 2/2: %s fine-tuning (%d rounds x %d epochs, %.0f %% labels)", cfg.finetune,
         cfg.finetune_rounds, cfg.finetune_epochs, 100 * cfg.label_fraction)
     model = classifier_from_pretrained(cfg, len(classes), arrays.to_torch_state_dict(), backbone_state)
+    finetune_and_test(grid, cfg, recorder, model)
+
+
+def finetune_and_test(grid: Grid, cfg, recorder, model: torch.nn.Module) -> None:
+    """Stages 2 and 3: fine-tune ``model`` (``finetune`` = federated | local), then test."""
     n = cfg.min_clients
     strategy = FINETUNE_STRATEGIES[cfg.finetune](
         cfg=cfg, recorder=recorder, action="finetune", num_rounds=cfg.finetune_rounds,

@@ -3,11 +3,14 @@
 Each node has its own ``Context`` (node config ``partition-id``/``num-partitions``, its own
 ``state``), so per-client state survives rounds as under Flower.  A handler that raises becomes an
 error reply, as Flower's ClientApp runtime does; ``fail`` injects failures by partition id:
-``"raise"`` (the handler raises) or ``"timeout"`` (no reply arrives).
+``"raise"`` (the handler raises) or ``"timeout"`` (no reply arrives).  Messages are delivered
+and recorded as copies, as serialisation would: later mutation (FedCLF strips ``features`` from
+replies) does not change what was sent and received.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -21,7 +24,10 @@ _RUN_IDS = itertools.count(9_000_000)
 
 
 class FakeGrid:
-    def __init__(self, run_config: dict, partition_of_node: dict[int, int], fail: dict[int, str] | None = None):
+    def __init__(self, run_config: dict, partition_of_node: dict[int, int] | int, fail: dict[int, str] | None = None,
+                 first_node_id: int = 7001):
+        if isinstance(partition_of_node, int):  # N nodes numbered from first_node_id, partitions 0..N-1
+            partition_of_node = {first_node_id + i: i for i in range(partition_of_node)}
         self.run_id = next(_RUN_IDS)  # sessions are cached per run id: one per grid
         # what the ServerApp runtime sets before messages can be built (as sim.py does)
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, self.run_id, SUPERLINK_NODE_ID
@@ -55,10 +61,10 @@ class FakeGrid:
     def send_and_receive(self, messages, *, timeout=None):
         out = []
         for msg in messages:
-            self.sent.append(msg)
-            reply = self._handle(msg)
+            self.sent.append(copy.deepcopy(msg))
+            reply = self._handle(copy.deepcopy(msg))
             if reply is not None:
-                self.replies.append(reply)
+                self.replies.append(copy.deepcopy(reply))
                 out.append(reply)
         return out
 

@@ -1,0 +1,124 @@
+"""FedCLF client (000 §III, 001 §IV): one round of local MoCo with local and remote negatives;
+replies with the model and its local features Q_l.
+
+Messages handled:
+- ``query.features`` (before round 1): encode up to K own images with the received model's
+  momentum encoder (the initial Q_l) and reply with them, so that round 1 has remote features;
+- ``train.pretrain``: :func:`fedderm.moco.moco_round` on all training images (labels unused)
+  with the remote features of the instruction's ``remote-features`` record (Q_r, Eq. 2);
+  replies ``arrays`` (the MoCo model) + ``features`` (Q_l, ``fedclf.feature-dtype``) +
+  ``metrics``.  With ``config["local"]`` (Local CL) the model stays on the client
+  (``context.state``) and only metrics are sent.
+
+Client-only state in ``context.state``, never sent and never averaged: the local bank Q_l
+(``fedclf-local-bank``, oldest feature first, so the FIFO pointer is implied) and, for Local CL,
+the client's own model (``fedclf-model``).  The MoCo module has no queue buffers, so
+``state_dict()`` — the ``arrays`` that FedAvg averages — holds weights and BatchNorm statistics only.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message
+
+from fedderm.moco import FEATURE_DIM, FeatureQueue, MoCo, build_moco, encode_keys, moco_round
+from fedderm.train import round_lr
+
+from . import finetune
+from .common import ClientSession, reply, session
+
+BANK = "fedclf-local-bank"  # context.state: Q_l
+OWN_MODEL = "fedclf-model"  # context.state: Local CL's model
+FEATURES = "features"  # reply record: this client's Q_l
+REMOTE = "remote-features"  # instruction record: Q_r, the other clients' features (de-identified)
+
+
+@dataclass(frozen=True)
+class MocoOptions:
+    queue_size: int
+    temperature: float
+    momentum: float
+    feature_sharing: bool
+    local_negatives: bool
+    feature_dtype: str
+
+    @classmethod
+    def from_config(cls, cfg, feature_sharing: bool | None = None) -> "MocoOptions":
+        """The ``fedclf.*`` keys; ``feature_sharing`` fixed by FedMoCo / Local CL (False)."""
+        return cls(queue_size=cfg.option("fedclf.queue-size"), temperature=cfg.option("fedclf.temperature"),
+                   momentum=cfg.option("fedclf.momentum"),
+                   feature_sharing=cfg.option("fedclf.feature-sharing") if feature_sharing is None else feature_sharing,
+                   local_negatives=cfg.option("fedclf.local-negatives"),
+                   feature_dtype=cfg.option("fedclf.feature-dtype"))
+
+
+def moco_model(s: ClientSession, arrays: ArrayRecord | None) -> MoCo:
+    return s.model(arrays, key="moco", factory=lambda: build_moco(s.cfg.model, s.cfg.image_size))
+
+
+def local_bank(context: Context, s: ClientSession, model: MoCo, queue_size: int) -> FeatureQueue:
+    """Q_l from ``context.state``; the first time, the momentum-encoder features of up to K own
+    images (encoded on a copy, so the model's BatchNorm statistics are untouched)."""
+    if BANK in context.state:
+        saved = torch.from_numpy(context.state[BANK]["features"].numpy())
+        return FeatureQueue(queue_size, FEATURE_DIM, saved, device=s.device)
+    images, _ = s.data.tensors("train")
+    keys = encode_keys(copy.deepcopy(model), images, queue_size, batch_size=s.cfg.batch_size,
+                       seed=s.seed(0, salt=11), device=s.device)
+    return FeatureQueue(queue_size, FEATURE_DIM, keys, device=s.device)
+
+
+def save_bank(context: Context, bank: FeatureQueue) -> None:
+    context.state[BANK] = ArrayRecord({"features": Array(bank.ordered().cpu().numpy())})
+
+
+def upload(bank: FeatureQueue, dtype: str) -> ArrayRecord:
+    """The features this client shares: Q_l in ``fedclf.feature-dtype``."""
+    return ArrayRecord({"features": Array(np.ascontiguousarray(bank.features().cpu().numpy().astype(dtype)))})
+
+
+def features(msg: Message, context: Context, feature_sharing: bool | None = None) -> Message:
+    """``query.features``: the initial Q_l, encoded by the server's model."""
+    s = session(context)
+    opts = MocoOptions.from_config(s.cfg, feature_sharing)
+    bank = local_bank(context, s, moco_model(s, msg.content["arrays"]), opts.queue_size)
+    save_bank(context, bank)
+    return reply(msg, {"partition-id": s.partition_id, "num-examples": len(bank)},
+                 **{FEATURES: upload(bank, opts.feature_dtype)})
+
+
+def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None) -> Message:
+    """``train.pretrain``: one round of local contrastive learning (Eq. 3–6)."""
+    s = session(context)
+    cfg, config = s.cfg, msg.content["config"]
+    opts = MocoOptions.from_config(cfg, feature_sharing)
+    server_round, local = int(config["server-round"]), bool(config.get("local", False))
+    model = moco_model(s, context.state[OWN_MODEL] if local and server_round > 1 else msg.content["arrays"])
+    bank = local_bank(context, s, model, opts.queue_size)
+    remote = None
+    if opts.feature_sharing and REMOTE in msg.content:
+        remote = torch.from_numpy(msg.content[REMOTE]["features"].numpy().astype(np.float32))
+    images, _ = s.data.tensors("train")
+    metrics = moco_round(
+        model, images, bank, remote=remote, feature_sharing=opts.feature_sharing,
+        local_negatives=opts.local_negatives, queue_size=opts.queue_size, temperature=opts.temperature,
+        momentum=opts.momentum, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+        lr=round_lr(cfg.lr, server_round, int(config["num-rounds"]), cfg.lr_schedule),
+        optimizer=cfg.optimizer, sgd_momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+        seed=s.seed(server_round), device=s.device)
+    metrics["partition-id"] = s.partition_id
+    metrics["remote-features"] = 0 if remote is None else len(remote)
+    save_bank(context, bank)
+    weights = ArrayRecord(model.state_dict())
+    if local:
+        context.state[OWN_MODEL] = weights
+        return reply(msg, metrics)
+    extra = {FEATURES: upload(bank, opts.feature_dtype)} if opts.feature_sharing else {}
+    return reply(msg, metrics, weights, **extra)
+
+
+HANDLERS = {"query.features": features, "train.pretrain": pretrain, **finetune.HANDLERS}

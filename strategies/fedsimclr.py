@@ -1,0 +1,28 @@
+"""FedSimCLR (000 §V baseline): SimCLR pre-training (in-batch negatives) averaged by FedAvg
+(weighted by the clients' training images), then the shared fine-tuning stage."""
+
+import torch
+from flwr.app import ArrayRecord
+from flwr.serverapp.strategy import FedAvg
+
+from fedderm.simclr import build_simclr
+
+from .common import Tracked
+from .finetune import pretrain_then_finetune
+
+
+class FedSimCLRStrategy(Tracked, FedAvg):
+    """FedAvg of the SimCLR models."""
+
+
+def build_strategy(cfg, recorder) -> FedSimCLRStrategy:
+    n = cfg.min_clients
+    return FedSimCLRStrategy(cfg=cfg, recorder=recorder, action="pretrain", fraction_evaluate=0.0,
+                             min_train_nodes=n, min_available_nodes=n)
+
+
+def run(grid, cfg, recorder, classes) -> None:
+    torch.manual_seed(cfg.seed)
+    model = build_simclr(cfg.model, cfg.image_size)
+    pretrain_then_finetune(grid, cfg, recorder, classes, build_strategy(cfg, recorder),
+                           ArrayRecord(model.state_dict()))

@@ -1,0 +1,25 @@
+"""Random init (000 §V baseline): no pre-training; the randomly initialised (seeded) classifier
+goes straight to the shared fine-tuning stage (``finetune`` = federated | local) and test."""
+
+import torch
+
+from fedderm.config import ConfigError
+from fedderm.models import create_model
+
+from .finetune import FINETUNE_STRATEGIES, finetune_and_test
+
+
+def build_strategy(cfg, recorder):
+    """The fine-tuning strategy (the only stage of this method)."""
+    n = cfg.min_clients
+    return FINETUNE_STRATEGIES[cfg.finetune](cfg=cfg, recorder=recorder, action="finetune",
+                                             num_rounds=cfg.finetune_rounds, min_train_nodes=n,
+                                             min_evaluate_nodes=n, min_available_nodes=n)
+
+
+def run(grid, cfg, recorder, classes) -> None:
+    if cfg.finetune == "none":
+        raise ConfigError("method 'random-init' has no pre-training: set finetune to 'federated' or 'local'")
+    torch.manual_seed(cfg.seed)
+    model = create_model(cfg.model, num_classes=len(classes), image_size=cfg.image_size)
+    finetune_and_test(grid, cfg, recorder, model)
