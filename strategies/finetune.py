@@ -100,12 +100,18 @@ def pretrain_then_finetune(grid: Grid, cfg, recorder, classes: list[str], pretra
     """The whole SSL plan: pre-train, then fine-tune (federated or local) and test."""
     log(INFO, "stage 1/2: self-supervised pre-training (%d rounds)", pretrain_strategy.num_rounds)
     arrays = pretrain(pretrain_strategy, grid, initial_arrays, timeout)
+    finetune_and_test(grid, cfg, recorder, classes, arrays, backbone_state, timeout)
+
+
+def finetune_and_test(grid: Grid, cfg, recorder, classes: list[str], ssl_arrays: ArrayRecord,
+                      backbone_state: Callable = backbone_prefix_state, timeout: float = 3600) -> None:
+    """Stages 2 and 3: fine-tune the backbone of ``ssl_arrays`` (federated or local), then test."""
     if cfg.finetune == "none":
         log(INFO, "finetune='none': pre-training only; no fine-tuning or test")
         return
     log(INFO, "stage 2/2: %s fine-tuning (%d rounds x %d epochs, %.0f %% labels)", cfg.finetune,
         cfg.finetune_rounds, cfg.finetune_epochs, 100 * cfg.label_fraction)
-    model = classifier_from_pretrained(cfg, len(classes), arrays.to_torch_state_dict(), backbone_state)
+    model = classifier_from_pretrained(cfg, len(classes), ssl_arrays.to_torch_state_dict(), backbone_state)
     n = cfg.min_clients
     strategy = FINETUNE_STRATEGIES[cfg.finetune](
         cfg=cfg, recorder=recorder, action="finetune", num_rounds=cfg.finetune_rounds,
