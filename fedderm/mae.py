@@ -13,6 +13,7 @@ backbone of the same name.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -306,7 +307,9 @@ def load_mae_checkpoint(model: MaskedAutoencoderViT, path: str | Path) -> list[s
     resized bicubically; any other missing, unexpected or mis-shaped key is an error naming it.
     """
     path = Path(path).expanduser()
-    obj = torch.load(path, map_location="cpu", weights_only=True)
+    # checkpoints written by the reference's training script also hold its argparse ``args``
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        obj = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(obj, dict) or not isinstance(obj.get("model"), dict):
         raise ValueError(f"{path}: expected an MAE checkpoint, a dict with key 'model' holding the state dict; "
                          f"found {type(obj).__name__} with keys {list(obj)[:8] if isinstance(obj, dict) else []}")

@@ -1,5 +1,6 @@
 """FedMAE / Fed-MAE (000 §IV, 003 §III): the MAE, the knowledge split, checkpoints, end to end."""
 
+import argparse
 import copy
 import json
 import math
@@ -175,7 +176,7 @@ def reference_named_state(depth=2, dim=64, dec=32, dec_depth=1, grid=4, patch=8,
 
 def test_reference_checkpoint_loads_strictly(tmp_path):
     state = reference_named_state()
-    torch.save({"model": state, "epoch": 799}, tmp_path / "full.pth")
+    torch.save({"model": state, "epoch": 799, "args": argparse.Namespace(mask_ratio=0.75)}, tmp_path / "full.pth")
     model = micro_mae()
     assert len(load_mae_checkpoint(model, tmp_path / "full.pth")) == len(state)
     for k, v in model.state_dict().items():
