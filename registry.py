@@ -91,6 +91,16 @@ METHODS: dict[str, Method] = {
         Method("fedrotation", "strategies.fedrotation", "clients.fedrotation",
                "FedRotation (000 baseline): rotation-prediction pre-training + FedAvg, then fine-tuning."),
         # -- FedMAE, Fed-MAE, Fed-BEiT (issue 4) --
+        Method("fedmae", "strategies.fedmae", "clients.fedmae",
+               "FedMAE (000 §IV): MAE pre-training, FedAvg over all but fedmae.exclude (kept on the clients, "
+               "averaged once after the last round), then fine-tuning. Fed-MAE (003) = exclude none, mask 0.6.",
+               options={"fedmae.mask-ratio": 0.75, "fedmae.exclude": "cls-token", "fedmae.norm-pix-loss": False,
+                        "fedmae.decoder-embed-dim": 512, "fedmae.decoder-depth": 8,
+                        "fedmae.decoder-num-heads": 16, "fedmae.init-checkpoint": "", "fedmae.pretrain": True},
+               sends=("arrays", "metrics", "local-arrays")),
+        Method("fedbeit", "strategies.fedbeit", "clients.fedbeit",
+               "Fed-BEiT (003 §III-C): block-wise masked visual-token prediction + FedAvg, then fine-tuning.",
+               options={"fedbeit.mask-ratio": 0.4, "fedbeit.vocab-size": 8192, "fedbeit.tokenizer": ""}),
         # -- SiFT, SCAFFOLD, FedDyn (issue 5) --
         Method("sift", "strategies.sift", "clients.sift",
                "SiFT (Li et al., MICCAI; paper 002): serial ring training, no averaging; short-term model with a "

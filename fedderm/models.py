@@ -116,14 +116,33 @@ def tiny_cnn(num_classes: int, image_size: int = 64, **_) -> nn.Module:
     return TinyCNN(num_classes)
 
 
-def _vit(timm_name: str, patch: int):
+# The registered ViTs (timm VisionTransformer, global average pooling).  The masked-image-modelling
+# methods (fedderm.mae, fedderm.beit) build their encoders from the same table, so a pre-trained
+# encoder always fits the classifier of the same name.  ``vit-micro`` is for tests and quick looks.
+VIT_ARCHS: dict[str, dict[str, int]] = {
+    "vit-micro": {"embed_dim": 64, "depth": 2, "num_heads": 2, "patch_size": 8},
+    "vit-tiny": {"embed_dim": 192, "depth": 12, "num_heads": 3, "patch_size": 8},
+    "vit-small": {"embed_dim": 384, "depth": 12, "num_heads": 6, "patch_size": 8},
+    "vit-base": {"embed_dim": 768, "depth": 12, "num_heads": 12, "patch_size": 16},
+}
+
+
+def vit_arch(name: str) -> dict[str, int]:
+    """Encoder sizes of the registered ViT ``name`` (embed_dim, depth, num_heads, patch_size)."""
+    if name not in VIT_ARCHS:
+        raise ValueError(f"model {name!r} is not a ViT; the masked-image-modelling methods need one of "
+                         f"{', '.join(VIT_ARCHS)} (run-config key 'model')")
+    return dict(VIT_ARCHS[name])
+
+
+def _vit(name: str):
     def build(num_classes: int, image_size: int = 64, **_) -> nn.Module:
-        if image_size % patch:
-            raise ValueError(f"image-size {image_size} is not a multiple of the patch size {patch}")
-        return TimmClassifier(timm_name, num_classes, image_size, patch_size=patch, global_pool="avg")
+        arch = vit_arch(name)
+        if image_size % arch["patch_size"]:
+            raise ValueError(f"image-size {image_size} is not a multiple of the patch size {arch['patch_size']}")
+        return TimmClassifier("vit_tiny_patch16_224", num_classes, image_size, global_pool="avg", **arch)
     return build
 
 
-for _name, _timm, _patch in [("vit-tiny", "vit_tiny_patch16_224", 8), ("vit-small", "vit_small_patch16_224", 8),
-                             ("vit-base", "vit_base_patch16_224", 16)]:
-    register_model(_name)(_vit(_timm, _patch))
+for _name in VIT_ARCHS:
+    register_model(_name)(_vit(_name))

@@ -96,12 +96,18 @@ def pretrain_then_finetune(grid: Grid, cfg, recorder, classes: list[str], pretra
     """The whole SSL plan: pre-train, then fine-tune (federated or local) and test."""
     log(INFO, "stage 1/2: self-supervised pre-training (%d rounds)", pretrain_strategy.num_rounds)
     arrays = pretrain(pretrain_strategy, grid, initial_arrays)
+    finetune_pretrained(grid, cfg, recorder, classes, arrays, backbone_state)
+
+
+def finetune_pretrained(grid: Grid, cfg, recorder, classes: list[str], ssl_arrays: ArrayRecord,
+                        backbone_state: Callable = backbone_prefix_state) -> None:
+    """Stages 2 and 3 from a pre-trained model: its backbone + a new head, fine-tuned and tested."""
     if cfg.finetune == "none":
         log(INFO, "finetune='none': pre-training only; no fine-tuning or test")
         return
     log(INFO, "stage 2/2: %s fine-tuning (%d rounds x %d epochs, %.0f %% labels)", cfg.finetune,
         cfg.finetune_rounds, cfg.finetune_epochs, 100 * cfg.label_fraction)
-    model = classifier_from_pretrained(cfg, len(classes), arrays.to_torch_state_dict(), backbone_state)
+    model = classifier_from_pretrained(cfg, len(classes), ssl_arrays.to_torch_state_dict(), backbone_state)
     finetune_and_test(grid, cfg, recorder, model)
 
 

@@ -1,0 +1,62 @@
+"""FedMAE / Fed-MAE client: MAE pre-training on all training images (labels unused).
+
+The parameters named by ``fedmae.exclude`` stay here: the client keeps them in
+``context.state`` (which persists per run on a SuperNode, across processes), puts them back
+over the global values it receives, and leaves them out of its reply.  When the server marks
+the last round (``send-local``) it also sends them, as the ``local-arrays`` record, to be
+averaged once into the final model (000 §IV-D).
+"""
+
+from flwr.app import ArrayRecord, Context, Message
+
+from fedderm.mae import MAEOptions, build_mae, excluded_keys
+from fedderm.train import random_flips, round_lr, to_input, train_epochs
+from strategies.fedmae import LOCAL_RECORD
+
+from . import finetune
+from .common import reply, session
+
+KEPT = "fedmae-kept"  # context.state key of this client's excluded parameters
+
+
+def receive(context: Context, arrays: ArrayRecord):
+    """The client's MAE at the start of a round: the global ``arrays`` with this client's own
+    copies of the excluded parameters put back (from round 2 on); returns (model, excluded keys)."""
+    s = session(context)
+    model = s.model(arrays, key="mae", factory=lambda: build_mae(s.cfg))
+    kept = excluded_keys(model, MAEOptions.from_config(s.cfg).exclude)
+    if kept and KEPT in context.state:
+        model.load_state_dict({**model.state_dict(), **context.state[KEPT].to_torch_state_dict()}, strict=True)
+    return model, kept
+
+
+def pretrain(msg: Message, context: Context) -> Message:
+    s = session(context)
+    cfg, config = s.cfg, msg.content["config"]
+    server_round = int(config["server-round"])
+    options = MAEOptions.from_config(cfg)
+    model, kept = receive(context, msg.content["arrays"])
+
+    def loss_fn(m, xb, yb, generator):
+        x = to_input(random_flips(xb, generator), s.device)
+        return m(x, options.mask_ratio, generator)[0]
+
+    images, labels = s.data.tensors("train")
+    metrics = train_epochs(
+        model, images, labels, loss_fn, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+        lr=round_lr(cfg.lr, server_round, int(config["num-rounds"]), cfg.lr_schedule),
+        optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+        seed=s.seed(server_round), device=s.device)
+    metrics["partition-id"] = s.partition_id
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    extra = {}
+    if kept:
+        own = ArrayRecord({k: state[k] for k in kept})
+        context.state[KEPT] = own
+        if bool(config.get("send-local", False)):
+            extra[LOCAL_RECORD] = own
+    shared = ArrayRecord({k: v for k, v in state.items() if k not in kept})
+    return reply(msg, metrics, shared, **extra)
+
+
+HANDLERS = {"train.pretrain": pretrain, **finetune.HANDLERS}

@@ -1,0 +1,117 @@
+"""FedMAE (000 §IV) and Fed-MAE (003 §III): federated MAE pre-training, then the shared fine-tuning.
+
+Knowledge split (000 §IV-D): every round the server averages (FedAvg, weighted by the clients'
+training images) every parameter *except* those named by ``fedmae.exclude``; the clients keep
+their own copies of the excluded ones across rounds (in ``context.state``) and never send them,
+except once: in the last round each client adds them as a second record, ``local-arrays``,
+which the server averages with the same weights into the final global model.
+
+Fed-MAE of 003 is this strategy with ``fedmae.exclude="none"`` (plain FedAvg over everything)
+and ``fedmae.mask-ratio=0.6`` (``presets/fed-mae.toml``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import partial
+from logging import INFO
+
+import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.common import log
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+
+from fedderm.mae import MAEOptions, build_mae, load_mae_checkpoint, vit_backbone_state
+from fedderm.models import create_model
+
+from .common import Tracked, reply_problem
+from .finetune import finetune_pretrained, pretrain_then_finetune
+
+LOCAL_RECORD = "local-arrays"  # the clients' excluded parameters, sent once, in the last round
+
+
+class FedMAEStrategy(Tracked, FedAvg):
+    """FedAvg over the parameters the clients send; the excluded ones (absent from the replies)
+    keep their global value during the rounds and become the clients' weighted mean after the
+    last round."""
+
+    _global: ArrayRecord | None = None
+
+    def configure_train(self, server_round, arrays, config, grid):
+        self._global = arrays
+        config["send-local"] = server_round == self.num_rounds
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def validate_reply(self, msg: Message) -> str | None:
+        """Replies hold the synchronised parameters only: a subset of the global model's keys,
+        each with its shape and dtype and finite."""
+        reply = msg.content.array_records.get("arrays")
+        if reply is None or self.sent is None:
+            return None if self.sent is None else "no 'arrays' record in the reply"
+        extra = sorted(set(reply.keys()) - set(self.sent.keys()))
+        if extra:
+            return f"parameters the global model does not have: {extra[:3]}"
+        return reply_problem(reply, ArrayRecord({k: self.sent[k] for k in reply.keys()}))
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        replies = list(replies)
+        local = []  # FedAvg wants exactly one ArrayRecord per reply: take the second one out first
+        for msg in replies:
+            if not msg.has_error() and LOCAL_RECORD in msg.content:
+                record = msg.content.pop(LOCAL_RECORD)
+                weight = msg.content["metrics"]["num-examples"]
+                local.append(RecordDict({"arrays": record, "metrics": MetricRecord({"num-examples": weight})}))
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if arrays is None:
+            return None, metrics
+        local_mean = aggregate_arrayrecords(local, "num-examples") if local else ArrayRecord()
+        if local:
+            log(INFO, "round %d: averaged the clients' %d kept parameters (%s) into the global model",
+                server_round, len(local_mean), ", ".join(local_mean.keys()))
+        return merge_global(self._global, arrays, local_mean), metrics
+
+
+def merge_global(previous: ArrayRecord | None, averaged: ArrayRecord, local_mean: ArrayRecord) -> ArrayRecord:
+    """The new global model, in ``previous``'s key order: the averaged synchronised parameters,
+    the mean of the clients' kept parameters when they were sent, else the previous value."""
+    if previous is None:
+        return averaged
+    unknown = (set(averaged.keys()) | set(local_mean.keys())) - set(previous.keys())
+    if unknown:
+        raise ValueError(f"clients sent parameters the global model does not have: {sorted(unknown)[:8]}")
+    merged = ArrayRecord()
+    for key in previous.keys():
+        source = averaged if key in averaged else local_mean if key in local_mean else previous
+        merged[key] = source[key]
+    return merged
+
+
+def build_strategy(cfg, recorder) -> FedMAEStrategy:
+    n = cfg.min_clients
+    return FedMAEStrategy(cfg=cfg, recorder=recorder, action="pretrain", fraction_evaluate=0.0,
+                          min_train_nodes=n, min_available_nodes=n)
+
+
+def mae_backbone_state(cfg, num_classes: int):
+    """``backbone_state`` for the shared fine-tuning: the MAE encoder -> ``cfg.model``'s backbone."""
+    target = list(create_model(cfg.model, num_classes, cfg.image_size).backbone.state_dict())
+    return partial(vit_backbone_state, target_keys=target)
+
+
+def run(grid, cfg, recorder, classes) -> None:
+    options = MAEOptions.from_config(cfg)
+    torch.manual_seed(cfg.seed)
+    mae = build_mae(cfg)
+    if options.init_checkpoint:
+        keys = load_mae_checkpoint(mae, options.init_checkpoint)
+        log(INFO, "fedmae.init-checkpoint: loaded %d tensors from %s (strict)", len(keys), options.init_checkpoint)
+    backbone = mae_backbone_state(cfg, len(classes))
+    if not options.pretrain:
+        log(INFO, "fedmae.pretrain=false: no federated pre-training; fine-tuning from %s",
+            options.init_checkpoint or "random initialisation")
+        finetune_pretrained(grid, cfg, recorder, classes, ArrayRecord(mae.state_dict()), backbone)
+        return
+    log(INFO, "FedMAE: mask ratio %.2f, kept on the clients: %s", options.mask_ratio, options.exclude)
+    pretrain_then_finetune(grid, cfg, recorder, classes, build_strategy(cfg, recorder),
+                           ArrayRecord(mae.state_dict()), backbone_state=backbone)

@@ -1,0 +1,366 @@
+"""FedMAE / Fed-MAE (000 §IV, 003 §III): the MAE, the knowledge split, checkpoints, end to end."""
+
+import argparse
+import copy
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg
+
+import registry
+import sim
+from clients import fedmae as mae_client
+from fedderm.config import ConfigError
+from fedderm.mae import (EXCLUDE_PRESETS, MaskedAutoencoderViT, build_mae, excluded_keys, load_mae_checkpoint,
+                         masked_patch_mse, patchify, random_masking, sincos_2d, unpatchify, vit_backbone_state)
+from fedderm.models import create_model
+from strategies.fedmae import LOCAL_RECORD, FedMAEStrategy, mae_backbone_state
+
+MICRO = {"model": "vit-micro", "image-size": 32, "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1,
+         "fedmae.decoder-num-heads": 2}
+
+
+def micro_mae(**kw) -> MaskedAutoencoderViT:
+    return MaskedAutoencoderViT(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2,
+                                decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2, **kw)
+
+
+# -- the model ------------------------------------------------------------------------------------
+def test_patchify_order_is_row_column_channel():
+    p, c = 4, 3
+    imgs = torch.arange(2 * c * 8 * 8, dtype=torch.float32).reshape(2, c, 8, 8)
+    x = patchify(imgs, p)
+    assert x.shape == (2, 4, p * p * c)
+    for n in range(2):
+        for gi in range(2):          # patch row
+            for gj in range(2):      # patch column
+                patch = x[n, gi * 2 + gj]  # patches in row-major order
+                for r in range(p):
+                    for q in range(p):
+                        for ch in range(c):
+                            assert patch[(r * p + q) * c + ch] == imgs[n, ch, gi * p + r, gj * p + q]
+    assert torch.equal(unpatchify(x, p, c), imgs)
+
+
+def test_loss_is_the_masked_patch_mse_of_the_equation():
+    g = torch.Generator().manual_seed(3)
+    target, pred = torch.randn(2, 5, 12, generator=g), torch.randn(2, 5, 12, generator=g)
+    mask = torch.tensor([[1, 0, 1, 0, 0], [0, 0, 0, 1, 1]], dtype=torch.float32)
+    for norm_pix in (False, True):
+        total, count = 0.0, 0
+        for n in range(2):
+            for i in range(5):
+                if not mask[n, i]:
+                    continue
+                t = target[n, i].double().tolist()
+                if norm_pix:
+                    mean = sum(t) / len(t)
+                    var = sum((v - mean) ** 2 for v in t) / (len(t) - 1)  # unbiased
+                    t = [(v - mean) / math.sqrt(var + 1e-6) for v in t]
+                total += sum((pv - tv) ** 2 for pv, tv in zip(pred[n, i].tolist(), t)) / len(t)
+                count += 1
+        expected = total / count
+        assert masked_patch_mse(target, pred, mask, norm_pix).item() == pytest.approx(expected, rel=1e-5)
+    # unmasked patches do not count
+    pred2 = pred.clone()
+    pred2[0, 1] += 100
+    assert masked_patch_mse(target, pred2, mask).item() == pytest.approx(masked_patch_mse(target, pred, mask).item())
+
+
+def test_forward_loss_patchifies_the_image_before_the_equation():
+    model = micro_mae(norm_pix_loss=True)
+    imgs = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    loss, pred, mask = model(imgs, 0.75, torch.Generator().manual_seed(1))
+    assert pred.shape == (2, 16, 8 * 8 * 3) and mask.sum(1).tolist() == [12.0, 12.0]
+    assert loss.item() == pytest.approx(masked_patch_mse(patchify(imgs, 8), pred, mask, True).item(), rel=1e-6)
+
+
+def test_random_masking_keeps_the_lowest_noise_and_restores_order():
+    x = torch.arange(2 * 8 * 3, dtype=torch.float32).reshape(2, 8, 3)
+    kept, mask, ids_restore = random_masking(x, 0.75, torch.Generator().manual_seed(5))
+    noise = torch.rand(2, 8, generator=torch.Generator().manual_seed(5))
+    order = torch.argsort(noise, dim=1)
+    assert kept.shape == (2, 2, 3)
+    for n in range(2):
+        assert torch.equal(kept[n], x[n, order[n, :2]])
+        assert mask[n].tolist() == [0.0 if i in order[n, :2].tolist() else 1.0 for i in range(8)]
+        assert torch.equal(order[n][ids_restore[n]], torch.arange(8))
+
+
+def test_sincos_position_embedding_matches_the_formula():
+    dim, grid = 16, 3
+    emb = sincos_2d(dim, grid, cls_token=True)
+    assert emb.shape == (1 + grid * grid, dim) and not emb[0].any()
+    omega = [1 / 10000 ** (k / (dim / 4)) for k in range(dim // 4)]
+    for row in range(grid):
+        for col in range(grid):
+            e = emb[1 + row * grid + col]
+            expected = ([math.sin(col * w) for w in omega] + [math.cos(col * w) for w in omega]
+                        + [math.sin(row * w) for w in omega] + [math.cos(row * w) for w in omega])
+            assert np.allclose(e, expected, atol=1e-6)
+    model = micro_mae()
+    assert not model.pos_embed.requires_grad and not model.decoder_pos_embed.requires_grad
+    assert np.allclose(model.pos_embed[0].numpy(), sincos_2d(64, 4, True))
+
+
+def test_reference_names():
+    names = {k.split(".")[0] for k in micro_mae().state_dict()}
+    assert names == {"patch_embed", "cls_token", "pos_embed", "blocks", "norm", "decoder_embed", "mask_token",
+                     "decoder_pos_embed", "decoder_blocks", "decoder_norm", "decoder_pred"}
+    for method in ("patchify", "unpatchify", "random_masking", "forward_encoder", "forward_decoder", "forward_loss"):
+        assert callable(getattr(MaskedAutoencoderViT, method))
+
+
+def test_sizes_follow_the_registered_vits():
+    for name, dims in [("vit-tiny", (192, 12, 8)), ("vit-small", (384, 12, 8)), ("vit-base", (768, 12, 16))]:
+        cfg = registry.load_config({"method": "fedmae", "model": name, "image-size": 32})
+        m = build_mae(cfg)
+        assert (m.cls_token.shape[-1], len(m.blocks), m.patch_size) == dims
+        assert (m.decoder_embed.out_features, len(m.decoder_blocks)) == (512, 8)  # the reference's decoder
+    with pytest.raises(ConfigError, match="'model'"):
+        build_mae(registry.load_config({"method": "fedmae", "model": "tiny-cnn"}))
+    with pytest.raises(ConfigError, match="fedmae.mask-ratio"):
+        build_mae(registry.load_config({**MICRO, "method": "fedmae", "fedmae.mask-ratio": 1.0}))
+
+
+def test_encoder_transfers_to_the_timm_classifier():
+    """pos_embed (class-token row first), patch_embed and blocks line up with timm's ViT: the
+    classifier's tokens equal the MAE encoder's on an unmasked image (up to the shuffle)."""
+    mae = micro_mae()
+    clf = create_model("vit-micro", 5, 32)
+    state = vit_backbone_state(mae.state_dict(), clf.backbone.state_dict().keys())
+    clf.backbone.load_state_dict(state, strict=True)
+    assert torch.equal(clf.backbone.fc_norm.weight, torch.ones(64))  # fresh, as the MAE reference fine-tunes
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    mae.eval(), clf.eval()
+    with torch.no_grad():
+        latent, mask, ids_restore = mae.forward_encoder(x, 0.0, torch.Generator().manual_seed(1))
+        tokens = clf.backbone.forward_features(x)  # (N, 1 + L, D), timm's norm is Identity under avg pooling
+    assert not mask.any()
+    ids_shuffle = torch.argsort(ids_restore, dim=1)
+    expected = mae.norm(torch.cat([tokens[:, :1], torch.stack([tokens[n, 1:][ids_shuffle[n]] for n in range(2)])], 1))
+    assert torch.allclose(latent, expected, atol=1e-5)
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+def reference_named_state(depth=2, dim=64, dec=32, dec_depth=1, grid=4, patch=8, decoder=True):
+    """A state dict written by hand with the MAE reference's names and shapes."""
+    s = {"cls_token": torch.randn(1, 1, dim), "pos_embed": torch.randn(1, grid * grid + 1, dim),
+         "patch_embed.proj.weight": torch.randn(dim, 3, patch, patch), "patch_embed.proj.bias": torch.randn(dim)}
+
+    def block(prefix, d):
+        return {f"{prefix}.norm1.weight": torch.randn(d), f"{prefix}.norm1.bias": torch.randn(d),
+                f"{prefix}.attn.qkv.weight": torch.randn(3 * d, d), f"{prefix}.attn.qkv.bias": torch.randn(3 * d),
+                f"{prefix}.attn.proj.weight": torch.randn(d, d), f"{prefix}.attn.proj.bias": torch.randn(d),
+                f"{prefix}.norm2.weight": torch.randn(d), f"{prefix}.norm2.bias": torch.randn(d),
+                f"{prefix}.mlp.fc1.weight": torch.randn(4 * d, d), f"{prefix}.mlp.fc1.bias": torch.randn(4 * d),
+                f"{prefix}.mlp.fc2.weight": torch.randn(d, 4 * d), f"{prefix}.mlp.fc2.bias": torch.randn(d)}
+
+    for i in range(depth):
+        s.update(block(f"blocks.{i}", dim))
+    s.update({"norm.weight": torch.randn(dim), "norm.bias": torch.randn(dim)})
+    if decoder:
+        s.update({"mask_token": torch.randn(1, 1, dec), "decoder_pos_embed": torch.randn(1, grid * grid + 1, dec),
+                  "decoder_embed.weight": torch.randn(dec, dim), "decoder_embed.bias": torch.randn(dec),
+                  "decoder_norm.weight": torch.randn(dec), "decoder_norm.bias": torch.randn(dec),
+                  "decoder_pred.weight": torch.randn(patch * patch * 3, dec),
+                  "decoder_pred.bias": torch.randn(patch * patch * 3)})
+        for i in range(dec_depth):
+            s.update(block(f"decoder_blocks.{i}", dec))
+    return s
+
+
+def test_reference_checkpoint_loads_strictly(tmp_path):
+    state = reference_named_state()
+    torch.save({"model": state, "epoch": 799, "args": argparse.Namespace(mask_ratio=0.75)}, tmp_path / "full.pth")
+    model = micro_mae()
+    assert len(load_mae_checkpoint(model, tmp_path / "full.pth")) == len(state)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state[k]), k
+    model.load_state_dict(state, strict=True)  # the same names, strictly
+
+    enc = reference_named_state(decoder=False)  # like the released mae_pretrain_vit_*.pth
+    torch.save({"model": enc}, tmp_path / "encoder.pth")
+    model = micro_mae()
+    decoder_before = model.decoder_pred.weight.clone()
+    load_mae_checkpoint(model, tmp_path / "encoder.pth")
+    assert torch.equal(model.blocks[1].mlp.fc2.weight, enc["blocks.1.mlp.fc2.weight"])
+    assert torch.equal(model.decoder_pred.weight, decoder_before)
+
+    bad = {**state, "head.weight": torch.zeros(2)}
+    torch.save({"model": bad}, tmp_path / "bad.pth")
+    with pytest.raises(ValueError, match="unexpected \\['head.weight'\\]"):
+        load_mae_checkpoint(micro_mae(), tmp_path / "bad.pth")
+    torch.save(state, tmp_path / "raw.pth")
+    with pytest.raises(ValueError, match="raw.pth: expected an MAE checkpoint"):
+        load_mae_checkpoint(micro_mae(), tmp_path / "raw.pth")
+
+
+def test_checkpoint_of_another_grid_resizes_pos_embed(tmp_path):
+    enc = reference_named_state(decoder=False, grid=8)  # e.g. trained at 64 px
+    torch.save({"model": enc}, tmp_path / "enc64.pth")
+    model = micro_mae()
+    load_mae_checkpoint(model, tmp_path / "enc64.pth")
+    assert model.pos_embed.shape == (1, 17, 64)
+    assert torch.equal(model.pos_embed[0, 0], enc["pos_embed"][0, 0])  # the class-token row is kept
+
+
+# -- the knowledge split: strategy with fake replies ------------------------------------------------
+@pytest.fixture(autouse=True)
+def _task_identity():
+    """Messages are stamped with the running task's identity (sim.py sets it for a run)."""
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 4242, SUPERLINK_NODE_ID
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+
+
+class FakeGrid:
+    def __init__(self, ids):
+        self.ids = ids
+
+    def get_node_ids(self):
+        return self.ids
+
+
+def make_strategy(tmp_path, exclude="cls-token", rounds=2):
+    from fedderm.results import RunRecorder
+
+    cfg = registry.load_config({**MICRO, "method": "fedmae", "fedmae.exclude": exclude, "num-server-rounds": rounds})
+    return FedMAEStrategy(cfg=cfg, recorder=RunRecorder(tmp_path / "run", "fedmae", cfg.to_flat()),
+                          action="pretrain", fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=2)
+
+
+def fake_reply(instruction, arrays: dict, n: int, pid: int, local: dict | None = None):
+    content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+                          "metrics": MetricRecord({"num-examples": n, "train_loss": 1.0, "partition-id": pid})})
+    if local is not None:
+        content[LOCAL_RECORD] = ArrayRecord({k: Array(v) for k, v in local.items()})
+    return Message(content, reply_to=instruction)
+
+
+def test_strategy_averages_the_synchronised_part_and_the_kept_part_once_at_the_end(tmp_path):
+    strategy = make_strategy(tmp_path)
+    rng = np.random.default_rng(0)
+    glob = {"cls_token": rng.normal(size=(1, 1, 4)).astype(np.float32), "w": rng.normal(size=3).astype(np.float32)}
+    clients = [{k: rng.normal(size=v.shape).astype(np.float32) for k, v in glob.items()} for _ in range(2)]
+    weights = [30, 10]
+    arrays = ArrayRecord({k: Array(v) for k, v in glob.items()})
+
+    ins = strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid([11, 12]))
+    assert [m.content["config"]["send-local"] for m in ins] == [False, False]
+    assert all(m.metadata.message_type == "train.pretrain" for m in ins)
+    replies = [fake_reply(m, {"w": c["w"]}, n, i) for i, (m, c, n) in enumerate(zip(ins, clients, weights))]
+    new, _ = strategy.aggregate_train(1, replies)
+    assert list(new.keys()) == ["cls_token", "w"]
+    assert np.allclose(new["w"].numpy(), (30 * clients[0]["w"] + 10 * clients[1]["w"]) / 40)
+    assert np.array_equal(new["cls_token"].numpy(), glob["cls_token"])  # not synchronised during the rounds
+
+    ins = strategy.configure_train(2, new, ConfigRecord(), FakeGrid([11, 12]))
+    assert [m.content["config"]["send-local"] for m in ins] == [True, True]
+    replies = [fake_reply(m, {"w": c["w"]}, n, i, local={"cls_token": c["cls_token"]})
+               for i, (m, c, n) in enumerate(zip(ins, clients, weights))]
+    final, _ = strategy.aggregate_train(2, replies)
+    expected = (30 * clients[0]["cls_token"] + 10 * clients[1]["cls_token"]) / 40
+    assert np.allclose(final["cls_token"].numpy(), expected)  # averaged once, after the last round
+
+
+def test_exclude_none_is_plain_fedavg(tmp_path):
+    strategy = make_strategy(tmp_path, exclude="none")
+    rng = np.random.default_rng(1)
+    state = {k: v.numpy() for k, v in micro_mae().state_dict().items()}
+    arrays = ArrayRecord({k: Array(v) for k, v in state.items()})
+    ins = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid([1, 2])))
+    replies = [fake_reply(m, {k: (v + rng.normal(size=v.shape)).astype(np.float32) for k, v in state.items()},
+                          n, i) for i, (m, n) in enumerate(zip(ins, [7, 13]))]
+    ours, _ = strategy.aggregate_train(1, copy.deepcopy(replies))
+    theirs, _ = FedAvg().aggregate_train(1, copy.deepcopy(replies))
+    assert list(ours.keys()) == list(theirs.keys())
+    for k in theirs.keys():
+        assert np.array_equal(ours[k].numpy(), theirs[k].numpy()), k
+
+
+# -- the knowledge split: real clients, in process ----------------------------------------------------
+def client_context(run_id: int, pid: int, run_config: dict) -> Context:
+    """A client's context; sessions are cached per (run id, partition), so each test uses its own run id."""
+    return Context(run_id=run_id, node_id=100 + pid, node_config={"partition-id": pid, "num-partitions": 2},
+                   state=RecordDict(), run_config=run_config)
+
+
+@pytest.mark.parametrize("exclude", ["cls-token", "decoder"])
+def test_rounds_with_real_clients_keep_the_excluded_part_local(tmp_path, exclude):
+    run_config = {**MICRO, "method": "fedmae", "fedmae.exclude": exclude, "num-server-rounds": 2,
+                  "synthetic-per-class": 8, "local-epochs": 1, "batch-size": 16, "optimizer": "adamw",
+                  "lr": 1e-3, "cache-dir": str(tmp_path / "cache"), "seed": 1}
+    strategy = make_strategy(tmp_path, exclude=exclude)
+    run_id = 5000 + sorted(EXCLUDE_PRESETS).index(exclude)
+    contexts = [client_context(run_id, pid, run_config) for pid in (0, 1)]
+    torch.manual_seed(0)
+    arrays = ArrayRecord(build_mae(strategy.cfg).state_dict())
+    for rnd in (1, 2):
+        ins = strategy.configure_train(rnd, arrays, ConfigRecord(), FakeGrid([100, 101]))
+        replies = [mae_client.pretrain(m, ctx) for m, ctx in zip(ins, contexts)]
+        sent = set(replies[0].content["arrays"].keys())
+        kept = set(excluded_keys(build_mae(strategy.cfg), exclude))
+        assert kept and not sent & kept  # the excluded parameters never travel during the rounds
+        assert (LOCAL_RECORD in replies[0].content) == (rnd == 2)
+        own = [ctx.state[mae_client.KEPT].to_torch_state_dict() for ctx in contexts]
+        weights = [int(r.content["metrics"]["num-examples"]) for r in replies]
+        arrays, _ = strategy.aggregate_train(rnd, replies)
+        if rnd == 1:
+            # what each client starts round 2 from: synchronised part identical, excluded part its own
+            starts = [{k: v.clone() for k, v in mae_client.receive(ctx, arrays)[0].state_dict().items()}
+                      for ctx in contexts]
+            for k in starts[0]:
+                if k in kept:
+                    assert not torch.equal(starts[0][k], starts[1][k]), k
+                    assert all(torch.equal(s[k], o[k]) for s, o in zip(starts, own))
+                else:
+                    assert torch.equal(starts[0][k], starts[1][k]), k
+    final = arrays.to_torch_state_dict()
+    for k in kept:  # after the last round the global model holds the clients' (weighted) mean
+        expected = (weights[0] * own[0][k] + weights[1] * own[1][k]) / sum(weights)
+        assert torch.allclose(final[k], expected, atol=1e-6), k
+
+
+def test_exclude_presets_select_table_v_parameters():
+    model = micro_mae()
+    assert excluded_keys(model, "none") == []
+    assert excluded_keys(model, "cls-token") == ["cls_token"]
+    assert excluded_keys(model, "patch-embed") == ["patch_embed.proj.weight", "patch_embed.proj.bias"]
+    assert excluded_keys(model, "decoder-embed") == ["decoder_embed.weight", "decoder_embed.bias"]
+    dec = excluded_keys(model, "decoder")
+    assert "mask_token" in dec and "decoder_pred.weight" in dec and "decoder_pos_embed" not in dec  # fixed
+    assert not any(k.startswith(("blocks", "patch_embed", "cls_token", "norm")) for k in dec)
+    assert set(EXCLUDE_PRESETS) == {"none", "decoder", "patch-embed", "decoder-embed", "cls-token"}
+    with pytest.raises(ConfigError, match="fedmae.exclude"):
+        excluded_keys(model, "class-token")
+
+
+# -- end to end --------------------------------------------------------------------------------------
+def test_fedmae_pretrain_then_federated_finetune_end_to_end(tmp_path):
+    run_dir = sim.simulate({**MICRO, "method": "fedmae", "num-server-rounds": 2, "local-epochs": 1,
+                            "optimizer": "adamw", "lr": 1.5e-3, "batch-size": 16, "synthetic-per-class": 16,
+                            "finetune-rounds": 2, "finetune-epochs": 1, "finetune-lr": 1e-3,
+                            "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "c"), "run-name": "r"},
+                           num_supernodes=2)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    pre = [r for r in summary["rounds"] if r["split"] == "pretrain"]
+    assert [r["round"] for r in pre] == [1, 2] and all(r["metrics"]["loss"] > 0 for r in pre)
+    for key in ("balanced_accuracy", "precision", "f1", "specificity", "auc", "accuracy"):
+        assert key in summary["final"] and set(summary["final"]["per_client"]) == {"0", "1"}
+    pretrained = torch.load(run_dir / "model-pretrained.pt")
+    assert set(pretrained) == set(micro_mae().state_dict())
+    final = torch.load(run_dir / "model.pt")
+    assert final["head.weight"].shape == (5, 64)
+    cfg = registry.load_config({**MICRO, "method": "fedmae"})
+    # the fine-tuning started from the pre-trained encoder: round-0 classifier = mapped encoder
+    start = mae_backbone_state(cfg, 5)(pretrained)
+    assert set(start) == {k[len("backbone."):] for k in final if k.startswith("backbone.")}
