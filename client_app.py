@@ -23,3 +23,7 @@ def dispatch(msg: Message, context: Context) -> Message:
 app.query("info")(info)
 app.train()(dispatch)
 app.evaluate()(dispatch)
+# message types with an action that some method handles (e.g. "train.gan" of ssl-flbt)
+for _kind in sorted({k for m in registry.METHODS.values() for k in m.messages if "." in k}):
+    _category, _action = _kind.split(".", 1)
+    getattr(app, _category)(_action)(dispatch)

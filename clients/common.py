@@ -8,6 +8,7 @@ partition comes from ``partition-id``/``num-partitions``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,10 +31,13 @@ class ClientSession:
     partition_id: int
     _model: torch.nn.Module | None = None
 
-    def model(self, arrays: ArrayRecord | None = None) -> torch.nn.Module:
-        """The client's model (built once per process), loaded with ``arrays`` if given."""
+    def model(self, arrays: ArrayRecord | None = None,
+              build: Callable[[], torch.nn.Module] | None = None) -> torch.nn.Module:
+        """The client's model (built once per process by ``build``, default ``cfg.model``),
+        loaded with ``arrays`` if given."""
         if self._model is None:
-            self._model = create_model(self.cfg.model, self.data.num_classes, self.cfg.image_size)
+            self._model = build() if build else create_model(self.cfg.model, self.data.num_classes,
+                                                             self.cfg.image_size)
         if arrays is not None:
             self._model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
         return self._model.to(self.device)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 from sklearn.metrics import (
     accuracy_score,
+    average_precision_score,
     balanced_accuracy_score,
     confusion_matrix,
     precision_recall_fscore_support,
@@ -31,6 +32,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "specificity",
     "auc",
     "accuracy",
+    "ap",
 )
 
 #: Keys that may appear in a client's metric dict but are not averaged.
@@ -69,6 +71,8 @@ def classification_metrics(y_true, y_prob, num_classes: int) -> dict[str, float]
       for each such class ``c``, ``roc_auc_score(y_true == c, y_prob[:, c])``,
       then the mean.  NaN when fewer than 2 classes are present (undefined).
     * ``accuracy`` -- plain fraction of correct predictions.
+    * ``ap`` -- macro one-vs-rest average precision (area under the PR curve, sklearn
+      ``average_precision_score``) over the classes **present in y_true** (paper 004 §IV-B).
 
     With no samples at all every metric is NaN.
     """
@@ -112,6 +116,7 @@ def classification_metrics(y_true, y_prob, num_classes: int) -> dict[str, float]
         auc = float(np.mean([roc_auc_score(y_true == c, y_prob[:, c]) for c in present]))
     else:
         auc = float("nan")
+    ap = float(np.mean([average_precision_score(y_true == c, y_prob[:, c]) for c in present]))
 
     return {
         "balanced_accuracy": float(bal_acc),
@@ -121,6 +126,7 @@ def classification_metrics(y_true, y_prob, num_classes: int) -> dict[str, float]
         "specificity": specificity,
         "auc": auc,
         "accuracy": float(accuracy_score(y_true, y_pred)),
+        "ap": ap,
     }
 
 
