@@ -144,3 +144,24 @@ def test_fedbn_selects_the_20_batchnorm_modules_of_resnet18_by_type():
     by_name = {k for k in model.state_dict() if ".bn" in k or k.startswith("backbone.bn")}
     assert by_name < keys and len(keys - by_name) == 3 * 5
     assert all(isinstance(dict(model.named_modules())[m], torch.nn.BatchNorm2d) for m in modules)
+
+
+# ----------------------------------------------------------------------------- Table XII counts
+def test_parameter_counts_reproduce_table_xii_for_resnet50():
+    from fedderm.costs import count_parameters
+
+    plain = create_model("resnet50", num_classes=4, image_size=256)
+    projected = build_projected_net("resnet50", 4, 256, proj_dim=128)
+    bn = {k for k in batchnorm_keys(plain) if k in dict(plain.named_parameters())}
+    assert round(count_parameters(plain) / 1e6, 2) == 23.52  # ResNet50 / FedAvg / FedProx / FedBN
+    assert round(count_parameters(projected) / 1e6, 2) == 27.97  # MOON / FL-BT / SSL-FL-BT-S2
+    assert round(3 * count_parameters(plain) / 1e6, 2) == 70.55  # FedAvg comm params, 3 centres
+    assert round(3 * count_parameters(plain, exclude=bn) / 1e6, 2) == 70.39  # FedBN: BN stays local
+
+
+def test_macs_per_image_by_hand():
+    from fedderm.costs import macs_per_image
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(8 * 64, 5))
+    # conv: 8 out-channels × 64 positions × (3 × 3 × 3) = 13824; linear: 512 × 5 = 2560
+    assert macs_per_image(model, 8) == 13824 + 2560
