@@ -3,14 +3,16 @@
     python bench/flbt_tables.py                                  # preset, 3 centres, 7 methods
     python bench/flbt_tables.py --quick                          # tiny-cnn, 3 rounds: a smoke run
     python bench/flbt_tables.py --methods flbt,ssl-flbt --seeds 0,1,2 --set 'num-server-rounds=20'
+    python bench/flbt_tables.py --cv-folds 5                     # 004's cross-centre 5-fold CV, mean ± SD
     python bench/flbt_tables.py --costs                          # + Table XII counts for the preset's model
 
 Each method runs ``sim.py`` once per seed (a separate process) with ``presets/flbt-tables-2-4.toml``
 plus ``method=...``; the script prints, per centre, accuracy / precision / recall / F1 / AP of
-every method (Tables II-IV: "C1".."Cn") and their mean over centres (GTA, Fig. 7).  With several
-seeds the cells are mean ± SD over seeds.  (004 reports mean ± SD over a cross-centre 5-fold CV;
-different seeds re-draw each centre's random 60/20/20 split, which is a repeated hold-out, not
-that k-fold.)  Results go to ``--out`` (one run folder per method and seed, and tables.md).
+every method (Tables II-IV: "C1".."Cn") and their mean over centres (GTA, Fig. 7).  With
+``--cv-folds k`` every method runs k times (``cv-folds=k cv-fold=f``: fold f tests on group f of
+every centre, 004 §IV-B) and the cells are mean ± SD over folds; several ``--seeds`` likewise give
+mean ± SD over re-drawn random splits.  Results go to ``--out`` (one run folder per method, seed and
+fold, and tables.md).
 """
 
 from __future__ import annotations
@@ -35,19 +37,28 @@ QUICK = ["model=\"tiny-cnn\"", "num-server-rounds=3", "synthetic-per-class=20", 
          "ssl.pseudo-per-centre=100", "ssl.epochs=2"]
 
 
-def run_one(method: str, seed: int, args, extra: list[str]) -> tuple[Path, float]:
-    name = f"{method}-seed{seed}"
-    overrides = [f'method="{method}"', f"seed={seed}", f'output-dir="{args.out}"', f'run-name="{name}"',
-                 f'cache-dir="{args.out / "cache"}"', *extra]
+def run_one(method: str, seed: int, fold: int | None, args, extra: list[str]) -> tuple[Path, float]:
+    """One ``sim.py`` run in its own process; the preset and the overrides go in one TOML file."""
+    sys.path.insert(0, str(ROOT))
+    from sim import parse_overrides
+
+    name = f"{method}-seed{seed}" + (f"-fold{fold}" if fold is not None else "")
+    config = {**parse_overrides([args.preset]), **(parse_overrides(extra) if extra else {}),
+              "method": method, "seed": seed, "output-dir": str(args.out), "run-name": name,
+              "cache-dir": str(args.out / "cache")}
+    if fold is not None:
+        config.update({"cv-folds": args.cv_folds, "cv-fold": fold})
+    toml = args.out / f"{name}.toml"
+    toml.write_text("".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in config.items()))
     cmd = [sys.executable, str(ROOT / "sim.py"), "--num-supernodes", str(args.num_supernodes),
-           "--run-config", args.preset, *overrides]
+           "--run-config", str(toml)]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     seconds = time.monotonic() - start
     (args.out / f"{name}.log").write_text(proc.stdout + proc.stderr)
     found = re.findall(r"^results: (.+)$", proc.stdout, flags=re.M)
     if proc.returncode != 0 or not found:
-        raise RuntimeError(f"{method} (seed {seed}) failed; see {args.out / (name + '.log')}")
+        raise RuntimeError(f"{name} failed; see {args.out / (name + '.log')}")
     return Path(found[-1]), seconds
 
 
@@ -83,6 +94,7 @@ def main(argv=None) -> int:
     parser.add_argument("--preset", default=str(ROOT / "presets" / "flbt-tables-2-4.toml"))
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--seeds", default="0", help="comma-separated seeds; several give mean ± SD")
+    parser.add_argument("--cv-folds", type=int, default=0, help="k >= 3: cross-centre k-fold CV, mean ± SD")
     parser.add_argument("--num-supernodes", type=int, default=3, help="centres (the preset asks for 3)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/fedderm-flbt-tables"))
     parser.add_argument("--quick", action="store_true", help="tiny-cnn, 3 rounds, small GAN stage")
@@ -97,16 +109,18 @@ def main(argv=None) -> int:
 
     results: dict[str, list[dict]] = {}
     total = time.monotonic()
+    folds = list(range(args.cv_folds)) if args.cv_folds else [None]
     for m in methods:
-        for seed in seeds:
-            run_dir, seconds = run_one(m, seed, args, extra)
+        for seed, fold in [(s, f) for s in seeds for f in folds]:
+            run_dir, seconds = run_one(m, seed, fold, args, extra)
             summary = json.loads((run_dir / "summary.json").read_text())
             results.setdefault(m, []).append(summary)
-            print(f"{m:9s} seed {seed}: {seconds:6.1f} s  GTA accuracy {100 * summary['final']['accuracy']:.2f} %"
+            print(f"{m:9s} seed {seed} fold {fold}: {seconds:6.1f} s  GTA accuracy {100 * summary['final']['accuracy']:.2f} %"
                   f"  -> {run_dir}", flush=True)
     text = tables(results)
     print(text)
-    print(f"\ntotal {time.monotonic() - total:.0f} s for {len(methods)} methods x {len(seeds)} seed(s)")
+    print(f"\ntotal {time.monotonic() - total:.0f} s for {len(methods)} methods x {len(seeds)} seed(s)"
+          f" x {len(folds)} fold(s)")
     (args.out / "tables.md").write_text(text + "\n")
     if args.costs:
         sys.path.insert(0, str(ROOT))
