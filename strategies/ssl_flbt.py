@@ -81,7 +81,7 @@ def run(grid: Grid, cfg, recorder, classes: list[str]) -> None:
     encoder, ssl_metrics = pretrain_multitask(
         images, centres, model=cfg.model, num_centres=len(gan_info), tasks=tasks,
         epochs=int(cfg.option("ssl.epochs")), batch_size=cfg.batch_size, lr=float(cfg.option("ssl.lr")),
-        optimizer=cfg.optimizer, patch=int(cfg.option("ssl.swap-patch")), swaps=int(cfg.option("ssl.swaps")),
+        optimizer="adam", patch=int(cfg.option("ssl.swap-patch")), swaps=int(cfg.option("ssl.swaps")),
         seed=cfg.seed, device=resolve_device(cfg.device))
     log(INFO, "pre-training done: %s", {k: round(v, 4) for k, v in ssl_metrics.items()})
     recorder.update_extra({"ssl": {"tasks": tasks, "finetune": finetune, "gan_stage_seconds": gan_seconds,
