@@ -21,9 +21,21 @@ def dispatch(msg: Message, context: Context) -> Message:
     return handlers[kind](msg, context)
 
 
-app.query("info")(info)
-app.query("features")(dispatch)
-app.train()(dispatch)
-app.train("pretrain")(dispatch)
-app.train("finetune")(dispatch)
-app.evaluate()(dispatch)
+#: Every "category.action" message type some method handles: the shared stages, plus what the
+#: registry declares (e.g. "train.gan" of ssl-flbt).  Plain "train"/"evaluate" are registered too.
+ACTIONS = sorted({"query.features", "train.pretrain", "train.finetune"}
+                 | {k for m in registry.METHODS.values() for k in m.messages if "." in k})
+
+
+def register(client_app: ClientApp) -> ClientApp:
+    """Route every message type fedderm uses on ``client_app`` through :func:`dispatch`."""
+    client_app.query("info")(info)
+    client_app.train()(dispatch)
+    client_app.evaluate()(dispatch)
+    for kind in ACTIONS:
+        category, action = kind.split(".", 1)
+        getattr(client_app, category)(action)(dispatch)
+    return client_app
+
+
+register(app)

@@ -24,6 +24,8 @@ class Method:
     handler.  ``options`` are the method's namespaced run-config keys with their defaults.
     ``sends`` are the record keys its client replies may hold (what the outgoing audit checks).
     ``check(cfg)`` (optional) validates the values of its options, raising ``ConfigError``.
+    ``messages`` are the message types its client handles; types with an action (``train.gan``)
+    are registered on the ClientApp from here.
     """
 
     name: str
@@ -33,6 +35,7 @@ class Method:
     options: Mapping[str, Any] = field(default_factory=dict)
     sends: tuple[str, ...] = ("arrays", "metrics")
     check: Callable[[Config], None] | None = None
+    messages: tuple[str, ...] = ("train", "evaluate")
 
     def strategy_module(self) -> ModuleType:
         return importlib.import_module(self.strategy)
@@ -119,6 +122,30 @@ METHODS: dict[str, Method] = {
                "on the clients, server correction θ = mean θ_k − h/α.",
                options={"feddyn.alpha": 0.01}),
         # -- FL-BT, SSL-FL-BT, FedBN, MOON, local (issue 6) --
+        Method("flbt", "strategies.flbt", "clients.flbt",
+               "FL-BT (paper 004 §III-B): encoder + projector + output layer, local loss "
+               "CE + flbt.mu·L_BT(z_local, z_global) against the frozen global model; FedAvg by image count.",
+               options={"flbt.mu": 0.01, "flbt.lambda": 0.005, "flbt.normalize": "paper", "flbt.proj-dim": 128},
+               sends=("arrays", "metrics", "pr-curve")),
+        Method("ssl-flbt", "strategies.ssl_flbt", "clients.ssl_flbt",
+               "SSL-FL-BT (paper 004 §III): centres share only MSG-GAN pseudo images; the server pre-trains "
+               "the backbone (centre classification + patch-swap restoration); then FL-BT.",
+               options={"ssl.pseudo-per-centre": 1000, "ssl.gan-steps": 300, "ssl.gan-batch": 16,
+                        "ssl.gan-width": 32, "ssl.gan-latent": 64, "ssl.gan-lr": 0.003, "ssl.tasks": "both",
+                        "ssl.finetune": "flbt", "ssl.epochs": 5, "ssl.lr": 0.001, "ssl.swap-patch": 0,
+                        "ssl.swaps": 10},
+               sends=("arrays", "metrics", "pr-curve", "pseudo-images"),
+               messages=("train.gan", "train", "evaluate")),
+        Method("fedbn", "strategies.fedbn", "clients.fedbn",
+               "FedBN (Li et al. 2021): FedAvg of everything but BatchNorm parameters and running statistics, "
+               "which stay on each client.", sends=("arrays", "metrics", "pr-curve")),
+        Method("moon", "strategies.moon", "clients.moon",
+               "MOON (Li, He & Song 2021): CE + moon.mu·model-contrastive loss (global model positive, "
+               "previous local model negative, temperature moon.tau) on the 004 network.",
+               options={"moon.mu": 1.0, "moon.tau": 0.5}, sends=("arrays", "metrics", "pr-curve")),
+        Method("local", "strategies.local", "clients.local",
+               "Single-centre training: every client trains and tests its own model; no aggregation.",
+               sends=("metrics", "pr-curve")),
     ]
 }
 

@@ -40,12 +40,15 @@ class ClientSession:
     _models: dict = field(default_factory=dict)
 
     def model(self, arrays: ArrayRecord | None = None, key: str = "classifier",
-              factory: Callable[[], torch.nn.Module] | None = None) -> torch.nn.Module:
-        """The client's model ``key`` (built once per process by ``factory``; default: the
-        classifier ``cfg.model``), loaded with ``arrays`` if given, on the client's device."""
+              factory: Callable[[], torch.nn.Module] | None = None,
+              build: Callable[[], torch.nn.Module] | None = None) -> torch.nn.Module:
+        """The client's model ``key`` (built once per process by ``factory``, alias ``build``;
+        default: the classifier ``cfg.model``), loaded with ``arrays`` if given, on the client's
+        device."""
+        factory = factory or build
         if key not in self._models:
-            build = factory or (lambda: create_model(self.cfg.model, self.data.num_classes, self.cfg.image_size))
-            self._models[key] = build()
+            default = lambda: create_model(self.cfg.model, self.data.num_classes, self.cfg.image_size)  # noqa: E731
+            self._models[key] = (factory or default)()
         model = self._models[key]
         if arrays is not None:
             model.load_state_dict(arrays.to_torch_state_dict(), strict=True)

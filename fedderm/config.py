@@ -53,6 +53,8 @@ class Config:
     val_fraction: float = 0.2
     test_fraction: float = 0.2
     label_fraction: float = 1.0
+    cv_folds: int = 0
+    cv_fold: int = 0
     # model and local training
     model: str = "resnet18"
     num_server_rounds: int = 8
@@ -173,6 +175,8 @@ def _check_ranges(cfg: Config) -> None:
     need(cfg.synthetic_sites >= 0, "synthetic-sites", "must be >= 0 (0 = one site per client)")
     need(cfg.dirichlet_alpha > 0, "dirichlet-alpha", "must be > 0")
     need(0 < cfg.label_fraction <= 1, "label-fraction", "must be in (0, 1]")
+    need(cfg.cv_folds == 0 or cfg.cv_folds >= 3, "cv-folds", "must be 0 (off) or >= 3 (test, val and train folds)")
+    need(0 <= cfg.cv_fold < max(cfg.cv_folds, 1), "cv-fold", "must be in [0, cv-folds)")
     need(0 < cfg.val_fraction < 1, "val-fraction", "must be in (0, 1)")
     need(0 < cfg.test_fraction < 1, "test-fraction", "must be in (0, 1)")
     need(cfg.val_fraction + cfg.test_fraction < 1, "val-fraction",

@@ -24,6 +24,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "specificity",
     "auc",
     "accuracy",
+    "ap",
 )
 
 #: The metric that chooses the best round on the validation split.
@@ -65,6 +66,8 @@ def classification_metrics(y_true, y_prob, num_classes: int) -> dict[str, float]
       for each such class ``c``, ``roc_auc_score(y_true == c, y_prob[:, c])``,
       then the mean.  NaN when fewer than 2 classes are present (undefined).
     * ``accuracy`` -- plain fraction of correct predictions.
+    * ``ap`` -- macro one-vs-rest average precision (area under the PR curve, sklearn
+      ``average_precision_score``) over the classes **present in y_true** (paper 004 §IV-B).
 
     With no samples at all every metric is NaN.
     """
@@ -85,6 +88,7 @@ def classification_metrics(y_true, y_prob, num_classes: int) -> dict[str, float]
     # need no metrics (scikit-learn + scipy take seconds to import)
     from sklearn.metrics import (
         accuracy_score,
+        average_precision_score,
         balanced_accuracy_score,
         confusion_matrix,
         precision_recall_fscore_support,
@@ -118,6 +122,7 @@ def classification_metrics(y_true, y_prob, num_classes: int) -> dict[str, float]
         auc = float(np.mean([roc_auc_score(y_true == c, y_prob[:, c]) for c in present]))
     else:
         auc = float("nan")
+    ap = float(np.mean([average_precision_score(y_true == c, y_prob[:, c]) for c in present]))
 
     return {
         "balanced_accuracy": float(bal_acc),
@@ -127,6 +132,7 @@ def classification_metrics(y_true, y_prob, num_classes: int) -> dict[str, float]
         "specificity": specificity,
         "auc": auc,
         "accuracy": float(accuracy_score(y_true, y_pred)),
+        "ap": ap,
     }
 
 

@@ -237,12 +237,23 @@ class Tracked:
     def _partition(self, node_id: int) -> str:
         return str(self.recorder.node_partitions.get(node_id, f"node {node_id}"))
 
+    #: True for strategies whose clients send back only part of the model (FedBN keeps its
+    #: BatchNorm layers, FedMAE its excluded parameters): replies may hold a subset of the keys.
+    partial_replies = False
+
     def validate_reply(self, msg: Message) -> str | None:
         """Why this train reply must be rejected, or None.  Default: its weights must match
-        the global model sent this round key by key in shape and dtype, and be finite."""
+        the global model sent this round key by key (or, with :attr:`partial_replies`, for the
+        keys it holds) in shape and dtype, and be finite."""
         if self.sent is None:
             return None
-        return reply_problem(msg.content.array_records.get("arrays"), self.sent)
+        reply = msg.content.array_records.get("arrays")
+        if reply is not None and self.partial_replies:
+            extra = sorted(set(reply.keys()) - set(self.sent.keys()))
+            if extra:
+                return f"parameters the global model does not have: {extra[:3]}"
+            return reply_problem(reply, ArrayRecord({k: self.sent[k] for k in reply.keys()}))
+        return reply_problem(reply, self.sent)
 
     def screen(self, server_round: int, sent_to: list[int], replies: list[Message],
                validate: bool = True) -> list[Message]:

@@ -37,8 +37,4 @@ def fault_mod(msg, context, call_next):
     return out
 
 
-app = ClientApp(mods=[audit_mod, fault_mod])
-app.query("info")(real.info)
-for action in ("", "pretrain", "finetune"):
-    (app.train(action) if action else app.train())(real.dispatch)
-app.evaluate()(real.dispatch)
+app = real.register(ClientApp(mods=[audit_mod, fault_mod]))

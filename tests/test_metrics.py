@@ -19,7 +19,7 @@ def probs_from_pred(y_pred, num_classes, high=0.6):
 
 def test_metric_names_fixed():
     assert METRIC_NAMES == (
-        "balanced_accuracy", "precision", "recall", "f1", "specificity", "auc", "accuracy",
+        "balanced_accuracy", "precision", "recall", "f1", "specificity", "auc", "accuracy", "ap",
     )
 
 
@@ -67,6 +67,10 @@ def test_auc_binary_three_quarters():
     p1 = np.array([0.1, 0.4, 0.35, 0.8])
     m = classification_metrics(y_true, np.stack([1 - p1, p1], axis=1), num_classes=2)
     assert m["auc"] == pytest.approx(0.75)
+    # AP of class 1, scores ranked 0.8 (+), 0.4 (-), 0.35 (+), 0.1 (-):
+    # Σ (R_n − R_{n−1}) P_n = 0.5·1 + 0.5·(2/3) = 5/6; class 0 (scores 0.9 +, 0.65 -, 0.6 +, 0.2 -)
+    # has the same ranking pattern -> 5/6; macro AP = 5/6
+    assert m["ap"] == pytest.approx(5 / 6)
 
 
 def test_auc_nan_with_single_class():

@@ -3,6 +3,7 @@ import pytest
 
 from fedderm.data.partition import partition_indices, split_client
 from fedderm.data.pool import DataError
+import registry
 
 
 def _labels(n=2000, classes=5, seed=0):
@@ -79,3 +80,24 @@ def test_label_fraction_keeps_every_class():
     labels = np.array([0] * 50 + [1] * 3)
     s = split_client(np.arange(53), labels, seed=0, label_fraction=0.1)
     assert set(labels[s.labelled]) == {0, 1}
+
+
+def test_cv_folds_cut_each_client_into_stratified_groups():
+    """004 §IV-B: k groups per centre; fold f tests on group f, validates on group f+1."""
+    labels = np.repeat([0, 1, 2], [20, 17, 16])
+    idx = np.arange(53)
+    splits = [split_client(idx, labels, seed=4, cv_folds=5, cv_fold=f) for f in range(5)]
+    tests = [s.test for s in splits]
+    assert np.array_equal(np.sort(np.concatenate(tests)), idx)  # every image tested exactly once
+    assert max(map(len, tests)) - min(map(len, tests)) <= 1
+    for c in range(3):  # stratified: each class spread evenly over the groups
+        counts = [np.sum(labels[t] == c) for t in tests]
+        assert max(counts) - min(counts) <= 1
+    for f, s in enumerate(splits):
+        assert np.array_equal(s.val, tests[(f + 1) % 5])
+        assert np.array_equal(np.sort(np.concatenate([s.train, s.val, s.test])), idx)
+        assert not set(s.train) & (set(s.val) | set(s.test))
+    with pytest.raises(Exception, match="cv-fold"):
+        registry.load_config({"cv-folds": 5, "cv-fold": 5})
+    with pytest.raises(Exception, match="cv-folds"):
+        registry.load_config({"cv-folds": 2})

@@ -97,7 +97,8 @@ def load_client_data(cfg, partition_id: int, num_partitions: int, *, data_path: 
                         f"(partition={cfg.partition!r}, {len(pool)} images in the pool)")
     split = split_client(idx, pool.labels, seed=cfg.seed * 1000 + partition_id,
                          val_fraction=cfg.val_fraction, test_fraction=cfg.test_fraction,
-                         label_fraction=cfg.label_fraction, groups=pool.groups)
+                         label_fraction=cfg.label_fraction, groups=pool.groups,
+                         cv_folds=cfg.cv_folds, cv_fold=cfg.cv_fold)
     data = ClientData(pool=pool, split=split, partition_id=partition_id)
     log.info("%r", data)
     return data

@@ -109,19 +109,46 @@ def _group_cut(idx: np.ndarray, groups: np.ndarray, fraction: float,
     return idx[~mask], idx[mask]
 
 
+def fold_groups(idx: np.ndarray, labels: np.ndarray, folds: int, rng: np.random.Generator,
+                groups: np.ndarray | None = None) -> list[np.ndarray]:
+    """Cut ``idx`` into ``folds`` near-equal groups, stratified by class (every class dealt
+    round-robin after a shuffle); with ``groups``, whole groups are dealt instead."""
+    out: list[list[np.ndarray]] = [[] for _ in range(folds)]
+    if groups is not None:
+        for i, g in enumerate(rng.permutation(np.unique(groups[idx]))):
+            out[i % folds].append(idx[groups[idx] == g])
+    else:
+        offset = 0
+        for c in np.unique(labels[idx]):
+            members = rng.permutation(idx[labels[idx] == c])
+            for i, m in enumerate(members):
+                out[(i + offset) % folds].append(np.array([m]))
+            offset += len(members)  # the next class starts where this one stopped: sizes stay even
+    return [np.sort(np.concatenate(o)) if o else np.array([], dtype=np.int64) for o in out]
+
+
 def split_client(idx: np.ndarray, labels: np.ndarray, *, seed: int, val_fraction: float = 0.2,
                  test_fraction: float = 0.2, label_fraction: float = 1.0,
-                 groups: np.ndarray | None = None) -> ClientSplit:
+                 groups: np.ndarray | None = None, cv_folds: int = 0, cv_fold: int = 0) -> ClientSplit:
     """Stratified train/val/test split of one client's indices, then the labelled fraction.
 
     With ``groups`` (HAM10000 ``lesion_id``) whole groups go to one split so that images of
     one lesion never leak between train and test.  The labelled subset is a stratified
     ``label_fraction`` of train (at least one image per class present); the rest of train
     is the unlabelled pool for self-supervised methods.
+
+    With ``cv_folds`` = k > 0 the fractions are ignored: the client's images are cut into k
+    stratified groups (same cut for every ``cv_fold``, it depends on ``seed`` only); group
+    ``cv_fold`` is test, group ``cv_fold + 1`` (mod k) is val, the rest is train.  Taking group f
+    of every client forms the cross-centre fold of paper 004 §IV-B.
     """
     rng = np.random.default_rng(seed)
     idx = np.sort(np.asarray(idx, dtype=np.int64))
-    if groups is not None:
+    if cv_folds:
+        parts = fold_groups(idx, labels, cv_folds, rng, groups)
+        test, val = parts[cv_fold % cv_folds], parts[(cv_fold + 1) % cv_folds]
+        train = np.setdiff1d(idx, np.concatenate([test, val]))
+    elif groups is not None:
         rest, test = _group_cut(idx, groups, test_fraction, rng)
         train, val = _group_cut(rest, groups, val_fraction / (1 - test_fraction), rng)
     else:

@@ -1,0 +1,61 @@
+"""Single-centre training (the "ResNet50" row of paper 004 Tables II-IV): each client trains its
+own model on its own data; nothing is uploaded but metrics.
+
+The client keeps its model (``local-model``) and its best model on its own validation split
+(``local-best-model``, ``local-best``) in ``context.state``; the final test uses that best model.
+The server sends the common initial weights once (round-0 evaluation and round-1 training).
+"""
+
+from __future__ import annotations
+
+from flwr.app import ArrayRecord, Context, Message, MetricRecord
+
+from fedderm.train import train_supervised
+
+from .common import reply, session
+from .flbt import evaluation_reply, local_kwargs
+
+MODEL, BEST_MODEL, BEST = "local-model", "local-best-model", "local-best"
+SELECTION_METRIC = "balanced_accuracy"
+
+
+def own_model(msg: Message, context: Context, key: str = MODEL):
+    s = session(context)
+    if key in context.state:
+        return s.model(context.state[key])
+    if "arrays" in msg.content:
+        return s.model(msg.content["arrays"])
+    raise RuntimeError(f"local client {s.partition_id}: no model yet and the server sent none")
+
+
+def train(msg: Message, context: Context) -> Message:
+    s = session(context)
+    server_round = int(msg.content["config"]["server-round"])
+    model = own_model(msg, context)
+    images, labels = s.data.tensors("labelled")
+    metrics = train_supervised(model, images, labels, **local_kwargs(s, server_round))
+    context.state[MODEL] = ArrayRecord(model.state_dict())
+    metrics["partition-id"] = s.partition_id
+    return reply(msg, metrics)
+
+
+def evaluate(msg: Message, context: Context) -> Message:
+    s = session(context)
+    config = msg.content["config"]
+    split = str(config.get("split", "val"))
+    if split == "test":
+        model = own_model(msg, context, BEST_MODEL if BEST_MODEL in context.state else MODEL)
+        out = evaluation_reply(msg, s, model, split)
+        out.content["metrics"]["best-round"] = int(context.state[BEST]["round"]) if BEST in context.state else 0
+        return out
+    model = own_model(msg, context)
+    out = evaluation_reply(msg, s, model, split)
+    score = float(out.content["metrics"][SELECTION_METRIC])
+    best = context.state[BEST]["score"] if BEST in context.state else float("-inf")
+    if score > best:
+        context.state[BEST] = MetricRecord({"score": score, "round": int(config["server-round"])})
+        context.state[BEST_MODEL] = ArrayRecord(model.state_dict())
+    return out
+
+
+HANDLERS = {"train": train, "evaluate": evaluate}

@@ -1,0 +1,112 @@
+"""Multi-task self-supervised pre-training on pseudo images (paper 004 §III-A, Fig. 2).
+
+The server holds only the centres' generated images.  A shared backbone (the FL-BT encoder, so
+its weights carry over key for key) feeds two heads, with hard parameter sharing:
+
+* centre classification: which centre generated the image (CE, Eq. 1);
+* restoration: the backbone sees a patch-swapped image and a decoder restores the original
+  pseudo image (MSE, Eq. 2).
+
+L_SSL = L_CE + L_MSE (Eq. 3).  Both heads read the features of the corrupted image (one forward
+pass).  The decoder starts from the pooled feature vector, so any fedderm backbone works.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from .data import TensorBatches
+from .losses import multitask_ssl_loss, patch_swap
+from .models import create_model
+from .msggan import scales_for
+from .train import make_optimizer, random_flips, to_input
+
+__all__ = ["SSL_TASKS", "MultiTaskSSLNet", "pretrain_multitask"]
+
+SSL_TASKS = ("both", "centre", "restoration")
+
+
+class MultiTaskSSLNet(nn.Module):
+    """``encoder`` (a fedderm model without head) + centre-classification head + restoration decoder."""
+
+    def __init__(self, model: str, num_centres: int, image_size: int, tasks: str = "both", width: int = 64):
+        super().__init__()
+        if tasks not in SSL_TASKS:
+            raise ValueError(f"ssl.tasks must be one of {list(SSL_TASKS)}, got {tasks!r}")
+        self.tasks = tasks
+        self.encoder = create_model(model, num_classes=1, image_size=image_size)
+        self.encoder.head = nn.Identity()
+        dim = self.encoder.num_features
+        self.centre_head = nn.Linear(dim, num_centres) if tasks in ("both", "centre") else None
+        self.decoder = _decoder(dim, image_size, width) if tasks in ("both", "restoration") else None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        h = self.encoder.forward_features(x)
+        logits = self.centre_head(h) if self.centre_head is not None else None
+        restored = self.decoder(h) if self.decoder is not None else None
+        return logits, restored
+
+
+def _decoder(dim: int, image_size: int, width: int) -> nn.Sequential:
+    """Pooled features (B, D) -> image (B, 3, S, S) in [-1, 1] (the inputs' normalised range)."""
+    scales = scales_for(image_size)
+    s0 = scales[0]
+    chans = [max(width // 2 ** i, 16) for i in range(len(scales))]
+    layers: list[nn.Module] = [nn.Linear(dim, chans[0] * s0 * s0), nn.ReLU(inplace=True),
+                               nn.Unflatten(1, (chans[0], s0, s0))]
+    for i in range(1, len(scales)):
+        layers += [nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(chans[i - 1], chans[i], 3, padding=1),
+                   nn.BatchNorm2d(chans[i]), nn.ReLU(inplace=True)]
+    layers += [nn.Conv2d(chans[-1], 3, 3, padding=1), nn.Tanh()]
+    return nn.Sequential(*layers)
+
+
+def pretrain_multitask(images: torch.Tensor, centres: torch.Tensor, *, model: str, num_centres: int,
+                       tasks: str = "both", epochs: int = 5, batch_size: int = 32, lr: float = 1e-3,
+                       optimizer: str = "adam", patch: int = 0, swaps: int = 10, seed: int = 0,
+                       device: torch.device | str = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """Pre-train on pseudo images (uint8 (M, 3, S, S)) labelled by centre index (M,).
+
+    ``patch`` = side of the swapped patches (0 -> S/8).  Returns the encoder's state dict (keys
+    as in :class:`fedderm.flbt.ProjectedNet`'s ``encoder``) and the last epoch's mean losses.
+    """
+    device = torch.device(device)
+    size = images.shape[-1]
+    patch = patch or max(size // 8, 1)
+    torch.manual_seed(seed)
+    net = MultiTaskSSLNet(model, num_centres, size, tasks).to(device).train()
+    opt = make_optimizer(net.parameters(), optimizer, lr)
+    batches = TensorBatches(images, centres, batch_size, shuffle=True, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    start = time.monotonic()
+    sums = {"ssl_loss": 0.0, "ssl_ce": 0.0, "ssl_mse": 0.0}
+    seen = correct = 0
+    for _ in range(epochs):
+        sums = dict.fromkeys(sums, 0.0)
+        seen = correct = 0
+        for xb, cb in batches:
+            if len(cb) < 2:
+                continue
+            original = to_input(random_flips(xb, g), device)
+            corrupted = patch_swap(original, patch, swaps, g)
+            c = cb.to(device)
+            logits, restored = net(corrupted)
+            loss = multitask_ssl_loss(logits, c, restored, original)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            n = len(cb)
+            sums["ssl_loss"] += loss.item() * n
+            if logits is not None:
+                sums["ssl_ce"] += nn.functional.cross_entropy(logits, c).item() * n
+                correct += int((logits.argmax(1) == c).sum())
+            if restored is not None:
+                sums["ssl_mse"] += nn.functional.mse_loss(restored, original).item() * n
+            seen += n
+    metrics = {k: v / max(seen, 1) for k, v in sums.items()}
+    metrics["ssl_centre_accuracy"] = correct / max(seen, 1) if net.centre_head is not None else float("nan")
+    metrics["ssl_seconds"] = time.monotonic() - start
+    return {k: v.detach().cpu() for k, v in net.encoder.state_dict().items()}, metrics

@@ -1,0 +1,61 @@
+"""Single-centre training (the "ResNet50" baseline of paper 004 Tables II-IV): no aggregation,
+nothing uploaded but metrics.  Every round each client trains its own model and evaluates it
+on its own validation split; the final test uses each client's own best-on-val model
+(``clients.local``).  The server only drives the rounds and records the per-client results, so
+the mean row is the GTA of single-centre models."""
+
+from __future__ import annotations
+
+import time
+from logging import INFO
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.common import log
+from flwr.serverapp import Grid
+
+from fedderm.metrics import mean_over_clients
+from fedderm.models import create_model
+
+from .flbt import save_pr_curves
+
+
+def _ask(grid: Grid, node_ids: list[int], kind: str, server_round: int, split: str | None = None,
+         arrays: ArrayRecord | None = None, timeout: float = 3600) -> tuple[dict, list[Message]]:
+    config = ConfigRecord({"server-round": server_round, **({"split": split} if split else {})})
+    msgs = []
+    for nid in node_ids:
+        content = RecordDict({"config": ConfigRecord(dict(config))})
+        if arrays is not None:
+            content["arrays"] = arrays
+        msgs.append(Message(content, dst_node_id=nid, message_type=kind))
+    replies = list(grid.send_and_receive(msgs, timeout=timeout))
+    errors = [f"node {r.metadata.src_node_id}: {r.error.reason}" for r in replies if r.has_error()]
+    if errors or len(replies) < len(node_ids):
+        raise RuntimeError(f"local: {kind} round {server_round} failed on {len(node_ids) - len(replies) + len(errors)} "
+                           "client(s):\n  " + "\n  ".join(errors or ["(no reply before the timeout)"]))
+    per_client = {}
+    for r in replies:
+        metrics = dict(r.content["metrics"])
+        per_client[str(metrics.pop("partition-id"))] = metrics
+    return dict(sorted(per_client.items(), key=lambda kv: int(kv[0]))), replies
+
+
+def run(grid: Grid, cfg, recorder, classes: list[str]) -> None:
+    nodes = sorted(grid.get_node_ids())
+    init = ArrayRecord(create_model(cfg.model, len(classes), cfg.image_size).state_dict())
+    val, _ = _ask(grid, nodes, "evaluate", 0, "val", init)
+    recorder.log_round(0, "val", val)
+    for r in range(1, cfg.num_server_rounds + 1):
+        start = time.monotonic()
+        train, _ = _ask(grid, nodes, "train", r, arrays=init if r == 1 else None)
+        val, _ = _ask(grid, nodes, "evaluate", r, "val")
+        loss = mean_over_clients(train).get("train_loss")
+        mean = recorder.log_round(r, "val", val, train={"train_loss": loss} if loss is not None else None)
+        log(INFO, "round %d/%d (local, no aggregation) · val balanced_accuracy %.3f · accuracy %.3f · %.1f s",
+            r, cfg.num_server_rounds, mean.get("balanced_accuracy", float("nan")), mean.get("accuracy", float("nan")),
+            time.monotonic() - start)
+    test, replies = _ask(grid, nodes, "evaluate", cfg.num_server_rounds, "test")
+    save_pr_curves(recorder, replies, classes, cfg.method)
+    recorder.set_final(test, best_round=None)
+    log(INFO, "local: each client tested its own best-on-val model (rounds %s)",
+        {pid: int(m.get("best-round", 0)) for pid, m in test.items()})
