@@ -16,7 +16,12 @@ from fedderm.train import to_input
 BASE = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 8, "num-server-rounds": 1,
         "local-epochs": 1, "batch-size": 8, "finetune-rounds": 1, "finetune-epochs": 1}
 # Methods whose smallest run needs other settings (e.g. a ViT) add them here.
-OVERRIDES: dict[str, dict] = {}
+VIT = {"model": "vit-micro", "image-size": 16}
+OVERRIDES: dict[str, dict] = {
+    "fedmae": {**VIT, "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1, "fedmae.decoder-num-heads": 2},
+    "fedbeit": {**VIT, "fedbeit.vocab-size": 64},
+    "ssl-flbt": {"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1},
+}
 
 
 def _image_hashes(images: torch.Tensor) -> set[str]:

@@ -248,18 +248,23 @@ def test_compose_file_superlink_and_supernodes_with_tls_auth_and_own_data():
 def _compose_cli() -> list[str] | None:
     if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
         return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if shutil.which("docker-compose") and subprocess.run(["docker-compose", "version"], capture_output=True,
+                                                         env=clean).returncode == 0:
+        return ["docker-compose"]  # a CLI that is installed but cannot start counts as absent
     return None
 
 
 @pytest.mark.skipif(_compose_cli() is None, reason="neither `docker compose` nor `docker-compose` is installed")
 def test_compose_files_validate_with_the_compose_cli():
     cli = _compose_cli()
+    # Ray puts the repo on PYTHONPATH during simulations; the repo's docker/ folder must not
+    # shadow the `docker` package of a Python docker-compose
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     res = subprocess.run([*cli, "-f", str(ROOT / "docker" / "compose.yml"), "config", "--quiet"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=clean)
     assert res.returncode == 0, res.stderr
-    env = {**os.environ, "SUPERLINK_ADDRESS": "fl.example.org:8000", "HOSPITAL": "hospital-a", "PARTITION_ID": "0",
+    env = {**clean, "SUPERLINK_ADDRESS": "fl.example.org:8000", "HOSPITAL": "hospital-a", "PARTITION_ID": "0",
            "KEYS_DIR": "/keys", "DATA_DIR": "/data"}
     res = subprocess.run([*cli, "-f", str(ROOT / "docker" / "hospital.yml"), "config"], capture_output=True,
                          text=True, env=env)
