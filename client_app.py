@@ -5,9 +5,10 @@ from flwr.clientapp import ClientApp
 
 import registry
 from clients.audit import audit_mod
+from clients.persist import persist_mod
 from clients.common import info, session
 
-app = ClientApp(mods=[audit_mod])
+app = ClientApp(mods=[persist_mod, audit_mod])
 
 
 def dispatch(msg: Message, context: Context) -> Message:
