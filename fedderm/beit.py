@@ -37,7 +37,7 @@ from timm.models.vision_transformer import Block, PatchEmbed
 from torch import nn
 
 from .config import Config, ConfigError
-from .mae import LayerNorm, patchify
+from .mae import LayerNorm, encoder_arch, patchify
 from .models import vit_arch
 
 
@@ -205,13 +205,7 @@ class BEiTOptions:
 def build_beit(cfg: Config) -> BEiTPretrainViT:
     """The BEiT pre-training ViT whose encoder is the ViT ``cfg.model`` at ``cfg.image_size``."""
     o = BEiTOptions.from_config(cfg)
-    try:
-        arch = vit_arch(cfg.model)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    if cfg.image_size % arch["patch_size"]:
-        raise ConfigError(f"run-config key 'image-size' ({cfg.image_size}) must be a multiple of the patch size "
-                          f"{arch['patch_size']} of model {cfg.model!r}")
+    arch = encoder_arch(cfg)
     return BEiTPretrainViT(img_size=cfg.image_size, vocab_size=o.vocab_size, **arch)
 
 

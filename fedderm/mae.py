@@ -272,9 +272,8 @@ class MAEOptions:
         return o
 
 
-def build_mae(cfg: Config) -> MaskedAutoencoderViT:
-    """The MAE whose encoder is the ViT ``cfg.model`` at ``cfg.image_size``, decoder per ``fedmae.*``."""
-    o = MAEOptions.from_config(cfg)
+def encoder_arch(cfg: Config) -> dict[str, int]:
+    """Sizes of the ViT ``cfg.model`` (the encoder of MAE and BEiT), checked against ``image-size``."""
     try:
         arch = vit_arch(cfg.model)
     except ValueError as err:
@@ -282,6 +281,13 @@ def build_mae(cfg: Config) -> MaskedAutoencoderViT:
     if cfg.image_size % arch["patch_size"]:
         raise ConfigError(f"run-config key 'image-size' ({cfg.image_size}) must be a multiple of the patch size "
                           f"{arch['patch_size']} of model {cfg.model!r}")
+    return arch
+
+
+def build_mae(cfg: Config) -> MaskedAutoencoderViT:
+    """The MAE whose encoder is the ViT ``cfg.model`` at ``cfg.image_size``, decoder per ``fedmae.*``."""
+    o = MAEOptions.from_config(cfg)
+    arch = encoder_arch(cfg)
     return MaskedAutoencoderViT(img_size=cfg.image_size, decoder_embed_dim=o.decoder_embed_dim,
                                 decoder_depth=o.decoder_depth, decoder_num_heads=o.decoder_num_heads,
                                 norm_pix_loss=o.norm_pix_loss, **arch)
