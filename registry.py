@@ -67,6 +67,56 @@ def check_fedclf(cfg: Config) -> None:
          "must be one of ['float16', 'float32']")
     need(cfg.option("fedsimclr.temperature") > 0, "fedsimclr.temperature", "must be > 0")
 
+# -- FL-BT, SSL-FL-BT, FedBN, MOON, local (issue 6): option checks --
+SSL_PRETRAIN = ("pseudo", "local", "federated")   # where stage 1 runs (004 Tables V-X)
+SSL_TASKS = ("both", "centre", "restoration", "simclr")
+SSL_FINETUNE = ("flbt", "fedavg", "local")
+BT_NORMALISATIONS = ("paper", "batchnorm")
+SSL_OPTIONS = {
+    "ssl.pretrain": "pseudo",        # pseudo: server SSL on GAN images | local: each centre alone | federated
+    "ssl.pseudo-per-centre": 1000, "ssl.gan-steps": 300, "ssl.gan-batch": 16, "ssl.gan-width": 32,
+    "ssl.gan-latent": 64, "ssl.gan-lr": 0.003,
+    "ssl.fid-select": False,         # rank GAN snapshots by FID to the centre's real images
+    "ssl.fid-checkpoints": 4,        # generator snapshots compared (evenly spaced over gan-steps)
+    "ssl.fid-keep": 1,               # best snapshots whose images are uploaded
+    "ssl.fid-features": "",          # "" = fixed random CNN (not Inception); else a TorchScript file
+    "ssl.tasks": "both", "ssl.finetune": "flbt", "ssl.epochs": 5, "ssl.rounds": 5, "ssl.lr": 0.001,
+    "ssl.swap-patch": 0, "ssl.swaps": 10,
+}
+
+
+def _need(cfg: Config, ok: bool, key: str, what: str) -> None:
+    if not ok:
+        raise ConfigError(f"run-config key {key!r} {what}, got {cfg.option(key)!r}")
+
+
+def check_flbt(cfg: Config) -> None:
+    """Ranges of the 004 keys (flbt.*, moon.*, ssl.*): checked when the config is parsed."""
+    o = cfg.option
+    _need(cfg, o("flbt.normalize") in BT_NORMALISATIONS, "flbt.normalize", f"must be one of {list(BT_NORMALISATIONS)}")
+    for key in ("flbt.mu", "flbt.lambda", "moon.mu"):
+        _need(cfg, o(key) >= 0, key, "must be >= 0")
+    _need(cfg, o("flbt.proj-dim") >= 1, "flbt.proj-dim", "must be >= 1")
+    _need(cfg, o("moon.tau") > 0, "moon.tau", "must be > 0")
+    for key, allowed in (("ssl.pretrain", SSL_PRETRAIN), ("ssl.tasks", SSL_TASKS), ("ssl.finetune", SSL_FINETUNE)):
+        _need(cfg, o(key) in allowed, key, f"must be one of {list(allowed)}")
+    for key in ("ssl.pseudo-per-centre", "ssl.gan-steps", "ssl.gan-batch", "ssl.gan-width", "ssl.gan-latent",
+                "ssl.epochs", "ssl.rounds", "ssl.swaps", "ssl.fid-checkpoints", "ssl.fid-keep"):
+        _need(cfg, o(key) >= 1, key, "must be >= 1")
+    for key in ("ssl.gan-lr", "ssl.lr"):
+        _need(cfg, o(key) > 0, key, "must be > 0")
+    _need(cfg, o("ssl.swap-patch") >= 0, "ssl.swap-patch", "must be >= 0 (0 = image-size/8)")
+    _need(cfg, o("ssl.fid-keep") <= o("ssl.fid-checkpoints"), "ssl.fid-keep",
+          f"must be <= ssl.fid-checkpoints ({o('ssl.fid-checkpoints')})")
+    if o("ssl.pretrain") == "pseudo":
+        _need(cfg, o("ssl.tasks") != "simclr", "ssl.tasks",
+              "'simclr' needs original images (ssl.pretrain=\"local\" or \"federated\"), not pseudo images")
+    else:
+        _need(cfg, o("ssl.tasks") in ("restoration", "simclr"), "ssl.tasks",
+              f"must be 'restoration' or 'simclr' with ssl.pretrain={o('ssl.pretrain')!r} "
+              "(centre classification needs images of every centre in one place)")
+
+
 METHODS: dict[str, Method] = {
     m.name: m
     for m in [
@@ -126,14 +176,11 @@ METHODS: dict[str, Method] = {
                "FL-BT (paper 004 §III-B): encoder + projector + output layer, local loss "
                "CE + flbt.mu·L_BT(z_local, z_global) against the frozen global model; FedAvg by image count.",
                options={"flbt.mu": 0.01, "flbt.lambda": 0.005, "flbt.normalize": "paper", "flbt.proj-dim": 128},
-               sends=("arrays", "metrics", "pr-curve")),
+               sends=("arrays", "metrics", "pr-curve"), check=check_flbt),
         Method("ssl-flbt", "strategies.ssl_flbt", "clients.ssl_flbt",
                "SSL-FL-BT (paper 004 §III): centres share only MSG-GAN pseudo images; the server pre-trains "
                "the backbone (centre classification + patch-swap restoration); then FL-BT.",
-               options={"ssl.pseudo-per-centre": 1000, "ssl.gan-steps": 300, "ssl.gan-batch": 16,
-                        "ssl.gan-width": 32, "ssl.gan-latent": 64, "ssl.gan-lr": 0.003, "ssl.tasks": "both",
-                        "ssl.finetune": "flbt", "ssl.epochs": 5, "ssl.lr": 0.001, "ssl.swap-patch": 0,
-                        "ssl.swaps": 10},
+               options=SSL_OPTIONS,
                sends=("arrays", "metrics", "pr-curve", "pseudo-images"),
                messages=("train.gan", "train", "evaluate")),
         Method("fedbn", "strategies.fedbn", "clients.fedbn",

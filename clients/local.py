@@ -19,19 +19,21 @@ MODEL, BEST_MODEL, BEST = "local-model", "local-best-model", "local-best"
 SELECTION_METRIC = "balanced_accuracy"
 
 
-def own_model(msg: Message, context: Context, key: str = MODEL):
+def own_model(msg: Message, context: Context, key: str = MODEL, build=None):
+    """This client's model ``key`` from ``context.state``, else the weights the server sent;
+    ``build`` makes the network (default: the classifier ``cfg.model``)."""
     s = session(context)
     if key in context.state:
-        return s.model(context.state[key])
-    if "arrays" in msg.content:
-        return s.model(msg.content["arrays"])
+        return s.model(context.state[key], build=build)
+    if "arrays" in msg.content and len(msg.content["arrays"]):
+        return s.model(msg.content["arrays"], build=build)
     raise RuntimeError(f"local client {s.partition_id}: no model yet and the server sent none")
 
 
-def train(msg: Message, context: Context) -> Message:
+def train(msg: Message, context: Context, build=None) -> Message:
     s = session(context)
     server_round = int(msg.content["config"]["server-round"])
-    model = own_model(msg, context)
+    model = own_model(msg, context, build=build)
     images, labels = s.data.tensors("labelled")
     metrics = train_supervised(model, images, labels, **local_kwargs(s, server_round))
     context.state[MODEL] = ArrayRecord(model.state_dict())
@@ -39,16 +41,16 @@ def train(msg: Message, context: Context) -> Message:
     return reply(msg, metrics)
 
 
-def evaluate(msg: Message, context: Context) -> Message:
+def evaluate(msg: Message, context: Context, build=None) -> Message:
     s = session(context)
     config = msg.content["config"]
     split = str(config.get("split", "val"))
     if split == "test":
-        model = own_model(msg, context, BEST_MODEL if BEST_MODEL in context.state else MODEL)
+        model = own_model(msg, context, BEST_MODEL if BEST_MODEL in context.state else MODEL, build=build)
         out = evaluation_reply(msg, s, model, split)
         out.content["metrics"]["best-round"] = int(context.state[BEST]["round"]) if BEST in context.state else 0
         return out
-    model = own_model(msg, context)
+    model = own_model(msg, context, build=build)
     out = evaluation_reply(msg, s, model, split)
     score = float(out.content["metrics"][SELECTION_METRIC])
     best = context.state[BEST]["score"] if BEST in context.state else float("-inf")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +20,7 @@ from torch import nn
 
 from .train import random_flips, to_input
 
-__all__ = ["scales_for", "Generator", "Discriminator", "train_msggan", "generate_images", "count_parameters"]
+__all__ = ["scales_for", "snapshot_steps", "Generator", "Discriminator", "train_msggan", "generate_images", "count_parameters"]
 
 
 def scales_for(image_size: int) -> list[int]:
@@ -133,12 +134,19 @@ def _pyramid(x: torch.Tensor, scales: list[int]) -> list[torch.Tensor]:
     return [F.adaptive_avg_pool2d(x, s) if s != x.shape[-1] else x for s in scales]
 
 
+def snapshot_steps(steps: int, count: int) -> list[int]:
+    """``count`` evenly spaced steps ending at ``steps`` (e.g. 300, 4 -> [75, 150, 225, 300])."""
+    return sorted({max(1, round(steps * (i + 1) / count)) for i in range(count)})
+
+
 def train_msggan(images: torch.Tensor, *, steps: int = 300, batch_size: int = 32, latent_dim: int = 64,
-                 width: int = 64, lr: float = 0.003, seed: int = 0,
-                 device: torch.device | str = "cpu") -> tuple[Generator, dict[str, float]]:
+                 width: int = 64, lr: float = 0.003, seed: int = 0, device: torch.device | str = "cpu",
+                 snapshot_at: Sequence[int] = (), snapshots: list | None = None) -> tuple[Generator, dict[str, float]]:
     """Train an MSG-GAN on uint8 images (N, 3, S, S) for ``steps`` D+G updates.
 
     Returns the generator (eval mode) and ``{"gan_d_loss", "gan_g_loss", "gan_seconds", "gan_cpu_seconds"}`` (wall and CPU time).
+    After every step in ``snapshot_at`` (1-based) ``(step, generator state dict copy)`` is appended to
+    ``snapshots`` (for choosing a generator by FID, :func:`fedderm.fid.select_pseudo_images`).
     """
     if len(images) < 2:
         raise ValueError(f"the GAN stage needs at least 2 images, the centre has {len(images)}")
@@ -152,7 +160,8 @@ def train_msggan(images: torch.Tensor, *, steps: int = 300, batch_size: int = 32
     scales = G.scales
     start, cpu_start = time.monotonic(), time.process_time()
     d_loss = g_loss = torch.zeros(())
-    for _ in range(steps):
+    wanted = set(snapshot_at)
+    for step in range(1, steps + 1):
         idx = torch.randint(0, len(images), (min(batch_size, len(images)),), generator=gen_seed)
         real = _pyramid(to_input(random_flips(images[idx], gen_seed), device), scales)
         z = torch.randn(len(idx), latent_dim, generator=gen_seed).to(device)
@@ -170,6 +179,8 @@ def train_msggan(images: torch.Tensor, *, steps: int = 300, batch_size: int = 32
         opt_g.zero_grad(set_to_none=True)
         g_loss.backward()
         opt_g.step()
+        if step in wanted and snapshots is not None:
+            snapshots.append((step, {k: v.detach().clone() for k, v in G.state_dict().items()}))
     G.eval()
     return G, {"gan_d_loss": float(d_loss.item()), "gan_g_loss": float(g_loss.item()),
                "gan_seconds": time.monotonic() - start,

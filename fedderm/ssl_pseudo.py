@@ -24,7 +24,8 @@ from .models import create_model
 from .msggan import scales_for
 from .train import make_optimizer, random_flips, to_input
 
-__all__ = ["SSL_TASKS", "MultiTaskSSLNet", "pretrain_multitask"]
+__all__ = ["SSL_TASKS", "MultiTaskSSLNet", "pretrain_multitask", "train_multitask", "encoder_state",
+           "original_ssl_network", "encoder_prefix", "backbone_arrays"]
 
 SSL_TASKS = ("both", "centre", "restoration")
 
@@ -73,11 +74,32 @@ def pretrain_multitask(images: torch.Tensor, centres: torch.Tensor, *, model: st
     ``patch`` = side of the swapped patches (0 -> S/8).  Returns the encoder's state dict (keys
     as in :class:`fedderm.flbt.ProjectedNet`'s ``encoder``) and the last epoch's mean losses.
     """
+    torch.manual_seed(seed)
+    net = MultiTaskSSLNet(model, num_centres, images.shape[-1], tasks)
+    metrics = train_multitask(net, images, centres, epochs=epochs, batch_size=batch_size, lr=lr,
+                              optimizer=optimizer, patch=patch, swaps=swaps, seed=seed, device=device)
+    return encoder_state(net.state_dict()), metrics
+
+
+def encoder_state(ssl_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The ``encoder.*`` part of a :class:`MultiTaskSSLNet` state dict, prefix removed (CPU copies)."""
+    return {k[len("encoder."):]: v.detach().cpu() for k, v in ssl_state.items() if k.startswith("encoder.")}
+
+
+def train_multitask(net: MultiTaskSSLNet, images: torch.Tensor, centres: torch.Tensor | None = None, *,
+                    epochs: int, batch_size: int, lr: float, optimizer: str = "adam", patch: int = 0,
+                    swaps: int = 10, seed: int = 0, device: torch.device | str = "cpu") -> dict[str, float]:
+    """``epochs`` epochs of Eq. 3 (or the task ``net`` has) on uint8 images; ``centres`` may be None
+    for restoration only (a centre pre-training on its own original images: SSL-Fed-R, FedSSL-R).
+    Returns the last epoch's mean losses, ``num-examples`` and the time taken."""
     device = torch.device(device)
     size = images.shape[-1]
     patch = patch or max(size // 8, 1)
-    torch.manual_seed(seed)
-    net = MultiTaskSSLNet(model, num_centres, size, tasks).to(device).train()
+    if centres is None:
+        if net.centre_head is not None:
+            raise ValueError("centre classification needs the centre index of every image")
+        centres = torch.zeros(len(images), dtype=torch.long)
+    net.to(device).train()
     opt = make_optimizer(net.parameters(), optimizer, lr)
     batches = TensorBatches(images, centres, batch_size, shuffle=True, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
@@ -109,4 +131,29 @@ def pretrain_multitask(images: torch.Tensor, centres: torch.Tensor, *, model: st
     metrics = {k: v / max(seen, 1) for k, v in sums.items()}
     metrics["ssl_centre_accuracy"] = correct / max(seen, 1) if net.centre_head is not None else float("nan")
     metrics["ssl_seconds"] = time.monotonic() - start
-    return {k: v.detach().cpu() for k, v in net.encoder.state_dict().items()}, metrics
+    metrics["num-examples"] = int(len(images))
+    return metrics
+
+
+def original_ssl_network(model: str, image_size: int, tasks: str) -> nn.Module:
+    """The pre-training network for ``ssl.tasks`` on a centre's original images (004 Tables VIII-X):
+    ``restoration`` = encoder + decoder of :class:`MultiTaskSSLNet` (SSL-Fed-R, FedSSL-R),
+    ``simclr`` = encoder + projection head of :class:`fedderm.simclr.SimCLR` (SSL-Fed-S, FedSSL-S)."""
+    if tasks == "simclr":
+        from .simclr import build_simclr
+
+        return build_simclr(model, image_size)
+    if tasks != "restoration":
+        raise ValueError(f"pre-training on original images runs 'restoration' or 'simclr', not {tasks!r}")
+    return MultiTaskSSLNet(model, 1, image_size, "restoration")
+
+
+def encoder_prefix(tasks: str) -> str:
+    """Where the encoder's ``backbone.*`` keys sit in the pre-training network of ``tasks``."""
+    return "" if tasks == "simclr" else "encoder."
+
+
+def backbone_arrays(state: dict, prefix: str) -> dict:
+    """The ``<prefix>backbone.*`` entries of ``state``, keyed as in ``ProjectedNet.encoder``
+    (``backbone.*``); works on tensors and on Flower Arrays alike."""
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix + "backbone.")}

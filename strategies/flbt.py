@@ -1,8 +1,8 @@
 """FL-BT (paper 004 §III-B): FedAvg weighted by image count (Eq. 10) of the 004 network; the
 server tells the clients μ (``flbt-mu``), so SSL-FL's FedAvg stage is the same strategy with μ = 0.
 
-Also what the 004 strategies share: PR-curve PNGs per centre from the final test, option checks,
-and the run plan for the 004 network.
+Also what the 004 strategies share: PR-curve PNGs per centre from the final test and the run
+plan for the 004 network.
 """
 
 from __future__ import annotations
@@ -13,26 +13,10 @@ from flwr.app import ArrayRecord, Message
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from fedderm.config import ConfigError
 from fedderm.flbt import build_projected_net
-from fedderm.losses import BT_NORMALISATIONS
 from fedderm.prcurves import plot_pr_curves
 
 from .common import Tracked, run_federated
-
-
-def check_choice(cfg, key: str, allowed) -> str:
-    value = cfg.option(key)
-    if value not in allowed:
-        raise ConfigError(f"run-config key {key!r} must be one of {list(allowed)}, got {value!r}")
-    return value
-
-
-def check_positive(cfg, key: str, allow_zero: bool = False) -> float:
-    value = cfg.option(key)
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"run-config key {key!r} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-    return value
 
 
 def save_pr_curves(recorder, replies: list[Message], classes: list[str] | None, method: str) -> list:
@@ -73,17 +57,15 @@ class FLBTStrategy(PRCurves, Tracked, FedAvg):
 
 
 def build_strategy(cfg, recorder, mu: float | None = None) -> FLBTStrategy:
-    check_choice(cfg, "flbt.normalize", BT_NORMALISATIONS)
-    check_positive(cfg, "flbt.lambda", allow_zero=True)
-    mu = check_positive(cfg, "flbt.mu", allow_zero=True) if mu is None else mu
+    """FL-BT with μ = ``flbt.mu`` (or ``mu``: 0 for FedAvg on the 004 network).  The option
+    ranges are checked when the config is parsed (``registry.check_flbt``)."""
+    mu = cfg.option("flbt.mu") if mu is None else mu
     n = cfg.min_clients
     return FLBTStrategy(mu=mu, cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n,
                         min_available_nodes=n)
 
 
 def projected_net(cfg, classes: list[str]):
-    if cfg.option("flbt.proj-dim") < 1:
-        raise ConfigError(f"run-config key 'flbt.proj-dim' must be >= 1, got {cfg.option('flbt.proj-dim')!r}")
     return build_projected_net(cfg.model, len(classes), cfg.image_size, int(cfg.option("flbt.proj-dim")))
 
 

@@ -40,9 +40,12 @@ def _ask(grid: Grid, node_ids: list[int], kind: str, server_round: int, split: s
     return dict(sorted(per_client.items(), key=lambda kv: int(kv[0]))), replies
 
 
-def run(grid: Grid, cfg, recorder, classes: list[str]) -> None:
+def run(grid: Grid, cfg, recorder, classes: list[str], model=None) -> None:
+    """Single-centre training from ``model`` (default: a random classifier ``cfg.model``; SSL-L-FT
+    passes the 004 network with the server's pre-trained encoder)."""
     nodes = sorted(grid.get_node_ids())
-    init = ArrayRecord(create_model(cfg.model, len(classes), cfg.image_size).state_dict())
+    model = model if model is not None else create_model(cfg.model, len(classes), cfg.image_size)
+    init = ArrayRecord(model.state_dict())
     val, _ = _ask(grid, nodes, "evaluate", 0, "val", init)
     recorder.log_round(0, "val", val)
     for r in range(1, cfg.num_server_rounds + 1):

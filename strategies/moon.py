@@ -6,7 +6,7 @@ from __future__ import annotations
 from flwr.serverapp.strategy import FedAvg
 
 from .common import Tracked
-from .flbt import PRCurves, check_positive, projected_net, run_strategy
+from .flbt import PRCurves, projected_net, run_strategy
 
 
 class MoonStrategy(PRCurves, Tracked, FedAvg):
@@ -14,8 +14,6 @@ class MoonStrategy(PRCurves, Tracked, FedAvg):
 
 
 def build_strategy(cfg, recorder) -> MoonStrategy:
-    check_positive(cfg, "moon.mu", allow_zero=True)
-    check_positive(cfg, "moon.tau")
     n = cfg.min_clients
     return MoonStrategy(cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n)
 

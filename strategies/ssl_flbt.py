@@ -1,13 +1,22 @@
-"""SSL-FL-BT (paper 004 §III, Fig. 1): a two-stage plan.
+"""SSL-FL-BT (paper 004 §III, Fig. 1) and the SSL variants of its Tables V-X: a two-stage plan.
 
-1. SSL stage: every centre trains an MSG-GAN on its own images and sends ``ssl.pseudo-per-centre``
-   generated images (``train.gan``).  The server pre-trains the backbone on all pseudo images with
-   centre classification (Eq. 1) + patch-swap restoration (Eq. 2), L = L_CE + L_MSE (Eq. 3).
-2. FL stage: FL-BT (``strategies.flbt``) from the pre-trained backbone (projector and output
-   layer start random).
+Stage 1, where the self-supervised pre-training happens (``ssl.pretrain``):
 
-Ablations (004 Tables V-X): ``ssl.tasks`` = ``both`` | ``centre`` (SSL-C-FL-BT) |
-``restoration`` (SSL-R-FL-BT); ``ssl.finetune`` = ``flbt`` | ``fedavg`` (SSL-FL: μ = 0).
+* ``pseudo`` (SSL-FL-BT): every centre trains an MSG-GAN on its own images and sends
+  ``ssl.pseudo-per-centre`` generated images (``train.gan``; with ``ssl.fid-select`` the ones of the
+  generator snapshots with the smallest FID).  The server pre-trains the backbone on all pseudo
+  images with centre classification (Eq. 1) + patch-swap restoration (Eq. 2), L = L_CE + L_MSE (Eq. 3).
+* ``local`` (SSL-Fed-R / SSL-Fed-S): every centre pre-trains alone on its original images
+  (``ssl.rounds`` rounds of ``ssl.epochs`` epochs, nothing averaged), and starts stage 2 from its
+  own pre-trained encoder.
+* ``federated`` (FedSSL-R / FedSSL-S): the same pre-training averaged by FedAvg every round.
+
+``ssl.tasks``: ``both`` | ``centre`` (SSL-C-FL-BT) | ``restoration`` (SSL-R-FL-BT) on pseudo images;
+``restoration`` (-R) | ``simclr`` (-S) on original images.
+
+Stage 2 (``ssl.finetune``) on the 004 network from the pre-trained encoder (projector and output
+layer start random): ``flbt`` (FL-BT), ``fedavg`` (μ = 0: SSL-FL) or ``local`` (every centre trains
+alone, no FL: SSL-L-FT).
 """
 
 from __future__ import annotations
@@ -20,14 +29,16 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
 
 from clients.ssl_flbt import PSEUDO
-from fedderm.ssl_pseudo import SSL_TASKS, pretrain_multitask
+from fedderm.ssl_pseudo import backbone_arrays, encoder_prefix, original_ssl_network, pretrain_multitask
 from fedderm.train import resolve_device
 
-from .flbt import build_strategy, check_choice, check_positive, projected_net, run_strategy
-
-FINETUNE = ("flbt", "fedavg")
+from .common import Tracked
+from .finetune import LocalFinetune, pretrain
+from .flbt import build_strategy, projected_net, run_strategy
+from .local import run as run_local
 
 
 def collect_pseudo_images(grid: Grid, node_ids: list[int], timeout: float = 7200):
@@ -61,18 +72,14 @@ def save_pseudo_grid(path, images: torch.Tensor, centres: torch.Tensor, per_row:
     vutils.save_image(torch.cat(rows).float() / 255, str(path), nrow=per_row, padding=1)
 
 
-def run(grid: Grid, cfg, recorder, classes: list[str]) -> None:
-    tasks = check_choice(cfg, "ssl.tasks", SSL_TASKS)
-    finetune = check_choice(cfg, "ssl.finetune", FINETUNE)
-    for key in ("ssl.pseudo-per-centre", "ssl.gan-steps", "ssl.gan-batch", "ssl.gan-width", "ssl.gan-latent",
-                "ssl.epochs", "ssl.swaps", "ssl.gan-lr", "ssl.lr"):
-        check_positive(cfg, key)
-    strategy = build_strategy(cfg, recorder, mu=0.0 if finetune == "fedavg" else None)
-
+def pseudo_stage(grid: Grid, cfg, recorder, tasks: str) -> dict:
+    """Stage 1 of SSL-FL-BT: pseudo images from every centre, multi-task SSL on the server;
+    returns the pre-trained encoder's state (``ProjectedNet.encoder`` keys)."""
     start = time.monotonic()
     nodes = sorted(grid.get_node_ids())
-    log(INFO, "ssl-flbt stage 1: %d centres train an MSG-GAN (%d steps) and send %d pseudo images each",
-        len(nodes), cfg.option("ssl.gan-steps"), cfg.option("ssl.pseudo-per-centre"))
+    log(INFO, "ssl-flbt stage 1: %d centres train an MSG-GAN (%d steps) and send %d pseudo images each%s",
+        len(nodes), cfg.option("ssl.gan-steps"), cfg.option("ssl.pseudo-per-centre"),
+        f" (FID selection over {cfg.option('ssl.fid-checkpoints')} snapshots)" if cfg.option("ssl.fid-select") else "")
     images, centres, gan_info = collect_pseudo_images(grid, nodes)
     gan_seconds = time.monotonic() - start
     save_pseudo_grid(recorder.run_dir / "pseudo_images.png", images, centres)
@@ -84,11 +91,50 @@ def run(grid: Grid, cfg, recorder, classes: list[str]) -> None:
         optimizer="adam", patch=int(cfg.option("ssl.swap-patch")), swaps=int(cfg.option("ssl.swaps")),
         seed=cfg.seed, device=resolve_device(cfg.device))
     log(INFO, "pre-training done: %s", {k: round(v, 4) for k, v in ssl_metrics.items()})
-    recorder.update_extra({"ssl": {"tasks": tasks, "finetune": finetune, "gan_stage_seconds": gan_seconds,
+    recorder.update_extra({"ssl": {**recorder.extra.get("ssl", {}), "gan_stage_seconds": gan_seconds,
                                    "pseudo_images": int(len(images)), "gan": gan_info, "pretrain": ssl_metrics}})
+    return encoder
+
+
+class FederatedSSL(Tracked, FedAvg):
+    """FedSSL's pre-training rounds: FedAvg of the centres' SSL models."""
+
+
+class LocalSSL(LocalFinetune):
+    """SSL-Fed's pre-training rounds: every centre keeps training its own SSL model."""
+
+
+def original_images_stage(grid: Grid, cfg, recorder) -> dict:
+    """Stage 1 of SSL-Fed / FedSSL: ``ssl.rounds`` rounds of ``train.pretrain`` on the centres'
+    original images; returns the encoder the server holds (FedSSL: the averaged pre-trained one;
+    SSL-Fed: the initial one, which every centre replaces by its own)."""
+    tasks = str(cfg.option("ssl.tasks"))
+    torch.manual_seed(cfg.seed)
+    initial = original_ssl_network(cfg.model, cfg.image_size, tasks)
+    kind = FederatedSSL if cfg.option("ssl.pretrain") == "federated" else LocalSSL
+    n = cfg.min_clients
+    strategy = kind(cfg=cfg, recorder=recorder, action="pretrain", num_rounds=int(cfg.option("ssl.rounds")),
+                    fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n)
+    log(INFO, "ssl-flbt stage 1: %s %s pre-training on the centres' own images (%d rounds x %d epochs)",
+        "federated" if kind is FederatedSSL else "per-centre (no averaging)", tasks,
+        strategy.num_rounds, cfg.option("ssl.epochs"))
+    arrays = pretrain(strategy, grid, ArrayRecord(initial.state_dict()))
+    return backbone_arrays(arrays.to_torch_state_dict(), encoder_prefix(tasks))
+
+
+def run(grid: Grid, cfg, recorder, classes: list[str]) -> None:
+    where, tasks, finetune = (str(cfg.option(k)) for k in ("ssl.pretrain", "ssl.tasks", "ssl.finetune"))
+    recorder.update_extra({"ssl": {"pretrain": where, "tasks": tasks, "finetune": finetune}})
+    encoder = pseudo_stage(grid, cfg, recorder, tasks) if where == "pseudo" else original_images_stage(grid, cfg, recorder)
     recorder.save_model(encoder, name="ssl-encoder.pt")
 
     net = projected_net(cfg, classes)
     net.encoder.load_state_dict(encoder, strict=True)
-    log(INFO, "ssl-flbt stage 2: %s from the pre-trained backbone", "FL-BT" if finetune == "flbt" else "FedAvg")
-    run_strategy(strategy, grid, cfg, classes, net)
+    log(INFO, "ssl-flbt stage 2: %s from the pre-trained backbone%s",
+        {"flbt": "FL-BT", "fedavg": "FedAvg", "local": "per-centre training (no FL)"}[finetune],
+        " (each centre's own)" if where == "local" else "")
+    if finetune == "local":
+        recorder.save_model(net.state_dict())  # no global model: model.pt is the pre-trained start
+        run_local(grid, cfg, recorder, classes, net)
+    else:
+        run_strategy(build_strategy(cfg, recorder, mu=0.0 if finetune == "fedavg" else None), grid, cfg, classes, net)

@@ -20,7 +20,8 @@ VIT = {"model": "vit-micro", "image-size": 16}
 OVERRIDES: dict[str, dict] = {
     "fedmae": {**VIT, "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1, "fedmae.decoder-num-heads": 2},
     "fedbeit": {**VIT, "fedbeit.vocab-size": 64},
-    "ssl-flbt": {"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1},
+    "ssl-flbt": {"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1,
+                 "ssl.fid-select": True, "ssl.fid-checkpoints": 2},
 }
 
 

@@ -56,9 +56,16 @@ def test_msggan_generator_makes_images_of_the_configured_shape(size):
     assert torch.equal(images, generate_images(gen, 5, seed=1))  # seeded
 
 
-def test_gan_stage_sends_only_generated_images_none_of_them_real(make_context):
-    ctx = make_context(method="ssl-flbt", **{"ssl.gan-steps": 4, "ssl.pseudo-per-centre": 12, "ssl.gan-width": 16})
+@pytest.mark.parametrize("fid_select", [False, True])
+def test_gan_stage_sends_only_generated_images_none_of_them_real(make_context, fid_select):
+    ctx = make_context(method="ssl-flbt", **{"ssl.gan-steps": 4, "ssl.pseudo-per-centre": 12, "ssl.gan-width": 16,
+                                             "ssl.fid-select": fid_select, "ssl.fid-checkpoints": 2})
     reply = ssl_flbt.train_gan(message("train.gan", 0), ctx)
+    if fid_select:  # both snapshots scored, the better one uploaded
+        metrics = reply.content["metrics"]
+        assert {"fid_step2", "fid_step4", "fid_kept0_step"} <= set(metrics)
+        best = min((2, 4), key=lambda k: (metrics[f"fid_step{k}"], -k))
+        assert metrics["fid_kept0_step"] == best and metrics["fid_selected"] == metrics[f"fid_step{best}"]
     method = registry.get_method("ssl-flbt")
     assert sent_keys(reply) <= set(method.sends) and "train.gan" in method.messages
     # exactly one ArrayRecord, holding exactly one array: the pseudo images, of the configured shape
