@@ -4,6 +4,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 import registry
+from clients import holdout
 from clients.audit import audit_mod
 from clients.persist import persist_mod
 from clients.common import info, session
@@ -11,10 +12,14 @@ from clients.common import info, session
 app = ClientApp(mods=[persist_mod, audit_mod])
 
 
+#: Handlers every method's clients have: fine-tuning on a held-out centre (``holdout-centre``).
+SHARED_HANDLERS = dict(holdout.HANDLERS)
+
+
 def dispatch(msg: Message, context: Context) -> Message:
     """Hand ``msg`` to ``clients/<method>.py``'s handler for its message type."""
     cfg = session(context).cfg
-    handlers = registry.get_method(cfg.method).client_module().HANDLERS
+    handlers = {**SHARED_HANDLERS, **registry.get_method(cfg.method).client_module().HANDLERS}
     kind = msg.metadata.message_type
     if kind not in handlers:
         raise ValueError(f"method {cfg.method!r} has no client handler for message type {kind!r}; "
@@ -24,7 +29,7 @@ def dispatch(msg: Message, context: Context) -> Message:
 
 #: Every "category.action" message type some method handles: the shared stages, plus what the
 #: registry declares (e.g. "train.gan" of ssl-flbt).  Plain "train"/"evaluate" are registered too.
-ACTIONS = sorted({"query.features", "train.pretrain", "train.finetune"}
+ACTIONS = sorted({"query.features", "train.pretrain", "train.finetune", *SHARED_HANDLERS}
                  | {k for m in registry.METHODS.values() for k in m.messages if "." in k})
 
 

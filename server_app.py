@@ -16,6 +16,7 @@ from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
 from strategies.common import FastPollGrid, run_federated, short_reason, wait_for_nodes
+from strategies.holdout import HoldoutGrid, finetune_holdout, holdout_nodes
 
 app = ServerApp()
 HANDSHAKE_TIMEOUT = 1800.0
@@ -37,9 +38,10 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
     silent = sorted(set(node_ids) - set(infos))
     if silent:
         log(WARNING, "nodes %s did not answer the handshake within %.0f s", silent, timeout)
-    if len(infos) < cfg.min_clients:
-        raise RuntimeError(f"only {len(infos)} of {len(node_ids)} clients answered the handshake within "
-                           f"{timeout:.0f} s (min-clients={cfg.min_clients})")
+    held = holdout_nodes(cfg, infos)  # a centre kept out of the federation (holdout-centre)
+    if len(infos) - len(held) < cfg.min_clients:
+        raise RuntimeError(f"only {len(infos) - len(held)} of {len(node_ids) - len(held)} federated clients answered "
+                           f"the handshake within {timeout:.0f} s (min-clients={cfg.min_clients})")
     by_pid: dict[int, list[int]] = {}
     for nid, info in infos.items():
         by_pid.setdefault(int(info["partition-id"]), []).append(nid)
@@ -47,7 +49,7 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
     if clashes:
         raise RuntimeError(f"several clients report the same partition-id {clashes} (partition-id: node ids); "
                            "give each SuperNode its own --node-config 'partition-id=N'")
-    classes = {tuple(info["classes"]) for info in infos.values()}
+    classes = {tuple(info["classes"]) for nid, info in infos.items() if nid not in held}
     if len(classes) != 1:
         raise RuntimeError(f"clients disagree on the class list: {sorted(classes)}; set the run-config "
                            "key 'classes' so that every hospital maps labels the same way")
@@ -114,16 +116,23 @@ def main(grid: Grid, context: Context) -> None:
 
     # the first message also loads (and on first use decodes) every client's data: wait longer
     handshake_timeout = max(cfg.round_timeout, HANDSHAKE_TIMEOUT)
-    infos = meet_clients(grid, wait_for_nodes(grid, cfg.min_clients, handshake_timeout), cfg, handshake_timeout)
+    held_out = 1 if cfg.holdout_centre else 0
+    infos = meet_clients(grid, wait_for_nodes(grid, cfg.min_clients + held_out, handshake_timeout), cfg,
+                         handshake_timeout)
     recorder.node_partitions = {nid: int(info["partition-id"]) for nid, info in infos.items()}
+    held = holdout_nodes(cfg, infos)
     skipped = {str(info["partition-id"]): int(info["skipped-files"]) for info in infos.values()
                if info["skipped-files"]}
     if skipped:
         recorder.update_extra({"skipped_files": skipped})
-    classes = list(next(iter(infos.values()))["classes"])
+    classes = list(next(info for nid, info in infos.items() if nid not in held)["classes"])
     # A strategy module runs the default plan (federated training, then test) unless it
     # defines its own ``run(grid, cfg, recorder, classes)`` (e.g. pre-train -> fine-tune -> test).
-    getattr(method.strategy_module(), "run", run_supervised)(grid, cfg, recorder, classes)
+    # A held-out centre is invisible to it (HoldoutGrid) and fine-tunes the result afterwards.
+    federation = HoldoutGrid(grid, held) if held else grid
+    getattr(method.strategy_module(), "run", run_supervised)(federation, cfg, recorder, classes)
+    for nid in held:
+        finetune_holdout(grid, cfg, recorder, nid, list(infos[nid]["classes"]))
 
     run_dir = recorder.finish()
     log(INFO, "\n%s", recorder.table())

@@ -75,6 +75,10 @@ class Config:
     finetune_epochs: int = 2
     finetune_lr: float = 1e-4
     finetune_optimizer: str = "adam"
+    # fine-tuning of the final global model on a centre held out of the federation (004 Table XI)
+    holdout_centre: str = ""
+    holdout_epochs: int = 10
+    holdout_lr: float = 1e-3
     # results and reliability
     output_dir: str = "~/fedderm-results"
     run_name: str = ""
@@ -183,6 +187,8 @@ def _check_ranges(cfg: Config) -> None:
          "plus test-fraction must leave a training split (< 1)")
     need(cfg.lr > 0, "lr", "must be > 0")
     need(cfg.finetune_lr > 0, "finetune-lr", "must be > 0")
+    need(cfg.holdout_epochs >= 1, "holdout-epochs", "must be >= 1")
+    need(cfg.holdout_lr > 0, "holdout-lr", "must be > 0")
     need(cfg.round_timeout > 0, "round-timeout", "must be > 0 (seconds)")
     need(cfg.keep_checkpoints >= 0, "keep-checkpoints", "must be >= 0 (0 keeps every round's checkpoint)")
     need(cfg.proximal_mu >= 0, "proximal-mu", "must be >= 0")

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+import registry
 import sim
 from fedderm.flbt import batchnorm_keys
 from fedderm.models import create_model
@@ -13,9 +14,9 @@ FAST = {"model": "tiny-cnn", "image-size": 32, "synthetic-per-class": 12, "num-s
         "local-epochs": 1, "batch-size": 16, "lr": 0.01, "optimizer": "sgd"}
 
 
-def _run(tmp_path, name, **overrides):
+def _run(tmp_path, name, num_supernodes=2, **overrides):
     run_dir = sim.simulate({**FAST, "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "cache"),
-                            "run-name": name, **overrides}, num_supernodes=2)
+                            "run-name": name, **overrides}, num_supernodes=num_supernodes)
     return run_dir, json.loads((run_dir / "summary.json").read_text())
 
 
@@ -36,13 +37,27 @@ def test_ssl_flbt_end_to_end_on_synthetic_centres(tmp_path):
 
 
 @pytest.mark.parametrize("method", ["fedbn", "local"])
-def test_fedbn_and_local_end_to_end(tmp_path, method):
-    run_dir, summary = _run(tmp_path, method, method=method)
+def test_fedbn_and_local_end_to_end(tmp_path, monkeypatch, method):
+    """FedBN and single-centre training; the local run also holds centre 2 out of the federation
+    (``holdout-centre``, 004 Table XI): it answers the handshake and ``train.holdout`` only, sends
+    only metrics and PR curves, and fine-tunes from random weights (``local`` has no global model)."""
+    audit = tmp_path / "audit"
+    monkeypatch.setenv("FEDDERM_AUDIT_DIR", str(audit))
+    extra = {"num_supernodes": 3, "holdout-centre": "2", "holdout-epochs": 2} if method == "local" else {}
+    run_dir, summary = _run(tmp_path, method, method=method, **extra)
     final = summary["final"]["per_client"]
     assert set(final) == {"0", "1"} and all(0 <= c["accuracy"] <= 1 for c in final.values())
     if method == "fedbn":  # the global model carries no BatchNorm key
         model = torch.load(run_dir / "model.pt")
         bn = batchnorm_keys(create_model("tiny-cnn", 5, 32))
         assert model and not bn & set(model)
-    else:  # each client tested its own best-on-val model
-        assert all("best-round" in c for c in final.values())
+        return
+    assert all("best-round" in c for c in final.values())  # each client tested its own best-on-val model
+    holdout = summary["holdout"]
+    assert holdout["centre"] == "2" and holdout["start"] == "random" and 0 <= holdout["final"]["accuracy"] <= 1
+    assert [r["split"] for r in summary["rounds"]].count("holdout-val") == 2
+    entries = [json.loads(line) for line in (audit / "audit-2.jsonl").read_text().splitlines()]
+    assert [e["message_type"] for e in entries] == ["query.info", "train.holdout"]
+    assert set(entries[1]["records"]) <= set(registry.HOLDOUT_SENDS)
+    others = [json.loads(line) for p in (0, 1) for line in (audit / f"audit-{p}.jsonl").read_text().splitlines()]
+    assert others and "train.holdout" not in {e["message_type"] for e in others}
