@@ -7,9 +7,12 @@ import registry
 from clients import holdout
 from clients.audit import audit_mod
 from clients.persist import persist_mod
+from clients.transport import transport_mod
 from clients.common import info, session
 
-app = ClientApp(mods=[persist_mod, audit_mod])
+# audit_mod wraps transport_mod: the audit log shows the arrays exactly as they leave the hospital
+MODS = [persist_mod, audit_mod, transport_mod]
+app = ClientApp(mods=MODS)
 
 
 #: Handlers every method's clients have: fine-tuning on a held-out centre (``holdout-centre``).

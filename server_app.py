@@ -107,6 +107,7 @@ def main(grid: Grid, context: Context) -> None:
     grid = FastPollGrid(grid)  # replies within 0.1 s instead of Flower's 3 s pull interval
     cfg = resolve_config(context.run_config)
     method = registry.get_method(cfg.method)
+    grid.transport = cfg.transport_dtype  # arrays travel in transport-dtype, arrive as float32
     seed_everything(cfg.seed)
     recorder = make_recorder(cfg, context.run_id)
     context.state["fedderm"] = ConfigRecord({"run-dir": str(recorder.run_dir)})

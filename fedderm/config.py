@@ -23,6 +23,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "device": ("auto", "cpu", "cuda"),
     "finetune": ("none", "local", "federated"),
     "finetune-optimizer": ("sgd", "adam", "adamw"),
+    "transport-dtype": ("float32", "float16"),
 }
 
 
@@ -86,6 +87,7 @@ class Config:
     keep_checkpoints: int = 3
     round_timeout: float = 3600.0
     targets: str = "0.55,0.65,0.75,0.85"
+    transport_dtype: str = "float32"
     # method-specific keys ("<method>.<key>"), validated against the registry's declarations
     options: Mapping[str, Any] = field(default_factory=dict)
 

@@ -18,10 +18,13 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from clients.transport import decode_message, encode_message
+
 from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, save_checkpoint
 from fedderm.config import Config
 from fedderm.metrics import SELECTION_METRIC
 from fedderm.results import RunRecorder
+from fedderm.transport import wire_nbytes
 
 POLL_INTERVAL = 0.1  # seconds between pulls in send_and_receive_fast
 
@@ -63,8 +66,10 @@ class FastPollGrid(Grid):
     ``Strategy.start``) gets replies within ``poll_interval`` of their arrival.
     """
 
-    def __init__(self, grid: Grid, poll_interval: float = POLL_INTERVAL):
+    def __init__(self, grid: Grid, poll_interval: float = POLL_INTERVAL, transport: str = "float32"):
         self.inner, self.poll_interval = grid, poll_interval
+        #: ``transport-dtype``: outgoing arrays are encoded in it, replies decoded back to float32
+        self.transport = transport
 
     def set_run(self, run):
         return self.inner.set_run(run)
@@ -83,13 +88,13 @@ class FastPollGrid(Grid):
         return self.inner.get_nodes()
 
     def push_messages(self, messages):
-        return self.inner.push_messages(messages)
+        return self.inner.push_messages([encode_message(m, self.transport) for m in messages])
 
     def pull_messages(self, message_ids):
-        return self.inner.pull_messages(message_ids)
+        return [decode_message(m, self.transport) for m in self.inner.pull_messages(message_ids)]
 
     def send_and_receive(self, messages, *, timeout=None):
-        return send_and_receive_fast(self.inner, messages, timeout, self.poll_interval)
+        return send_and_receive_fast(self, messages, timeout, self.poll_interval)
 
     def __getattr__(self, name):  # anything else a concrete grid offers
         if name == "inner":
@@ -97,9 +102,15 @@ class FastPollGrid(Grid):
         return getattr(self.inner, name)
 
 
-def array_bytes(content: RecordDict) -> int:
-    """Bytes of every ArrayRecord in a message's content (Flower's ``ArrayRecord.count_bytes``)."""
-    return sum(record.count_bytes() for record in content.array_records.values())
+def record_bytes(record: ArrayRecord, transport: str = "float32") -> int:
+    """Bytes of an ArrayRecord's arrays on the wire under ``transport-dtype`` (for float32 the
+    same as Flower's ``ArrayRecord.count_bytes()`` minus the key names)."""
+    return sum(wire_nbytes(array.numpy(), transport) for array in record.values())
+
+
+def array_bytes(content: RecordDict, transport: str = "float32") -> int:
+    """Bytes of every ArrayRecord in a message's content on the wire under ``transport``."""
+    return sum(record_bytes(record, transport) for record in content.array_records.values())
 
 
 def rounds_to_target(rounds: list[dict], targets: list[float], split: str = "val",
@@ -232,6 +243,8 @@ class Tracked:
         #: clients -> server, ``messages``); strategies with extra records add to it.
         self.traffic: dict[str, int] | None = None
         self.traffic_log: list[dict[str, int]] = []
+        #: wall time of every round (train + val), for summary.json ``round_seconds``
+        self.time_log: list[dict] = []
 
     # -- screening replies ---------------------------------------------------------------
     def _partition(self, node_id: int) -> str:
@@ -303,13 +316,13 @@ class Tracked:
             for msg in messages:
                 msg.metadata.message_type = f"{MessageType.TRAIN}.{self.action}"
         self._sent_to = [m.metadata.dst_node_id for m in messages]
-        self.count_traffic(down=sum(array_bytes(m.content) for m in messages), messages=len(messages))
+        self.count_traffic(down=sum(self.wire_bytes(m.content) for m in messages), messages=len(messages))
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
         ok = [r for r in replies if not r.has_error()]
-        self.count_traffic(up=sum(array_bytes(r.content) for r in ok), messages=len(ok))
+        self.count_traffic(up=sum(self.wire_bytes(r.content) for r in ok), messages=len(ok))
         replies = self.screen(server_round, getattr(self, "_sent_to", []), replies)
         self.accepted = replies  # subclasses aggregate extra records of these replies only
         self.train_per_client = self._per_client(replies)
@@ -321,6 +334,12 @@ class Tracked:
         if arrays is not None and self.sent is not None:
             arrays = cast_like(arrays, self.sent)
         return arrays, metrics
+
+    def wire_bytes(self, content: RecordDict | ArrayRecord) -> int:
+        """Bytes a message's arrays (or one ArrayRecord) take on the wire in this run."""
+        if isinstance(content, ArrayRecord):
+            return record_bytes(content, self.cfg.transport_dtype)
+        return array_bytes(content, self.cfg.transport_dtype)
 
     def count_traffic(self, *, down: int = 0, up: int = 0, messages: int = 0) -> None:
         """Add model traffic to the current round's count (logged and recorded by after_round)."""
@@ -376,23 +395,27 @@ class Tracked:
             self.traffic_log.append({"stage": self.stage, "round": server_round, "bytes": t["down"] + t["up"], **t})
             self.recorder.update_extra({"bytes_per_round": self.traffic_log})
         self.traffic = None
+        seconds = time.monotonic() - self._round_start
+        self.time_log.append({"stage": self.stage, "round": server_round, "seconds": round(seconds, 3)})
+        self.recorder.update_extra({"round_seconds": self.time_log})
         log(INFO, "%sround %d/%d · val %s %.3f · accuracy %.3f · train loss %s · best %.3f @ round %s · %.1f s",
             f"{self.action} " if self.action else "", server_round, self.num_rounds, SELECTION_METRIC, score,
             self.last_mean.get("accuracy", float("nan")),
-            f"{train['train_loss']:.3f}" if train else "-", self.best_score, self.best_round,
-            time.monotonic() - self._round_start)
+            f"{train['train_loss']:.3f}" if train else "-", self.best_score, self.best_round, seconds)
 
     def state_dict(self) -> dict[str, Any]:
         """Server-side state a checkpoint must hold to continue exactly (extend in subclasses)."""
         return {"best_round": self.best_round, "best_score": self.best_score,
                 "best_arrays": None if self.best_arrays is None else self.best_arrays.to_torch_state_dict(),
-                "last_mean": dict(self.last_mean), "traffic_log": list(self.traffic_log)}
+                "last_mean": dict(self.last_mean), "traffic_log": list(self.traffic_log),
+                "time_log": list(self.time_log)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best_round, self.best_score = state["best_round"], state["best_score"]
         self.best_arrays = None if state["best_arrays"] is None else ArrayRecord(state["best_arrays"])
         self.last_mean = dict(state["last_mean"])
         self.traffic_log = list(state.get("traffic_log", []))
+        self.time_log = list(state.get("time_log", []))
 
 
 def _mean_train_loss(per_client: dict[str, dict[str, float]]) -> dict[str, float] | None:

@@ -33,7 +33,7 @@ class ScaffoldStrategy(Tracked, FedAvg):
         for m in msgs:
             m.content["control"] = self.control
         self.num_sampled = len(msgs)
-        self.count_traffic(down=self.control.count_bytes() * len(msgs))
+        self.count_traffic(down=self.wire_bytes(self.control) * len(msgs))
         return msgs
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
@@ -41,7 +41,7 @@ class ScaffoldStrategy(Tracked, FedAvg):
         deltas = {}
         for r in replies:
             if r.has_content() and DELTA in r.content:
-                self.count_traffic(up=r.content[DELTA].count_bytes())
+                self.count_traffic(up=self.wire_bytes(r.content[DELTA]))
                 deltas[id(r)] = r.content[DELTA].to_torch_state_dict()
                 del r.content[DELTA]  # FedAvg wants exactly one ArrayRecord per reply
         result = super().aggregate_train(server_round, replies)

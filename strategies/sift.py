@@ -24,7 +24,7 @@ from flwr.serverapp.strategy import FedAvg
 from fedderm.config import ConfigError
 from fedderm.sift import LONG_BN_MODES, VARIANTS, build_sift_model, class_text_embeddings, class_texts, random_matrix
 
-from .common import Tracked, array_bytes, run_federated
+from .common import Tracked, run_federated
 
 #: Record keys of the model pair in ring messages and replies.
 SHORT, LONG = "short", "long"
@@ -86,7 +86,7 @@ class SiftStrategy(Tracked, FedAvg):
         """Send the pair to ``node`` and wait; returns (reply, None) or (None, why it was skipped)."""
         config = ConfigRecord({"server-round": server_round, "num-rounds": self.cfg.num_server_rounds})
         msg = Message(RecordDict({**pair, "config": config}), dst_node_id=node, message_type=MessageType.TRAIN)
-        self.count_traffic(down=array_bytes(msg.content), messages=1)
+        self.count_traffic(down=self.wire_bytes(msg.content), messages=1)
         replies = list(grid.send_and_receive([msg], timeout=self.hop_timeout))
         if not replies:
             return None, f"no reply within sift.hop-timeout={self.hop_timeout:g} s"
@@ -96,7 +96,7 @@ class SiftStrategy(Tracked, FedAvg):
         missing = [k for k in pair if k not in reply.content.array_records]
         if missing:
             return None, f"reply without {missing}"
-        self.count_traffic(up=array_bytes(reply.content), messages=1)
+        self.count_traffic(up=self.wire_bytes(reply.content), messages=1)
         return reply, None
 
     def train_round(self, grid: Grid, server_round: int, pair: dict[str, ArrayRecord]) -> dict[str, ArrayRecord]:

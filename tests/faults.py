@@ -15,8 +15,6 @@ from flwr.app import Array, ArrayRecord
 from flwr.clientapp import ClientApp
 
 import client_app as real
-from clients.audit import audit_mod
-from clients.persist import persist_mod
 
 
 def fault_mod(msg, context, call_next):
@@ -38,4 +36,4 @@ def fault_mod(msg, context, call_next):
     return out
 
 
-app = real.register(ClientApp(mods=[persist_mod, audit_mod, fault_mod]))
+app = real.register(ClientApp(mods=[*real.MODS, fault_mod]))  # faults act on what the handler returned
