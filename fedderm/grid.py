@@ -227,8 +227,11 @@ def _axis(name: str, values: Any, where: str, valid_keys: list[str] | None) -> l
     if any(isinstance(v, (dict, list)) for v in values):
         raise GridError(f"{where}: axis {name!r} mixes tables and values; use one kind")
     if valid_keys is not None and name not in valid_keys:
-        raise GridError(f"{where}: axis " + _unknown("run-config key", name, valid_keys)
-                        + " (or give labelled tables: [{ name = \"...\", key = value }])")
+        close = difflib.get_close_matches(name, valid_keys, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise GridError(f"{where}: axis {name!r} is not a run-config key.{hint} An axis of values names a "
+                        f"run-config key (or give labelled tables: [{{ name = \"...\", key = value }}]). "
+                        f"Valid keys: {', '.join(valid_keys)}")
     return [(_label(v), {name: v}) for v in values]
 
 
