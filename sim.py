@@ -31,6 +31,25 @@ def parse_overrides(run_config: list[str] | None) -> dict:
     return parse_config_args(run_config)
 
 
+def parse_sets(items: list[str]) -> dict:
+    """``--set`` items: each one ``key=value`` with a TOML value, which may hold spaces, lists and
+    inline tables (``grid.axes.data=[{name="a b", dataset="npz"}]``); an item that is not one
+    such pair is read like ``--run-config`` (several ``k=v`` separated by spaces)."""
+    import tomllib
+
+    out: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().strip('"')
+        try:
+            if not sep or not key or " " in key:
+                raise ValueError(item)
+            out[key] = tomllib.loads(f"v = {value}")["v"]
+        except (ValueError, tomllib.TOMLDecodeError):
+            out.update(parse_overrides([item]))
+    return out
+
+
 def resolved_run_config(overrides: dict) -> dict:
     """pyproject defaults fused with ``overrides``, validated (raises ConfigError naming the key)."""
     from flwr.common.config import get_fused_config_from_dir
@@ -261,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.run_config:
                 parser.error("--grid takes --set for overrides, not --run-config")
             seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else None
-            run_grid(args.grid, args.quick, args.out, seeds, parse_overrides(args.set) if args.set else None,
+            run_grid(args.grid, args.quick, args.out, seeds, parse_sets(args.set) if args.set else None,
                      args.cpus_per_client, args.gpus_per_client, args.verbose)
             return 0
         overrides = parse_overrides(args.run_config)

@@ -219,6 +219,25 @@ def test_incomplete_run_with_a_checkpoint_is_resumed(tmp_path, monkeypatch):
     assert seen == [str(out / "r00-fedavg-s0")] and "(resumed)" in lines[1]
 
 
+def test_cli_set_takes_toml_values_with_spaces_and_bad_grids_exit_2(tmp_path, monkeypatch, capsys):
+    assert sim.parse_sets(['grid.axes.data=[{name="Organ C", dirichlet-alpha=0.5}]', "lr=0.5 seed=1"]) == {
+        "grid.axes.data": [{"name": "Organ C", "dirichlet-alpha": 0.5}], "lr": 0.5, "seed": 1}
+    seen = []
+
+    def fake_simulate(overrides, num_supernodes, *args, **kwargs):
+        seen.append((overrides["run-name"], overrides["finetune-rounds"], num_supernodes))
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(sim, "simulate", fake_simulate)
+    grid_file = write_grid(tmp_path / "g.toml", rows=["fedavg"])
+    assert sim.main(["--grid", str(grid_file), "--out", str(tmp_path / "o"), "--seeds", "3",
+                     "--set", "finetune-rounds=4", "grid.num-supernodes=3"]) == 0
+    assert seen == [("r00-fedavg-s3", 4, 3)]
+    assert "table: " + str(tmp_path / "o" / "table.md") in capsys.readouterr().out
+    assert sim.main(["--grid", str(grid_file), "--set", "grid.seed=[1]"]) == 2
+    assert "unknown grid key 'grid.seed'" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- configs/ cannot rot
 CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
 
