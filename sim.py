@@ -243,8 +243,8 @@ def _write_tables(spec, results, folder: Path, seconds: float, path: str, quick:
     ran = [r for r in results if r.get("seconds") is not None]
     failed = sum(r["status"] != "done" for r in results)
     footer = (f"`python sim.py --grid {path}{' --quick' if quick else ''} --out {folder}`: "
-              f"{len(results)} runs ({len(results) - len(ran)} done before, {failed} failed), "
-              f"wall time {seconds:.0f} s ({len(ran)} run now). Run folders: {folder}/")
+              f"{len(results)} runs ({len(results) - len(ran)} done before, {failed} failed); "
+              f"wall time {seconds:.0f} s. Run folders: {folder}/")
     table["wall_time_s"] = round(seconds, 1)
     text = fg.render_markdown(table, footer)
     (folder / "table.json").write_text(json.dumps(table, indent=2, allow_nan=False) + "\n")

@@ -500,8 +500,8 @@ def render_markdown(table: Mapping[str, Any], footer: str = "") -> str:
     mean over clients (004's GTA)."""
     metrics = [Metric(m["key"], m["label"], m["scale"], m["digits"]) for m in table["metrics"]]
     reps = f"{len(table['seeds'])} seed(s)" + (f" × {table['cv-folds']} cv-folds" if table["cv-folds"] else "")
-    unit = ("Final metrics (test split, best-on-val model, mean over clients) in %" if any(m.is_final for m in metrics)
-            else "Values")
+    unit = ("Final metrics (test split, best-on-val model, mean over clients) in %, other columns as labelled"
+            if any(m.is_final for m in metrics) else "Values")
     note = (f"{unit}, mean ± SD over {reps}; `runs` = completed/planned replicates. "
             f"{table['num-supernodes']} simulated clients{', --quick settings' if table['quick'] else ''}.")
     lines = [f"### {table['title']}", ""]
