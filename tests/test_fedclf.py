@@ -393,23 +393,18 @@ def test_fedclf_pretrain_then_federated_finetune_with_sim(tmp_path):
     assert "momentum_backbone.0.0.weight" in torch.load(run_dir / "model-pretrained.pt")
 
 
-def test_presets_and_table_rows_are_valid_run_configs():
-    """Every preset resolves, and every row of its table is a valid run config on top of it."""
-    import tomllib
+def test_presets_and_table_grids_are_valid_run_configs():
+    """Every preset resolves; the grids of 000's tables (configs/000-fedclf-*.toml) use the
+    paper-scale presets' settings, and every row of them is a valid run config."""
     from pathlib import Path
 
-    sys_path_root = Path(__file__).resolve().parents[1]
-    import importlib.util
+    from fedderm.grid import load_grid
 
-    spec = importlib.util.spec_from_file_location("fedclf_tables", sys_path_root / "bench" / "fedclf_tables.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    tables = tomllib.loads(bench.ROWS_FILE.read_text())
-    presets = sorted((sys_path_root / "presets").glob("fedclf-*.toml"))
+    root = Path(__file__).resolve().parents[1]
+    presets = sorted((root / "presets").glob("fedclf-*.toml"))
     assert {p.stem for p in presets} == {f"fedclf-{t}{s}" for t in ("table1", "table2", "fig6") for s in ("", "-small")}
     for preset in presets:
         base = sim.parse_overrides([str(preset)])
-        table = tables[bench.table_name(preset)]
         paper_scale = not preset.stem.endswith("-small")
         cfg = registry.load_config(sim.resolved_run_config(base))
         assert cfg.method == "fedclf" and cfg.label_fraction == 0.1
@@ -417,9 +412,12 @@ def test_presets_and_table_rows_are_valid_run_configs():
             assert (cfg.min_clients, cfg.num_server_rounds, cfg.batch_size, cfg.lr, cfg.lr_schedule,
                     cfg.local_epochs, cfg.model, cfg.image_size) == (10, 100, 128, 0.03, "cosine", 1, "resnet18", 72)
         assert cfg.finetune == ("local" if "table1" in preset.stem else "federated")
-        for row in table["rows"]:
-            registry.load_config({**base, **row["set"]})
-            assert len(row["paper"]) == 2 * len(table["columns"])
-    assert [r["name"] for r in tables["fig6"]["rows"]][-3:] == ["W/o FE", "FE", "FE+Neg"]
-    text = bench.render("t", [0.1], {"FE": {0.1: (0.5, 0.25)}}, {"FE": [47.45, float("nan")]}, {"FE": {0.1: 3.0}})
-    assert "| FE | 50.00 | 25.00 | 47.45 / – | 3 |" in text
+        if paper_scale:
+            grid = load_grid(root / "configs" / f"000-{preset.stem}.toml", load_config=registry.load_config)
+            assert grid.num_supernodes == cfg.min_clients
+            shared = {k: v for k, v in base.items() if k not in ("method", "label-fraction") and not
+                      k.startswith("fedclf.feature") and not k.startswith("fedclf.local")}
+            for run in grid.runs():
+                assert {k: run.overrides[k] for k in shared} == shared
+    fig6 = load_grid(root / "configs" / "000-fedclf-fig6.toml")
+    assert [r.labels["method"] for r in fig6.rows()] == ["W/o FE", "FE", "FE+Neg"]

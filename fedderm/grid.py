@@ -1,0 +1,515 @@
+"""Experiment grids: one TOML file -> the runs of a paper table -> one Markdown table.
+
+The pure parts of ``python sim.py --grid configs/<name>.toml`` (README, "Experiment grids"):
+parse and validate a grid file, expand it into runs (the product of ``[grid.axes]`` × seeds ×
+cross-validation folds), read each run's ``summary.json`` and aggregate the replicates of a row
+into mean ± SD.  No Flower import: ``sim.py`` runs the simulations.
+
+A grid file::
+
+    [grid]
+    title = "..."                  # heading of the table (cite the paper table)
+    num-supernodes = 4             # simulated clients
+    seeds = [0, 1, 2]              # replicates of every row (mean ± SD over them)
+    cv-folds = 0                   # k >= 3: every seed also runs folds 0..k-1 (cv-folds=k cv-fold=f)
+    table = "final"                # "final": one table; "per-client": a table per client + the mean (GTA)
+    metrics = ["balanced_accuracy", "auc"]    # columns; see Metric
+    [grid.axes]                    # rows = product of the axes, in file order
+    method = ["fedavg", "fedprox"] #   a run-config key with its values
+    row = [{ name = "W/o FE", method = "fedclf", "fedclf.feature-sharing" = false }]
+                                   #   or any name with labelled sets of run-config keys
+    [run-config]                   # base flat run-config keys (as in a preset)
+    [quick]                        # --quick: run-config keys, and grid.<key> / grid.axes.<axis>
+
+A run's config is ``[run-config]``, then its row's axis values, then ``[quick]`` (with --quick),
+then ``--set``, then ``seed`` (and ``cv-folds``/``cv-fold``).  So ``[quick]`` shrinks every row
+(``num-server-rounds`` wins over a row's own); setting a key that *every* entry of an axis sets
+is an error (that axis would vanish): replace the axis with ``grid.axes.<axis>`` instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import json
+import math
+import re
+import statistics
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedderm.config import ConfigError
+from fedderm.metrics import METRIC_NAMES
+
+SECTIONS = ("grid", "run-config", "quick")
+GRID_KEYS = ("title", "num-supernodes", "seeds", "cv-folds", "table", "metrics", "axes")
+TABLE_MODES = ("final", "per-client")
+#: summary.json "final" entries a plain metric name may take (rates, shown in %)
+FINAL_METRICS = (*METRIC_NAMES, "loss")
+#: keys a grid sets per run itself; they cannot be axes or --set
+REPLICATE_KEYS = ("seed", "cv-folds", "cv-fold", "run-name", "output-dir", "resume")
+METRIC_FIELDS = ("key", "label", "scale", "digits")
+
+
+class GridError(ConfigError):
+    """A grid file is malformed; the message names the file and the key at fault."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A column: ``key`` is a final metric (``auc``) or a path into summary.json.
+
+    Paths are dotted and tried greedily, so keys holding dots work: ``rounds_to_target.0.55``,
+    ``config.num-server-rounds``, ``best_round``.  A path that meets a list of records
+    (``bytes_per_round.bytes``) takes the mean of that field over the records.  Final metrics
+    are shown in % (``scale`` 100), anything else as is (``scale`` 1) unless the entry is a
+    table ``{ key = "...", label = "...", scale = ..., digits = ... }``.
+    """
+
+    key: str
+    label: str
+    scale: float
+    digits: int = 2
+
+    @property
+    def is_final(self) -> bool:
+        return "." not in self.key and self.key in FINAL_METRICS
+
+
+@dataclass(frozen=True)
+class Row:
+    """One axes combination: its labels (axis -> shown value) and its run-config overrides."""
+
+    index: int
+    labels: dict[str, str]
+    overrides: dict[str, Any]
+
+    def describe(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.labels.items())
+
+
+@dataclass(frozen=True)
+class Run:
+    """One simulation: a row at one seed (and fold)."""
+
+    index: int
+    row: Row
+    seed: int
+    fold: int | None
+    name: str
+    overrides: dict[str, Any]
+
+    def describe(self) -> str:
+        fold = f" cv-fold={self.fold}" if self.fold is not None else ""
+        return f"{self.row.describe()} seed={self.seed}{fold}".strip()
+
+
+@dataclass
+class Grid:
+    name: str
+    source: str
+    title: str
+    num_supernodes: int
+    seeds: list[int]
+    cv_folds: int
+    table: str
+    metrics: list[Metric]
+    axes: dict[str, list[tuple[str, dict[str, Any]]]]  # axis -> [(label, overrides)]
+    base: dict[str, Any]  # [run-config]
+    late: dict[str, Any]  # [quick] (with --quick) then --set: applied over the axes' keys
+    quick: bool = False
+
+    def rows(self) -> list[Row]:
+        names = list(self.axes)
+        rows = []
+        for i, combo in enumerate(itertools.product(*(self.axes[a] for a in names))):
+            overrides: dict[str, Any] = {}
+            for label, values in combo:
+                overrides.update(values)
+            rows.append(Row(i, {a: label for a, (label, _) in zip(names, combo)}, overrides))
+        return rows
+
+    def runs(self) -> list[Run]:
+        folds: list[int | None] = list(range(self.cv_folds)) if self.cv_folds else [None]
+        runs = []
+        for row in self.rows():
+            for seed in self.seeds:
+                for fold in folds:
+                    overrides = {**self.base, **row.overrides, **self.late, "seed": seed}
+                    if fold is not None:
+                        overrides.update({"cv-folds": self.cv_folds, "cv-fold": fold})
+                    runs.append(Run(len(runs), row, seed, fold, run_name(row, seed, fold), overrides))
+        return runs
+
+
+def slug(text: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", str(text)).strip("-").lower() or "x"
+
+
+def run_name(row: Row, seed: int, fold: int | None) -> str:
+    """Folder name of a run: ``r03-fedprox-0.1-s1`` (row index first, so folders sort by row)."""
+    parts = [f"r{row.index:02d}", *(slug(v) for v in row.labels.values()), f"s{seed}"]
+    if fold is not None:
+        parts.append(f"f{fold}")
+    return "-".join(parts)
+
+
+def _label(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested TOML tables -> dotted keys (``fedclf.queue-size = 1`` unquoted is a table)."""
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _unknown(what: str, key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"unknown {what} {key!r}.{hint} Valid: {', '.join(valid)}"
+
+
+def _metric(entry: Any, where: str) -> Metric:
+    if isinstance(entry, str):
+        entry = {"key": entry}
+    if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
+        raise GridError(f"{where}: a metric is a string or a table with a string 'key', got {entry!r}")
+    for k in entry:
+        if k not in METRIC_FIELDS:
+            raise GridError(f"{where}: " + _unknown("metric field", k, list(METRIC_FIELDS)))
+    key = entry["key"]
+    if "." not in key and key not in FINAL_METRICS and key != "best_round":
+        raise GridError(f"{where}: " + _unknown(
+            "metric", key, [*FINAL_METRICS, "best_round", "<path into summary.json, e.g. rounds_to_target.0.55>"]))
+    final = "." not in key and key in FINAL_METRICS and key != "loss"
+    scale, digits = entry.get("scale", 100.0 if final else 1.0), entry.get("digits", 2)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise GridError(f"{where}: metric {key!r} scale must be a number, got {scale!r}")
+    if isinstance(digits, bool) or not isinstance(digits, int) or digits < 0:
+        raise GridError(f"{where}: metric {key!r} digits must be an int >= 0, got {digits!r}")
+    return Metric(key, str(entry.get("label", key)), float(scale), digits)
+
+
+def _axis(name: str, values: Any, where: str, valid_keys: list[str] | None) -> list[tuple[str, dict]]:
+    if not isinstance(values, list) or not values:
+        raise GridError(f"{where}: axis {name!r} must be a non-empty list, got {values!r}")
+    if name in REPLICATE_KEYS:
+        raise GridError(f"{where}: {name!r} cannot be an axis; the grid sets it per run "
+                        f"(use grid.seeds / grid.cv-folds)")
+    if all(isinstance(v, dict) for v in values):  # labelled variants: {name = "...", key = value, ...}
+        out = []
+        for v in values:
+            label = v.get("name")
+            if not isinstance(label, str):
+                raise GridError(f"{where}: every entry of axis {name!r} needs a string 'name', got {v!r}")
+            keys = _flatten({k: x for k, x in v.items() if k != "name"})
+            bad = [k for k in keys if k in REPLICATE_KEYS]
+            if bad:
+                raise GridError(f"{where}: axis {name!r} entry {label!r} sets {bad[0]!r}, which the grid sets per run")
+            out.append((label, keys))
+        labels = [label for label, _ in out]
+        if len(set(labels)) != len(labels):
+            raise GridError(f"{where}: axis {name!r} has repeated names {labels}")
+        return out
+    if any(isinstance(v, (dict, list)) for v in values):
+        raise GridError(f"{where}: axis {name!r} mixes tables and values; use one kind")
+    if valid_keys is not None and name not in valid_keys:
+        close = difflib.get_close_matches(name, valid_keys, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise GridError(f"{where}: axis {name!r} is not a run-config key.{hint} An axis of values names a "
+                        f"run-config key (or give labelled tables: [{{ name = \"...\", key = value }}]). "
+                        f"Valid keys: {', '.join(valid_keys)}")
+    return [(_label(v), {name: v}) for v in values]
+
+
+def parse_grid(data: Mapping[str, Any], name: str, source: str = "<grid>", quick: bool = False,
+               overrides: Mapping[str, Any] | None = None, seeds: list[int] | None = None,
+               load_config: Callable[[dict], Any] | None = None, valid_keys: list[str] | None = None) -> Grid:
+    """Validate a parsed grid file and build the :class:`Grid`.
+
+    ``overrides`` (``--set``) are run-config keys or ``grid.<key>``; they apply after ``[quick]``.
+    ``load_config`` (``registry.load_config``) validates every row's run config (and ``valid_keys``
+    the axis names), so a bad key fails before the first run, naming the file and the row.
+    """
+    for key in data:
+        if key not in SECTIONS:
+            raise GridError(f"{source}: " + _unknown("section", key, list(SECTIONS)))
+    if "grid" not in data:
+        raise GridError(f"{source}: missing [grid] section")
+    spec = dict(data["grid"])
+    base = _flatten(data.get("run-config", {}))
+    bad = [k for k in base if k in REPLICATE_KEYS and k != "output-dir"]
+    if bad:
+        raise GridError(f"{source} [run-config]: {bad[0]!r} is set per run by the grid (grid.seeds, grid.cv-folds)")
+    late: dict[str, Any] = {}
+    layers = [("[quick]", _flatten(data.get("quick", {}))) if quick else None,
+              ("--set", dict(overrides or {}))]
+    for where, layer in filter(None, layers):
+        for key, value in layer.items():
+            if key.startswith("grid.axes."):
+                spec.setdefault("axes", {})
+                spec["axes"] = {**spec["axes"], key[len("grid.axes."):]: value}
+            elif key.startswith("grid."):
+                sub = key[len("grid."):]
+                if sub not in GRID_KEYS:
+                    raise GridError(f"{source} {where}: " + _unknown("grid key", key, [f"grid.{k}" for k in GRID_KEYS]))
+                spec[sub] = value
+            elif key in REPLICATE_KEYS and key != "output-dir":
+                raise GridError(f"{source} {where}: {key!r} is set per run by the grid (grid.seeds, grid.cv-folds)")
+            else:
+                late[key] = value
+    if seeds is not None:
+        spec["seeds"] = list(seeds)
+    for key in spec:
+        if key not in GRID_KEYS:
+            raise GridError(f"{source} [grid]: " + _unknown("grid key", key, list(GRID_KEYS)))
+    where = f"{source} [grid]"
+
+    def get(key: str, kind: type, default: Any) -> Any:
+        value = spec.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise GridError(f"{where}: {key!r} must be {kind.__name__}, got {value!r}")
+        return value
+
+    title = get("title", str, name)
+    num_supernodes = get("num-supernodes", int, 2)
+    cv_folds = get("cv-folds", int, 0)
+    table = get("table", str, "final")
+    seed_list = get("seeds", list, [0])
+    if num_supernodes < 1:
+        raise GridError(f"{where}: 'num-supernodes' must be >= 1, got {num_supernodes}")
+    if cv_folds and cv_folds < 3:
+        raise GridError(f"{where}: 'cv-folds' must be 0 (off) or >= 3, got {cv_folds}")
+    if table not in TABLE_MODES:
+        raise GridError(f"{where}: 'table' must be one of {list(TABLE_MODES)}, got {table!r}")
+    if not seed_list or not all(isinstance(s, int) and not isinstance(s, bool) for s in seed_list):
+        raise GridError(f"{where}: 'seeds' must be a non-empty list of ints, got {seed_list!r}")
+    if len(set(seed_list)) != len(seed_list):
+        raise GridError(f"{where}: 'seeds' repeats a seed: {seed_list}")
+    metrics = [_metric(m, where) for m in get("metrics", list, ["balanced_accuracy"])]
+    if not metrics:
+        raise GridError(f"{where}: 'metrics' is empty")
+    if table == "per-client":
+        bad = [m.key for m in metrics if not m.is_final]
+        if bad:
+            raise GridError(f"{where}: table = \"per-client\" takes final metrics only "
+                            f"({', '.join(FINAL_METRICS)}), got {bad}")
+    raw_axes = get("axes", dict, {})
+    axes = {a: _axis(a, v, f"{source} [grid.axes]", valid_keys) for a, v in raw_axes.items()}
+    for where, layer in filter(None, layers):  # a key every entry of an axis sets would be ignored
+        for key in layer:
+            for a, entries in axes.items():
+                if not key.startswith("grid.") and all(key in values for _, values in entries):
+                    raise GridError(f"{source} {where}: {key!r} is set by every entry of axis {a!r}, so this "
+                                    f"value would never be used; set 'grid.axes.{a}' instead")
+    grid = Grid(name, source, title, num_supernodes, [int(s) for s in seed_list], cv_folds, table, metrics,
+                axes, base, late, quick)
+    if load_config is not None:
+        for row in grid.rows():
+            config = {**grid.base, **row.overrides, **grid.late, "seed": grid.seeds[0]}
+            if grid.cv_folds:
+                config.update({"cv-folds": grid.cv_folds, "cv-fold": 0})
+            try:
+                cfg = load_config(config)
+            except ConfigError as err:
+                raise GridError(f"{source}{' (--quick)' if quick else ''}, row {row.describe() or '(base)'}: {err}") from None
+            if getattr(cfg, "min_clients", 1) > num_supernodes:
+                raise GridError(f"{source}, row {row.describe()}: min-clients={cfg.min_clients} > "
+                                f"num-supernodes={num_supernodes}; the run would wait for clients that never come")
+    return grid
+
+
+def load_grid(path: str | Path, quick: bool = False, overrides: Mapping[str, Any] | None = None,
+              seeds: list[int] | None = None, load_config: Callable[[dict], Any] | None = None,
+              valid_keys: list[str] | None = None) -> Grid:
+    """Read and validate a grid file (see :func:`parse_grid`)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise GridError(f"grid file {str(path)!r} not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise GridError(f"{path}: not valid TOML: {err}") from None
+    return parse_grid(data, path.stem, str(path), quick, overrides, seeds, load_config, valid_keys)
+
+
+# --------------------------------------------------------------------------- results
+def is_complete(summary: Mapping[str, Any] | None) -> bool:
+    """A run is done when its summary.json has final (test) metrics."""
+    return bool(summary) and summary.get("final") is not None
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def lookup(obj: Any, path: str) -> Any:
+    """Value at a dotted ``path`` of summary.json (greedy on keys holding dots); None if absent.
+
+    A list of records on the way gives the mean of the rest of the path over the records."""
+    if path == "":
+        return obj
+    if isinstance(obj, list):
+        values = [_num(lookup(item, path)) for item in obj]
+        values = [v for v in values if v is not None]
+        return statistics.fmean(values) if values else None
+    if not isinstance(obj, Mapping):
+        return None
+    if path in obj:
+        return obj[path]
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        head = ".".join(parts[:i])
+        if head in obj:
+            return lookup(obj[head], ".".join(parts[i:]))
+    return None
+
+
+def _num(value: Any) -> float | None:
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return None if math.isnan(value) else float(value)
+
+
+def metric_value(summary: Mapping[str, Any], metric: Metric, client: str | None = None) -> float | None:
+    """The number a run contributes to a column (None when missing / undefined)."""
+    final = summary.get("final") or {}
+    if metric.is_final:
+        source = final if client is None else (final.get("per_client") or {}).get(client, {})
+        return _num(source.get(metric.key))
+    return _num(lookup(summary, metric.key))
+
+
+def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample SD (ddof = 1, as the papers report over runs); SD None for one value."""
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def format_cell(cell: Mapping[str, Any], metric: Metric) -> str:
+    """``12.34 ± 0.56`` (scaled); ``(2/3)`` appended when some runs lack the value."""
+    if cell["mean"] is None:
+        return "n/a"
+    text = f"{metric.scale * cell['mean']:.{metric.digits}f}"
+    if cell["sd"] is not None:
+        text += f" ± {metric.scale * cell['sd']:.{metric.digits}f}"
+    if cell["n"] < cell["runs"]:
+        text += f" ({cell['n']}/{cell['runs']})"
+    return text
+
+
+def aggregate(grid: Grid, results: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """table.json content from the runs' results.
+
+    ``results``: one per run of ``grid.runs()``, each ``{"run": index, "dir": str | None,
+    "status": "done" | "failed", "reason": str, "seconds": float, "summary": dict | None}``.
+    Every row gets, per metric (and per client in ``per-client`` mode), the mean ± SD over its
+    completed replicates; failed runs are listed with their reason and left out of the numbers.
+    """
+    runs = grid.runs()
+    by_row: dict[int, list[tuple[Run, Mapping[str, Any]]]] = {}
+    for result in results:
+        run = runs[result["run"]]
+        by_row.setdefault(run.row.index, []).append((run, result))
+    clients: list[str] = []
+    if grid.table == "per-client":
+        ids = {c for r in results if is_complete(r.get("summary"))
+               for c in (r["summary"]["final"].get("per_client") or {})}
+        clients = sorted(ids, key=lambda c: (0, int(c), "") if c.isdigit() else (1, 0, c))
+
+    def cells(done: list[Mapping[str, Any]], client: str | None) -> dict[str, dict]:
+        out = {}
+        for m in grid.metrics:
+            values = [v for r in done if (v := metric_value(r["summary"], m, client)) is not None]
+            mean, sd = mean_sd(values)
+            out[m.label] = {"mean": mean, "sd": sd, "n": len(values), "runs": len(done), "values": values}
+        return out
+
+    rows = []
+    for row in grid.rows():
+        entries = by_row.get(row.index, [])
+        done = [r for _, r in entries if r["status"] == "done" and is_complete(r.get("summary"))]
+        rows.append({
+            "row": row.index, "axes": row.labels, "overrides": row.overrides,
+            "runs": [{"name": run.name, "seed": run.seed, "fold": run.fold, "dir": r.get("dir"),
+                      "status": r["status"], "reason": r.get("reason", ""), "seconds": r.get("seconds")}
+                     for run, r in entries],
+            "done": len(done), "planned": len(grid.seeds) * max(grid.cv_folds, 1),
+            "metrics": cells(done, None),
+            "per_client": {c: cells(done, c) for c in clients},
+        })
+    return {"title": grid.title, "grid": grid.source, "quick": grid.quick, "table": grid.table,
+            "num-supernodes": grid.num_supernodes, "seeds": grid.seeds, "cv-folds": grid.cv_folds,
+            "axes": list(grid.axes), "clients": clients,
+            "metrics": [{"key": m.key, "label": m.label, "scale": m.scale, "digits": m.digits} for m in grid.metrics],
+            "rows": rows}
+
+
+def _md_table(table: Mapping[str, Any], metrics: list[Metric], client: str | None) -> list[str]:
+    axes = table["axes"]
+    head = [*axes, *(m.label for m in metrics), "runs"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in table["rows"]:
+        cells_of = row["metrics"] if client is None else row["per_client"].get(client, {})
+        failed = [r for r in row["runs"] if r["status"] != "done"]
+        if row["done"] == 0 and failed:
+            values = ["failed"] * len(metrics)
+        else:
+            values = [format_cell(cells_of[m.label], m) if m.label in cells_of else "n/a" for m in metrics]
+        count = f"{row['done']}/{row['planned']}"
+        if failed:
+            count += "; failed: " + "; ".join(
+                f"{r['name']}: {_short(r['reason'])}" for r in failed)
+        lines.append("| " + " | ".join([*(_cell(row["axes"][a]) for a in axes), *values, count]) + " |")
+    return lines
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _short(reason: str, width: int = 160) -> str:
+    line = " ".join(str(reason).split())
+    return _cell(line if len(line) <= width else line[:width - 1] + "…")
+
+
+def render_markdown(table: Mapping[str, Any], footer: str = "") -> str:
+    """Paper-style Markdown: one row per axes combination, metric columns as mean ± SD.
+
+    ``per-client`` tables give one table per client (C1, C2, …, as 004 Tables II–IV) and then the
+    mean over clients (004's GTA)."""
+    metrics = [Metric(m["key"], m["label"], m["scale"], m["digits"]) for m in table["metrics"]]
+    reps = f"{len(table['seeds'])} seed(s)" + (f" × {table['cv-folds']} cv-folds" if table["cv-folds"] else "")
+    unit = ("Final metrics (test split, best-on-val model, mean over clients) in %, other columns as labelled"
+            if any(m.is_final for m in metrics) else "Values")
+    note = (f"{unit}, mean ± SD over {reps}; `runs` = completed/planned replicates. "
+            f"{table['num-supernodes']} simulated clients{', --quick settings' if table['quick'] else ''}.")
+    lines = [f"### {table['title']}", ""]
+    if table["table"] == "per-client":
+        for i, client in enumerate(table["clients"], start=1):
+            lines += [f"**C{i}** (client {client}, test split)", "", *_md_table(table, metrics, client), ""]
+        lines += ["**GTA** (mean over clients)", ""]
+    lines += [*_md_table(table, metrics, None), "", note]
+    if footer:
+        lines += ["", footer]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,279 @@
+"""Experiment grids (fedderm/grid.py, sim.py --grid): parsing, expansion, errors, aggregation,
+resume, every configs/*.toml, and one real end-to-end grid."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import registry
+import sim
+from fedderm import grid as fg
+from fedderm.config import default_config
+
+ROOT = Path(__file__).resolve().parents[1]
+VALID = sorted([*default_config(), *registry.method_options()])
+TINY = {"model": "tiny-cnn", "image-size": 32, "synthetic-per-class": 20, "num-server-rounds": 1}
+
+
+def parse(data, **kw):
+    return fg.parse_grid(data, "g", "g.toml", load_config=registry.load_config, valid_keys=VALID, **kw)
+
+
+def spec(**grid):
+    return {"grid": {"seeds": [0, 1], "metrics": ["balanced_accuracy"], **grid,
+                     "axes": grid.get("axes", {"method": ["fedavg", "fedprox"]})},
+            "run-config": dict(TINY)}
+
+
+# --------------------------------------------------------------------------- parsing and expansion
+def test_rows_are_the_product_of_the_axes_in_file_order_and_runs_add_seeds():
+    g = parse(spec(axes={"method": ["fedavg", "fedprox"],
+                         "variant": [{"name": "A", "lr": 0.1}, {"name": "B", "lr": 0.2, "local-epochs": 3}]}))
+    rows = g.rows()
+    assert [r.labels for r in rows] == [{"method": "fedavg", "variant": "A"}, {"method": "fedavg", "variant": "B"},
+                                        {"method": "fedprox", "variant": "A"}, {"method": "fedprox", "variant": "B"}]
+    assert rows[3].overrides == {"method": "fedprox", "lr": 0.2, "local-epochs": 3}
+    runs = g.runs()
+    assert len(runs) == 8 and len({r.name for r in runs}) == 8
+    assert [r.seed for r in runs[:2]] == [0, 1]
+    assert runs[7].overrides == {**TINY, "method": "fedprox", "lr": 0.2, "local-epochs": 3, "seed": 1}
+    assert runs[7].name == "r03-fedprox-b-s1"
+    assert runs[7].describe() == "method=fedprox variant=B seed=1"
+
+
+def test_quick_and_set_override_rows_and_grid_keys():
+    data = spec(axes={"row": [{"name": "a", "num-server-rounds": 50}, {"name": "b"}]}, **{"num-supernodes": 4})
+    data["quick"] = {"num-server-rounds": 2, "grid.seeds": [5], "grid.num-supernodes": 3,
+                     "grid.axes.label-fraction": [0.1, 0.5], "grid": {"title": "nested form"}}
+    full, quick = parse(data), parse(data, quick=True)
+    assert full.num_supernodes == 4 and [r.overrides["num-server-rounds"] for r in full.runs()][0] == 50
+    assert quick.num_supernodes == 3 and quick.seeds == [5] and quick.title == "nested form"
+    assert all(r.overrides["num-server-rounds"] == 2 for r in quick.runs())  # [quick] wins over a row's own
+    assert quick.axes["label-fraction"] and len(quick.rows()) == 4
+    with_set = parse(data, quick=True, overrides={"lr": 0.5, "grid.seeds": [1, 2]}, seeds=[7])
+    assert with_set.seeds == [7] and all(r.overrides["lr"] == 0.5 for r in with_set.runs())
+
+
+def test_cv_folds_are_replicates():
+    g = parse(spec(**{"cv-folds": 3}))
+    runs = g.runs()
+    assert len(runs) == 2 * 2 * 3
+    assert runs[1].overrides["cv-folds"] == 3 and runs[1].overrides["cv-fold"] == 1 and runs[1].name.endswith("-s0-f1")
+
+
+@pytest.mark.parametrize("data, match", [
+    ({"grid": {}, "runconfig": {}}, r"unknown section 'runconfig'.*Did you mean 'run-config'"),
+    ({"grid": {"seed": [0]}}, r"unknown grid key 'seed'.*Did you mean 'seeds'"),
+    ({"grid": {"axes": {"label-fractoin": [0.1]}}}, r"axis 'label-fractoin' is not a run-config key. Did you mean 'label-fraction'"),
+    ({"grid": {"axes": {"seed": [0, 1]}}}, r"'seed' cannot be an axis"),
+    ({"grid": {"axes": {"method": ["fedavg", "fedavgg"]}}}, r"row method=fedavgg: unknown method 'fedavgg'"),
+    ({"grid": {"axes": {"m": [{"name": "x", "lrr": 1.0}]}}}, r"row m=x: unknown run-config key 'lrr'"),
+    ({"grid": {"axes": {"m": [{"lr": 1.0}]}}}, r"needs a string 'name'"),
+    ({"grid": {"metrics": ["balanced_acc"]}}, r"unknown metric 'balanced_acc'.*'balanced_accuracy'"),
+    ({"grid": {"metrics": [{"key": "auc", "lable": "AUC"}]}}, r"unknown metric field 'lable'"),
+    ({"grid": {"table": "per-client", "metrics": ["rounds_to_target.0.55"]}}, r"per-client.*final metrics only"),
+    ({"grid": {"seeds": []}}, r"'seeds' must be a non-empty list"),
+    ({"grid": {"num-supernodes": 2}, "run-config": {"min-clients": 3}}, r"min-clients=3 > num-supernodes=2"),
+    ({"grid": {"axes": {"method": ["fedavg"]}}, "quick": {"method": "fedprox"}}, r"\[quick\]: 'method' is set by every entry"),
+    ({"grid": {}, "quick": {"grid.axis": 1}}, r"unknown grid key 'grid.axis'"),
+    ({"grid": {}, "run-config": {"seed": 3}}, r"'seed' is set per run"),
+])
+def test_grid_errors_name_the_key(data, match):
+    with pytest.raises(fg.GridError, match=match):
+        parse(data, quick="quick" in data)
+
+
+def test_load_grid_names_the_file(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[grid]\nnum-supernode = 3\n")
+    with pytest.raises(fg.GridError, match=r"bad.toml \[grid\]: unknown grid key 'num-supernode'"):
+        fg.load_grid(bad)
+    with pytest.raises(fg.GridError, match="not found"):
+        fg.load_grid(tmp_path / "missing.toml")
+
+
+# --------------------------------------------------------------------------- aggregation
+def fake_summary(bacc, auc=None, per_client=None, rtt=None, mb=()):
+    final = {"balanced_accuracy": bacc, "auc": auc, "per_client": per_client or {}}
+    return {"final": final, "best_round": 2, "rounds_to_target": rtt or {},
+            "bytes_per_round": [{"round": i + 1, "bytes": b} for i, b in enumerate(mb)]}
+
+
+def test_aggregate_mean_sd_over_seeds_missing_and_failed_runs():
+    g = fg.parse_grid(spec(metrics=["balanced_accuracy", "auc", "rounds_to_target.0.55",
+                                    {"key": "bytes_per_round.bytes", "label": "MB", "scale": 2 ** -20}]), "g")
+    s = [fake_summary(0.5, 0.9, rtt={"0.55": 3}, mb=[2 ** 20, 3 * 2 ** 20]),
+         fake_summary(0.7, None, rtt={"0.55": None}, mb=[2 ** 20])]
+    results = [{"run": 0, "status": "done", "summary": s[0], "dir": "a"},
+               {"run": 1, "status": "done", "summary": s[1], "dir": "b"},
+               {"run": 2, "status": "failed", "reason": "RuntimeError: boom | pipe", "summary": None},
+               {"run": 3, "status": "done", "summary": fake_summary(0.25)}]
+    table = fg.aggregate(g, results)
+    r0, r1 = table["rows"]
+    cell = r0["metrics"]["balanced_accuracy"]
+    assert cell["mean"] == pytest.approx(0.6) and cell["sd"] == pytest.approx(0.1414213562)  # sample SD
+    assert r0["metrics"]["auc"]["n"] == 1 and r0["metrics"]["rounds_to_target.0.55"]["values"] == [3.0]
+    assert r0["metrics"]["MB"]["values"] == [2 * 2 ** 20, 2 ** 20]  # mean over each run's rounds (bytes; scaled when shown)
+    assert r1["done"] == 1 and r1["runs"][0]["status"] == "failed"
+    md = fg.render_markdown(table)
+    assert "| fedavg | 60.00 ± 14.14 | 90.00 (1/2) | 3.00 (1/2) | 1.50 ± 0.71 | 2/2 |" in md
+    assert "| fedprox | 25.00 | n/a | n/a | n/a | 1/2; failed: r01-fedprox-s0: RuntimeError: boom \\| pipe |" in md
+    json.dumps(table, allow_nan=False)
+
+
+def test_all_runs_failed_row_says_failed():
+    g = fg.parse_grid(spec(seeds=[0]), "g")
+    table = fg.aggregate(g, [{"run": 0, "status": "failed", "reason": "x"},
+                             {"run": 1, "status": "done", "summary": fake_summary(1.0)}])
+    md = fg.render_markdown(table)
+    assert "| fedavg | failed | 0/1; failed: r00-fedavg-s0: x |" in md and "| fedprox | 100.00 | 1/1 |" in md
+
+
+def test_per_client_tables_and_gta():
+    g = fg.parse_grid({"grid": {"seeds": [0, 1], "table": "per-client", "metrics": ["accuracy"],
+                                "axes": {"method": ["flbt"]}}}, "g")
+
+    def s(a0, a1):
+        return {"final": {"accuracy": (a0 + a1) / 2, "per_client": {"0": {"accuracy": a0}, "1": {"accuracy": a1}}}}
+
+    table = fg.aggregate(g, [{"run": 0, "status": "done", "summary": s(0.8, 0.6)},
+                             {"run": 1, "status": "done", "summary": s(1.0, 0.6)}])
+    assert table["clients"] == ["0", "1"]
+    md = fg.render_markdown(table)
+    c1, c2, gta = md.split("**C1**")[1], md.split("**C2**")[1], md.split("**GTA**")[1]
+    assert "| flbt | 90.00 ± 14.14 | 2/2 |" in c1.split("**C2**")[0]
+    assert "| flbt | 60.00 ± 0.00 | 2/2 |" in c2.split("**GTA**")[0]
+    assert "| flbt | 75.00 ± 7.07 | 2/2 |" in gta
+
+
+def test_lookup_is_greedy_on_keys_with_dots():
+    summary = {"rounds_to_target": {"0.55": 4}, "config": {"num-server-rounds": 9}, "a": {"b.c": {"d": 1}}}
+    assert fg.lookup(summary, "rounds_to_target.0.55") == 4
+    assert fg.lookup(summary, "config.num-server-rounds") == 9
+    assert fg.lookup(summary, "a.b.c.d") == 1 and fg.lookup(summary, "a.x") is None
+
+
+# --------------------------------------------------------------------------- runner: resume, failures
+def write_grid(path, rows=("fedavg", "fedprox"), seeds=(0,)):
+    path.write_text(f"[grid]\ntitle = 'T'\nseeds = {list(seeds)}\nmetrics = ['balanced_accuracy']\n"
+                    f"[grid.axes]\nmethod = {json.dumps(list(rows))}\n[run-config]\n"
+                    + "".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in TINY.items()))
+    return path
+
+
+def test_run_grid_records_failures_and_resume_skips_finished_runs(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_simulate(overrides, *args, **kwargs):
+        calls.append(overrides["run-name"])
+        if overrides["method"] == "fedprox" and len(calls) <= 2:
+            raise RuntimeError("client 1 ran out of memory")
+        run_dir = Path(overrides["output-dir"]) / overrides["run-name"]
+        run_dir.mkdir(parents=True)
+        config = sim.resolved_run_config({k: v for k, v in overrides.items() if k != "resume"})
+        bacc = {"fedavg": 0.5, "fedprox": 0.75}[overrides["method"]]
+        (run_dir / "summary.json").write_text(json.dumps({"config": config, "final": {"balanced_accuracy": bacc}}))
+        return run_dir
+
+    monkeypatch.setattr(sim, "simulate", fake_simulate)
+    grid_file, out, lines = write_grid(tmp_path / "g.toml"), tmp_path / "out", []
+    table_md = sim.run_grid(str(grid_file), out=str(out), echo=lines.append)
+    assert calls == ["r00-fedavg-s0", "r01-fedprox-s0"]
+    assert re.match(r"run 2/2: method=fedprox seed=0 \.\.\. \d+ s FAILED: RuntimeError: client 1 ran out of memory",
+                    lines[2])
+    md = table_md.read_text()
+    assert "| fedavg | 50.00 | 1/1 |" in md and "| fedprox | failed | 0/1; failed: r01-fedprox-s0: RuntimeError" in md
+    # an incomplete folder left by a dead run (no checkpoint) is moved aside, not lost
+    (out / "r01-fedprox-s0").mkdir()
+    (out / "r01-fedprox-s0" / "summary.json").write_text(json.dumps({"final": None}))
+    lines.clear()
+    sim.run_grid(str(grid_file), out=str(out), echo=lines.append)
+    assert calls[2:] == ["r01-fedprox-s0"]  # fedavg was not run again
+    assert lines[1] == "run 1/2: method=fedavg seed=0 ... done before, skipped"
+    assert (out / "r01-fedprox-s0.incomplete-1" / "summary.json").exists()
+    table = json.loads((out / "table.json").read_text())
+    assert [r["metrics"]["balanced_accuracy"]["mean"] for r in table["rows"]] == [0.5, 0.75]
+    # a finished run with other settings is not reused silently
+    with pytest.raises(fg.GridError, match=r"r00-fedavg-s0 holds a finished run with other settings "
+                                           r"\(num-server-rounds: 1 there, 2 now\)"):
+        sim.run_grid(str(grid_file), out=str(out), sets={"num-server-rounds": 2}, echo=lines.append)
+
+
+def test_incomplete_run_with_a_checkpoint_is_resumed(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_simulate(overrides, *args, **kwargs):
+        seen.append(overrides.get("resume"))
+        run_dir = Path(overrides["output-dir"]) / overrides["run-name"]
+        (run_dir / "summary.json").write_text(json.dumps({"config": {}, "final": {"balanced_accuracy": 1.0}}))
+        return run_dir
+
+    monkeypatch.setattr(sim, "simulate", fake_simulate)
+    out = tmp_path / "out"
+    (out / "r00-fedavg-s0").mkdir(parents=True)
+    (out / "r00-fedavg-s0" / "checkpoint-round-1.pt").write_bytes(b"")
+    lines = []
+    sim.run_grid(str(write_grid(tmp_path / "g.toml", rows=["fedavg"])), out=str(out), echo=lines.append)
+    assert seen == [str(out / "r00-fedavg-s0")] and "(resumed)" in lines[1]
+
+
+def test_cli_set_takes_toml_values_with_spaces_and_bad_grids_exit_2(tmp_path, monkeypatch, capsys):
+    assert sim.parse_sets(['grid.axes.data=[{name="Organ C", dirichlet-alpha=0.5}]', "lr=0.5 seed=1"]) == {
+        "grid.axes.data": [{"name": "Organ C", "dirichlet-alpha": 0.5}], "lr": 0.5, "seed": 1}
+    seen = []
+
+    def fake_simulate(overrides, num_supernodes, *args, **kwargs):
+        seen.append((overrides["run-name"], overrides["finetune-rounds"], num_supernodes))
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(sim, "simulate", fake_simulate)
+    grid_file = write_grid(tmp_path / "g.toml", rows=["fedavg"])
+    assert sim.main(["--grid", str(grid_file), "--out", str(tmp_path / "o"), "--seeds", "3",
+                     "--set", "finetune-rounds=4", "grid.num-supernodes=3"]) == 0
+    assert seen == [("r00-fedavg-s3", 4, 3)]
+    assert "table: " + str(tmp_path / "o" / "table.md") in capsys.readouterr().out
+    assert sim.main(["--grid", str(grid_file), "--set", "grid.seed=[1]"]) == 2
+    assert "unknown grid key 'grid.seed'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- configs/ cannot rot
+CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_config_parses_and_its_rows_load(path):
+    full = fg.load_grid(path, load_config=registry.load_config, valid_keys=VALID)
+    quick = fg.load_grid(path, quick=True, load_config=registry.load_config, valid_keys=VALID)
+    assert full.title.startswith(path.stem[:3])  # the title cites the paper
+    for run in quick.runs():  # --quick must stay small enough for 2 CPU cores
+        cfg = registry.load_config(run.overrides)
+        assert cfg.model in ("tiny-cnn", "vit-micro") and cfg.image_size <= 32 and cfg.dataset == "synthetic"
+        assert cfg.num_server_rounds <= 8 and cfg.synthetic_per_class <= 40
+    assert quick.num_supernodes <= 4 and len(quick.seeds) == 1
+
+
+def test_configs_exist_for_the_paper_tables():
+    names = {p.stem for p in CONFIGS}
+    assert {"000-fedclf-table1", "000-fedclf-table2", "000-fedclf-fig6", "000-fedmae-table3", "000-fedmae-table4",
+            "000-fedmae-table5", "003-table3", "003-table9", "002-sift-tables-1-2", "002-sift-fig4",
+            "004-tables-2-4", "004-tables-5-7", "004-tables-8-10"} <= names
+
+
+# --------------------------------------------------------------------------- end to end
+def test_grid_end_to_end_table_equals_the_runs_summaries(tmp_path):
+    """2 rows × 1 seed, tiny CNN, 1 round, through the real simulation."""
+    out = tmp_path / "grid"
+    table_md = sim.run_grid(str(write_grid(tmp_path / "e2e.toml")), out=str(out), echo=lambda *_: None)
+    table = json.loads((out / "table.json").read_text())
+    md = table_md.read_text()
+    for row in table["rows"]:
+        (run,) = row["runs"]
+        assert run["status"] == "done" and Path(run["dir"]) == out / run["name"]
+        summary = json.loads((Path(run["dir"]) / "summary.json").read_text())
+        assert summary["config"]["method"] == row["axes"]["method"]
+        value = summary["final"]["balanced_accuracy"]
+        assert row["metrics"]["balanced_accuracy"]["values"] == [value]
+        assert f"| {row['axes']['method']} | {100 * value:.2f} | 1/1 |" in md
+    assert (out / "logs" / "r00-fedavg-s0.log").exists()  # (under pytest's capture Flower writes elsewhere)
