@@ -54,7 +54,8 @@ def timing_mod(msg, context, call_next):
     out = call_next(msg, context)
     t1 = time.time()
     entry = {"type": msg.metadata.message_type, "pid": os.getpid(),
-             "partition": context.node_config.get("partition-id"), "t0": t0, "t1": t1, "work": _WORK[0]}
+             "partition": context.node_config.get("partition-id"), "t0": t0, "t1": t1, "work": _WORK[0],
+             "threads": __import__("torch").get_num_threads()}
     with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a", encoding="utf-8") as fh:
         fh.write(json.dumps(entry) + "\n")
     return out
