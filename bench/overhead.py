@@ -55,6 +55,7 @@ class Settings:
     rounds: int = 5
     seed: int = 0
     workdir: str = ""
+    extra: dict = dataclasses.field(default_factory=dict)  # more run-config keys (bench/scale.py)
 
     def overrides(self) -> dict:
         return {"method": self.method, "model": self.model, "image-size": self.image_size,
@@ -62,7 +63,7 @@ class Settings:
                 "batch-size": self.batch_size, "num-server-rounds": self.rounds, "seed": self.seed,
                 "min-clients": self.clients, "optimizer": "adam", "lr": 1e-3, "lr-schedule": "cosine",
                 "cache-dir": str(Path(self.workdir) / "cache"), "output-dir": str(Path(self.workdir) / "runs"),
-                **METHOD_KEYS.get(self.method, {})}
+                **METHOD_KEYS.get(self.method, {}), **self.extra}
 
 
 # ----------------------------------------------------------------------------- A: plain loop
@@ -214,6 +215,7 @@ def run_plain(s: Settings) -> dict:
 # ----------------------------------------------------------------------------- B: fedderm
 def run_fedderm(s: Settings) -> dict:
     t0 = benchlib.launch_time()
+    Path(s.workdir).mkdir(parents=True, exist_ok=True)
     trace = tempfile.mkdtemp(prefix="trace-", dir=s.workdir)
     os.environ["FEDDERM_BENCH_TRACE"] = trace
     import sim
@@ -250,7 +252,10 @@ def run_fedderm(s: Settings) -> dict:
     for rnd in range(0, s.rounds + 1):
         lo, hi = bounds[rnd], bounds[rnd + 1]
         work[rnd] = sum(e["work"] for e in entries if lo <= e["t0"] < hi)
-    return _summarise(t0, ev["start"], ev["round-0"], ends, work, t_end)
+    result = _summarise(t0, ev["start"], ev["round-0"], ends, work, t_end)
+    result["threads"] = sorted({e.get("threads") for e in entries})
+    result["workers"] = len({e["pid"] for e in entries})
+    return result
 
 
 def _summarise(t0, start, round0_end, ends, work, t_end) -> dict:

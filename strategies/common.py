@@ -469,7 +469,7 @@ def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) ->
     strategy.recorder.update_extra({"rounds_to_target": reached})
     log(INFO, "rounds to reach mean val %s %s: %s", SELECTION_METRIC,
         ", ".join(reached) or "(no targets)", ", ".join(str(v) for v in reached.values()) or "-")
-    strategy.recorder.save_model(final.to_torch_state_dict())
-    strategy.recorder.save_model(best.to_torch_state_dict(), name="model-best.pt")
+    strategy.recorder.save_model(records.to_state_dict(final))
+    strategy.recorder.save_model(records.to_state_dict(best), name="model-best.pt")
     return final
 
