@@ -147,15 +147,15 @@ def plain_worker(tasks, results, s: Settings) -> None:
             results.put((kind, pid, metrics, time.perf_counter() - t))
 
 
-def _average(replies: list[tuple[dict, int]], keep_local: bool) -> dict:
-    """Weighted mean in torch (integer buffers rounded back to their dtype); with ``keep_local``
-    (FedBN) the BatchNorm entries are left out."""
+def _average(replies: list[tuple[dict, int]], local_keys: set[str]) -> dict:
+    """Weighted mean in torch (integer buffers rounded back to their dtype), leaving out
+    ``local_keys`` (FedBN: the BatchNorm entries stay with each client)."""
     import torch
 
     total = sum(n for _, n in replies)
     out = {}
     for key, first in replies[0][0].items():
-        if keep_local and ("bn" in key or "downsample.1" in key or "running_" in key):
+        if key in local_keys:
             continue
         acc = sum(torch.from_numpy(w[key]).double() * (n / total) for w, n in replies)
         out[key] = (acc.round() if first.dtype.kind in "iu" else acc).to(torch.from_numpy(first).dtype).numpy()
@@ -180,7 +180,14 @@ def run_plain(s: Settings) -> dict:
     for _ in procs:
         results.get()
     cfg = registry.load_config(s.overrides())
-    weights = {k: v.numpy().copy() for k, v in create_model(cfg.model, 5, cfg.image_size).state_dict().items()}
+    model = create_model(cfg.model, 5, cfg.image_size)
+    weights = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    if s.method == "fedbn":
+        from fedderm.flbt import batchnorm_keys
+
+        bn = set(batchnorm_keys(model))
+    else:
+        bn = set()
     local: dict[int, dict] = {}  # FedBN: every client's own BatchNorm entries
 
     def wave(kind: str, rnd: int) -> tuple[list, float]:
@@ -197,11 +204,10 @@ def run_plain(s: Settings) -> dict:
     for rnd in range(1, s.rounds + 1):
         got, w_train = wave("train", rnd)
         replies = [g[2] for g in got]
-        weights = {**weights, **_average(replies, keep_local=s.method == "fedbn")}
-        if s.method == "fedbn":
-            for (_, pid, (w, _), _) in got:
-                local[pid] = {k: v for k, v in w.items() if k not in weights or
-                              ("bn" in k or "downsample.1" in k or "running_" in k)}
+        weights = {**weights, **_average(replies, bn)}
+        for (_, pid, (w, _), _) in got:
+            if bn:
+                local[pid] = {k: v for k, v in w.items() if k in bn}
         work[rnd] = w_train + wave("val", rnd)[1]
         ends[rnd] = time.time()
     wave("test", s.rounds)

@@ -27,6 +27,9 @@ from fedderm.metrics import SELECTION_METRIC
 from fedderm.results import RunRecorder
 
 POLL_INTERVAL = 0.1  # seconds between pulls in send_and_receive_fast
+#: between pulls on the simulation's in-memory grid, where a pull costs ~0.3 ms: every wave of
+#: messages (train, evaluate, ring hop) ends within 20 ms of its last reply instead of 100 ms
+IN_MEMORY_POLL_INTERVAL = 0.02
 
 
 def send_and_receive_fast(grid: Grid, messages: Iterable[Message], timeout: float | None = None,
@@ -66,7 +69,10 @@ class FastPollGrid(Grid):
     ``Strategy.start``) gets replies within ``poll_interval`` of their arrival.
     """
 
-    def __init__(self, grid: Grid, poll_interval: float = POLL_INTERVAL):
+    def __init__(self, grid: Grid, poll_interval: float | None = None):
+        if poll_interval is None:  # in memory (simulation): pulls are cheap, poll more often
+            in_memory = type(grid).__name__ == "InMemoryGrid"
+            poll_interval = IN_MEMORY_POLL_INTERVAL if in_memory else POLL_INTERVAL
         self.inner, self.poll_interval = grid, poll_interval
 
     def set_run(self, run):
