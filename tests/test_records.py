@@ -103,29 +103,3 @@ def test_fedderm_fedavg_aggregates_like_flowers_fedavg(tmp_path):
     assert metrics["train_loss"] == pytest.approx((30 * 1 + 50 * 2 + 20 * 3) / 100)
     assert dict(metrics) == {k: v for k, v in ref_metrics.items() if k != "partition-id"}  # taken out per client
 
-
-def test_preload_imports_once_and_names_the_model_library():
-    import sys
-
-    from fedderm.warmup import libraries_for, preload
-
-    assert libraries_for("resnet18") == ["torchvision"]
-    assert libraries_for("vit-tiny", metrics=True) == ["timm", "sklearn.metrics"]
-    thread = preload(["json", "fedderm_no_such_module"])  # a failing import is left to the real one
-    thread.join()
-    assert "json" in sys.modules and "fedderm_no_such_module" not in sys.modules
-    assert preload(["json"]) is None  # once per process
-
-
-def test_fast_poll_grid_polls_the_in_memory_grid_more_often():
-    from strategies.common import IN_MEMORY_POLL_INTERVAL, POLL_INTERVAL, FastPollGrid
-
-    class InMemoryGrid:  # stands for Flower's simulation grid (matched by class name)
-        pass
-
-    class HttpGrid:
-        pass
-
-    assert FastPollGrid(InMemoryGrid()).poll_interval == IN_MEMORY_POLL_INTERVAL < POLL_INTERVAL
-    assert FastPollGrid(HttpGrid()).poll_interval == POLL_INTERVAL
-    assert FastPollGrid(HttpGrid(), poll_interval=0.5).poll_interval == 0.5
