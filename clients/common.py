@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+import records
 import registry
 from fedderm.config import Config
 from fedderm.data import ClientData, DataError, load_client_data
@@ -26,8 +27,13 @@ from fedderm.models import create_model
 from fedderm.node import NodeSettings, parse_node_config
 from fedderm.train import evaluate as evaluate_model
 from fedderm.train import resolve_device
+from fedderm.warmup import libraries_for, preload
 
 _SESSIONS: dict[tuple, "ClientSession"] = {}
+#: The default classifier, one per (model, classes, image size) and process: every client session
+#: of a simulation worker shares it (it is always loaded with a full state before use), so a
+#: worker serving 50 clients holds one ResNet, not 50.
+_CLASSIFIERS: dict[tuple, torch.nn.Module] = {}
 
 
 @dataclass
@@ -43,15 +49,22 @@ class ClientSession:
               factory: Callable[[], torch.nn.Module] | None = None,
               build: Callable[[], torch.nn.Module] | None = None) -> torch.nn.Module:
         """The client's model ``key`` (built once per process by ``factory``, alias ``build``;
-        default: the classifier ``cfg.model``), loaded with ``arrays`` if given, on the client's
+        default: the classifier ``cfg.model``, shared by the clients of a process: load it with
+        ``arrays`` or a full state before use), loaded with ``arrays`` if given, on the client's
         device."""
         factory = factory or build
         if key not in self._models:
-            default = lambda: create_model(self.cfg.model, self.data.num_classes, self.cfg.image_size)  # noqa: E731
-            self._models[key] = (factory or default)()
+            if factory is None and key == "classifier":
+                shared = (self.cfg.model, self.data.num_classes, self.cfg.image_size, str(self.device))
+                if shared not in _CLASSIFIERS:
+                    _CLASSIFIERS[shared] = create_model(self.cfg.model, self.data.num_classes, self.cfg.image_size)
+                self._models[key] = _CLASSIFIERS[shared]
+            else:
+                self._models[key] = (factory or (lambda: create_model(
+                    self.cfg.model, self.data.num_classes, self.cfg.image_size)))()
         model = self._models[key]
-        if arrays is not None:
-            model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+        if arrays is not None:  # read-only views of the message's bytes; load_state_dict copies
+            model.load_state_dict(records.to_state_dict(arrays), strict=True)
         return model.to(self.device)
 
     def seed(self, server_round: int, salt: int = 0) -> int:
@@ -115,6 +128,7 @@ def info(msg: Message, context: Context) -> Message:
     if len(msg.content["config"]):
         context.state[RUN_CONFIG] = msg.content["config"]
     s = session(context)
+    preload(libraries_for(s.cfg.model, metrics=True))  # while the server builds the first model
     sp = s.data.split
     record = ConfigRecord({"classes": list(s.data.classes), "partition-id": s.partition_id, "site": s.node.site,
                            "train": len(sp.train), "labelled": len(sp.labelled), "val": len(sp.val),

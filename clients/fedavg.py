@@ -5,9 +5,10 @@ The proximal term is on when the server's config carries ``proximal-mu`` > 0 (Fl
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import Context, Message
 
 from fedderm.train import round_lr, train_supervised
+from records import to_record
 
 from .common import evaluate_split, reply, session
 
@@ -24,7 +25,7 @@ def train(msg: Message, context: Context) -> Message:
         optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
         proximal_mu=float(config.get("proximal-mu", 0.0)), seed=s.seed(server_round), device=s.device)
     metrics["partition-id"] = s.partition_id
-    return reply(msg, metrics, ArrayRecord(model.state_dict()))
+    return reply(msg, metrics, to_record(model.state_dict()))  # ArrayRecord(...)'s bytes, one copy
 
 
 def evaluate(msg: Message, context: Context) -> Message:

@@ -108,6 +108,7 @@ def train_epochs(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, l
             opt.step()
             loss_sum += loss.item() * len(yb)
             seen += len(yb)
+    opt.zero_grad(set_to_none=True)  # the gradients are not needed after training: free their memory
     return {"train_loss": loss_sum / max(seen, 1), "num-examples": int(len(labels))}
 
 

@@ -14,9 +14,12 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+import records
 
 from clients.transport import decode_message, encode_message
 
@@ -27,6 +30,9 @@ from fedderm.results import RunRecorder
 from fedderm.transport import wire_nbytes
 
 POLL_INTERVAL = 0.1  # seconds between pulls in send_and_receive_fast
+#: between pulls on the simulation's in-memory grid, where a pull costs ~0.3 ms: every wave of
+#: messages (train, evaluate, ring hop) ends within 20 ms of its last reply instead of 100 ms
+IN_MEMORY_POLL_INTERVAL = 0.02
 
 
 def send_and_receive_fast(grid: Grid, messages: Iterable[Message], timeout: float | None = None,
@@ -66,7 +72,10 @@ class FastPollGrid(Grid):
     ``Strategy.start``) gets replies within ``poll_interval`` of their arrival.
     """
 
-    def __init__(self, grid: Grid, poll_interval: float = POLL_INTERVAL, transport: str = "float32"):
+    def __init__(self, grid: Grid, poll_interval: float | None = None, transport: str = "float32"):
+        if poll_interval is None:  # in memory (simulation): pulls are cheap, poll more often
+            in_memory = type(grid).__name__ == "InMemoryGrid"
+            poll_interval = IN_MEMORY_POLL_INTERVAL if in_memory else POLL_INTERVAL
         self.inner, self.poll_interval = grid, poll_interval
         #: ``transport-dtype``: outgoing arrays are encoded in it, replies decoded back to float32
         self.transport = transport
@@ -184,7 +193,7 @@ def reply_problem(reply: ArrayRecord | None, template: ArrayRecord) -> str | Non
         got = reply[key]
         if tuple(got.shape) != tuple(sent.shape) or got.dtype != sent.dtype:
             return f"{key!r} is {got.dtype}{list(got.shape)}, expected {sent.dtype}{list(sent.shape)}"
-        values = got.numpy()
+        values = records.values(got)  # a view: no decoding copy
         if values.dtype.kind == "f" and not np.isfinite(values).all():
             return f"{key!r} holds non-finite values (NaN or inf)"
     return None
@@ -207,10 +216,10 @@ def cast_like(arrays: ArrayRecord, template: ArrayRecord) -> ArrayRecord:
         if array.dtype == want:
             out[key] = array
         else:
-            values = array.numpy()
+            values = records.values(array)
             dtype = np.dtype(want)
             cast = np.rint(values).astype(dtype) if dtype.kind in "iu" else values.astype(dtype)
-            out[key] = Array(np.asarray(cast))
+            out[key] = records.to_array(np.asarray(cast))
     return ArrayRecord(out)
 
 
@@ -330,7 +339,7 @@ class Tracked:
             log(WARNING, "%s round %d: %d usable replies < min-clients=%d; the global model is kept",
                 self.stage, server_round, len(replies), self.cfg.min_clients)
             return None, None
-        arrays, metrics = super().aggregate_train(server_round, replies)
+        arrays, metrics = self._aggregate(server_round, replies)
         if arrays is not None and self.sent is not None:
             arrays = cast_like(arrays, self.sent)
         return arrays, metrics
@@ -340,6 +349,22 @@ class Tracked:
         if isinstance(content, ArrayRecord):
             return record_bytes(content, self.cfg.transport_dtype)
         return array_bytes(content, self.cfg.transport_dtype)
+
+    def _aggregate(self, server_round: int, replies: list[Message]):
+        """The next strategy's ``aggregate_train``; Flower's own FedAvg one is replaced by the same
+        checks and metric aggregation with :func:`records.weighted_mean` (same bits, no decoding
+        copies: 0.1 s instead of 0.4-0.7 s for 4 ResNet-18 replies on 2 loaded cores)."""
+        following = super().aggregate_train
+        if getattr(following, "__func__", None) is not FedAvg.aggregate_train:
+            return following(server_round, replies)
+        valid, _ = self._check_and_log_replies(replies, is_train=True)
+        if not valid:
+            return None, None
+        contents = [msg.content for msg in valid]
+        weights = [float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents]
+        # Flower's checks above leave exactly one ArrayRecord per reply
+        arrays = records.weighted_mean([next(iter(c.array_records.values())) for c in contents], weights)
+        return arrays, self.train_metrics_aggr_fn(contents, self.weighted_by_key)
 
     def count_traffic(self, *, down: int = 0, up: int = 0, messages: int = 0) -> None:
         """Add model traffic to the current round's count (logged and recorded by after_round)."""
@@ -385,7 +410,7 @@ class Tracked:
         score = self.last_mean.get(SELECTION_METRIC, float("nan"))
         if score == score and score > self.best_score:
             self.best_round, self.best_score = server_round, score
-            self.best_arrays = ArrayRecord(arrays.to_torch_state_dict())
+            self.best_arrays = records.copy_record(arrays)  # Arrays are immutable: no data copy
         train = _mean_train_loss(self.train_per_client)
         if self.traffic is not None and server_round > 0:
             t = self.traffic
@@ -406,7 +431,7 @@ class Tracked:
     def state_dict(self) -> dict[str, Any]:
         """Server-side state a checkpoint must hold to continue exactly (extend in subclasses)."""
         return {"best_round": self.best_round, "best_score": self.best_score,
-                "best_arrays": None if self.best_arrays is None else self.best_arrays.to_torch_state_dict(),
+                "best_arrays": None if self.best_arrays is None else records.to_state_dict(self.best_arrays),
                 "last_mean": dict(self.last_mean), "traffic_log": list(self.traffic_log),
                 "time_log": list(self.time_log)}
 
@@ -455,7 +480,7 @@ def run_rounds(strategy: Tracked, grid: Grid, arrays: ArrayRecord, *, evaluate: 
             strategy.evaluate_round(view, server_round, arrays, "val", cfg.round_timeout)
         (on_round or strategy.after_round)(server_round, arrays)
         save_checkpoint(recorder.run_dir, strategy.stage, server_round,
-                        {"arrays": arrays.to_torch_state_dict(), "strategy": strategy.state_dict(),
+                        {"arrays": records.to_state_dict(arrays), "strategy": strategy.state_dict(),
                          "recorder": recorder.state()}, keep=cfg.keep_checkpoints)
     return arrays
 
@@ -473,7 +498,7 @@ def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) ->
     strategy.recorder.update_extra({"rounds_to_target": reached})
     log(INFO, "rounds to reach mean val %s %s: %s", SELECTION_METRIC,
         ", ".join(reached) or "(no targets)", ", ".join(str(v) for v in reached.values()) or "-")
-    strategy.recorder.save_model(final.to_torch_state_dict())
-    strategy.recorder.save_model(best.to_torch_state_dict(), name="model-best.pt")
+    strategy.recorder.save_model(records.to_state_dict(final))
+    strategy.recorder.save_model(records.to_state_dict(best), name="model-best.pt")
     return final
 

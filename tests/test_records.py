@@ -1,0 +1,105 @@
+"""records.py: fast ArrayRecord <-> tensor conversions and the weighted mean, against Flower's own."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
+from flwr.supercore.task_identity import TaskIdentity
+
+import records
+import registry
+from fedderm.results import RunRecorder
+from strategies.common import cast_like
+from strategies.fedavg import build_strategy
+
+
+def _state(seed: int) -> dict[str, np.ndarray]:
+    """A state dict with every kind of entry a model has (and a few it might)."""
+    rng = np.random.default_rng(seed)
+    return {"conv.weight": rng.normal(size=(8, 3, 3, 3)).astype(np.float32),
+            "bn.running_mean": rng.normal(size=8).astype(np.float32),
+            "bn.num_batches_tracked": np.array(int(rng.integers(1, 100)), np.int64),
+            "half": rng.normal(size=(5, 7)).astype(np.float16),
+            "double": rng.normal(size=3),
+            "mask": rng.random(6) > 0.5,
+            "count": rng.integers(0, 9, size=(2, 2)).astype(np.int32)}
+
+
+def test_values_is_a_zero_copy_view_equal_to_flower_numpy():
+    for key, value in _state(0).items():
+        array = Array(value)
+        view = records.values(array)
+        assert view.dtype == value.dtype and view.shape == value.shape, key
+        assert np.array_equal(view, array.numpy()) and np.array_equal(view, value), key
+        assert not view.flags.writeable and not view.flags.owndata  # a view of the bytes, not a copy
+    fortran = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    assert np.array_equal(records.values(Array(fortran)), fortran)  # falls back to Flower's decoder
+
+
+def test_to_array_writes_flowers_bytes_and_round_trips():
+    state = _state(1)
+    for key, value in state.items():
+        assert records.to_array(value).data == Array(value).data, key
+        assert records.to_array(torch.from_numpy(value)).data == Array(value).data, key
+    strided = np.arange(20, dtype=np.float32).reshape(4, 5)[:, ::2]
+    assert np.array_equal(records.to_array(strided).numpy(), strided)
+    tensors = records.to_state_dict(records.to_record(state))
+    assert list(tensors) == list(state)
+    assert all(torch.equal(tensors[k], torch.from_numpy(v)) for k, v in state.items())
+    model = torch.nn.BatchNorm1d(4)
+    model.load_state_dict(records.to_state_dict(records.to_record(model.state_dict())))  # loads (copies)
+
+
+def test_weighted_mean_is_flowers_aggregation_bit_for_bit():
+    states, weights = [_state(s) for s in range(3)], [255, 260, 17]
+    recs = [ArrayRecord({k: Array(v) for k, v in st.items()}) for st in states]
+    contents = [RecordDict({"arrays": r, "metrics": MetricRecord({"num-examples": n})}) for r, n in zip(recs, weights)]
+    ours, flowers = records.weighted_mean(recs, weights), aggregate_arrayrecords(contents, "num-examples")
+    assert list(ours) == list(flowers)
+    for key in flowers:
+        assert ours[key].dtype == flowers[key].dtype and ours[key].data == flowers[key].data, key
+    # ... which is the weighted mean (float tolerance, float64 reference)
+    total = sum(weights)
+    for key in ("conv.weight", "double", "bn.num_batches_tracked"):
+        expected = sum(st[key].astype(np.float64) * n / total for st, n in zip(states, weights))
+        assert np.allclose(ours[key].numpy(), expected, rtol=1e-6, atol=1e-7), key
+
+
+def test_cast_like_restores_integer_and_half_dtypes():
+    template = ArrayRecord({k: Array(v) for k, v in _state(0).items()})
+    mean = records.weighted_mean([template, ArrayRecord({k: Array(v) for k, v in _state(1).items()})], [1, 3])
+    assert mean["bn.num_batches_tracked"].dtype == "float64" and mean["mask"].dtype == "float64"
+    cast = cast_like(mean, template)
+    for key, array in template.items():
+        assert cast[key].dtype == array.dtype and tuple(cast[key].shape) == tuple(array.shape), key
+    expected = np.rint(0.25 * _state(0)["bn.num_batches_tracked"] + 0.75 * _state(1)["bn.num_batches_tracked"])
+    assert int(cast["bn.num_batches_tracked"].numpy()) == int(expected)
+
+
+def test_fedderm_fedavg_aggregates_like_flowers_fedavg(tmp_path):
+    """Tracked's aggregation path gives Flower FedAvg's global model (then integer buffers cast back)
+    and Flower's weighted train metrics."""
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 1
+    cfg = registry.load_config({"min-clients": 1})
+    strategy = build_strategy(cfg, RunRecorder(tmp_path, "fedavg", cfg.to_flat()))
+    strategy.sent = ArrayRecord({k: Array(v) for k, v in _state(9).items()})
+    strategy._sent_to = [11, 12, 13]
+
+    def reply(node, seed, n):
+        instr = Message(RecordDict({"config": ConfigRecord()}), dst_node_id=node, message_type="train")
+        return Message(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in _state(seed).items()}),
+                                   "metrics": MetricRecord({"num-examples": n, "train_loss": float(seed),
+                                                            "partition-id": node - 11})}), reply_to=instr)
+
+    arrays, metrics = strategy.aggregate_train(1, [reply(11, 1, 30), reply(12, 2, 50), reply(13, 3, 20)])
+    plain = FedAvg(min_available_nodes=1)
+    ref_arrays, ref_metrics = plain.aggregate_train(1, [reply(11, 1, 30), reply(12, 2, 50), reply(13, 3, 20)])
+    ref_arrays = cast_like(ref_arrays, strategy.sent)
+    for key in ref_arrays:
+        assert arrays[key].dtype == strategy.sent[key].dtype
+        assert np.array_equal(arrays[key].numpy(), ref_arrays[key].numpy()), key
+    assert metrics["train_loss"] == pytest.approx((30 * 1 + 50 * 2 + 20 * 3) / 100)
+    assert dict(metrics) == {k: v for k, v in ref_metrics.items() if k != "partition-id"}  # taken out per client
+
