@@ -34,14 +34,15 @@ def test_fast_poll_grid_polls_the_in_memory_grid_more_often():
 
 
 def test_every_client_of_a_process_reuses_one_partition_of_the_pool(tmp_path, monkeypatch):
-    cfg = registry.load_config({"synthetic-per-class": 6, "image-size": 16, "partition": "iid",
-                                "synthetic-sites": 1, "cache-dir": str(tmp_path)})
+    cfg = registry.load_config({"synthetic-per-class": 4, "image-size": 16, "partition": "source",
+                                "cache-dir": str(tmp_path)})  # one site per client
     calls = []
     real = data.partition_indices
     monkeypatch.setattr(data, "partition_indices", lambda *a, **k: calls.append(a) or real(*a, **k))
     clients = [data.load_client_data(cfg, p, 5) for p in range(5)]
     assert len(calls) == 1  # not once per client
-    fresh = real("iid", clients[0].pool.labels, 5, seed=cfg.seed)
+    pool = clients[0].pool
+    fresh = real("source", pool.labels, 5, seed=cfg.seed, sites=pool.sites, site_names=pool.site_names)
     for p, client in enumerate(clients):
         s = client.split
         assert np.array_equal(np.sort(np.concatenate([s.train, s.val, s.test])), fresh[p])
