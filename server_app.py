@@ -16,7 +16,6 @@ from records import to_record
 from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
-from fedderm.warmup import libraries_for, preload
 from strategies.common import FastPollGrid, run_federated, short_reason, wait_for_nodes
 from strategies.holdout import HoldoutGrid, finetune_holdout, holdout_nodes
 
@@ -117,7 +116,6 @@ def main(grid: Grid, context: Context) -> None:
     log(INFO, "results %s %s (on the host running the ServerApp)", "continue in" if cfg.resume else
         "will be written to", recorder.run_dir)
 
-    preload(libraries_for(cfg.model))  # while Ray and the clients start
     # the first message also loads (and on first use decodes) every client's data: wait longer
     handshake_timeout = max(cfg.round_timeout, HANDSHAKE_TIMEOUT)
     held_out = 1 if cfg.holdout_centre else 0

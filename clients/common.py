@@ -27,7 +27,6 @@ from fedderm.models import create_model
 from fedderm.node import NodeSettings, parse_node_config
 from fedderm.train import evaluate as evaluate_model
 from fedderm.train import resolve_device
-from fedderm.warmup import libraries_for, preload
 
 _SESSIONS: dict[tuple, "ClientSession"] = {}
 #: The default classifier, one per (model, classes, image size) and process: every client session
@@ -128,7 +127,6 @@ def info(msg: Message, context: Context) -> Message:
     if len(msg.content["config"]):
         context.state[RUN_CONFIG] = msg.content["config"]
     s = session(context)
-    preload(libraries_for(s.cfg.model, metrics=True))  # while the server builds the first model
     sp = s.data.split
     record = ConfigRecord({"classes": list(s.data.classes), "partition-id": s.partition_id, "site": s.node.site,
                            "train": len(sp.train), "labelled": len(sp.labelled), "val": len(sp.val),

@@ -1,22 +1,9 @@
-"""Performance fixes of issue 9 that change behaviour: import preloading, polling, partition cache."""
+"""Performance fixes of issue 9 that change behaviour: polling, partition cache."""
 
 import numpy as np
 
 import registry
 from fedderm import data
-
-
-def test_preload_imports_once_and_names_the_model_library():
-    import sys
-
-    from fedderm.warmup import libraries_for, preload
-
-    assert libraries_for("resnet18") == ["torchvision"]
-    assert libraries_for("vit-tiny", metrics=True) == ["timm", "sklearn.metrics"]
-    thread = preload(["json", "fedderm_no_such_module"])  # a failing import is left to the real one
-    thread.join()
-    assert "json" in sys.modules and "fedderm_no_such_module" not in sys.modules
-    assert preload(["json"]) is None  # once per process
 
 
 def test_fast_poll_grid_polls_the_in_memory_grid_more_often():
