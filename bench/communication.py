@@ -144,10 +144,11 @@ def main(argv: list[str] | None = None) -> int:
                 results[method][t] = per_stage(entries)
                 print(f"{method} ({t}): {len(entries)} messages audited, {time.monotonic() - start:.0f} s",
                       flush=True)
-    out = table(results, transports)
-    print(out)
-    if args.out:
-        Path(args.out).write_text(out + "\n")
+            # the table so far, after every method: a crash later loses nothing
+            print("\n".join(table({method: results[method]}, transports).split("\n")[2:]), flush=True)
+            if args.out:
+                Path(args.out).write_text(table(results, transports) + "\n")
+    print(table(results, transports))
     return 0
 
 
