@@ -65,20 +65,11 @@ def send_and_receive_fast(grid: Grid, messages: Iterable[Message], timeout: floa
     return replies
 
 
-class FastPollGrid(Grid):
-    """A Grid whose ``send_and_receive`` is :func:`send_and_receive_fast`; all else delegated.
+class WrappedGrid(Grid):
+    """A Grid that hands everything to the grid it wraps (``inner``); subclasses change a part."""
 
-    The ServerApp wraps Flower's grid in it once, so every strategy (and Flower's own
-    ``Strategy.start``) gets replies within ``poll_interval`` of their arrival.
-    """
-
-    def __init__(self, grid: Grid, poll_interval: float | None = None, transport: str = "float32"):
-        if poll_interval is None:  # in memory (simulation): pulls are cheap, poll more often
-            in_memory = type(grid).__name__ == "InMemoryGrid"
-            poll_interval = IN_MEMORY_POLL_INTERVAL if in_memory else POLL_INTERVAL
-        self.inner, self.poll_interval = grid, poll_interval
-        #: ``transport-dtype``: outgoing arrays are encoded in it, replies decoded back to float32
-        self.transport = transport
+    def __init__(self, grid: Grid):
+        self.inner = grid
 
     def set_run(self, run):
         return self.inner.set_run(run)
@@ -97,6 +88,38 @@ class FastPollGrid(Grid):
         return self.inner.get_nodes()
 
     def push_messages(self, messages):
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        return self.inner.pull_messages(message_ids)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return self.inner.send_and_receive(messages, timeout=timeout)
+
+    def __getattr__(self, name):  # anything else a concrete grid offers
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+class FastPollGrid(WrappedGrid):
+    """A Grid whose ``send_and_receive`` is :func:`send_and_receive_fast`, and whose messages
+    carry their arrays in ``transport-dtype``; all else delegated.
+
+    The ServerApp wraps Flower's grid in it once, so every strategy (and Flower's own
+    ``Strategy.start``) gets replies within ``poll_interval`` of their arrival.
+    """
+
+    def __init__(self, grid: Grid, poll_interval: float | None = None, transport: str = "float32"):
+        super().__init__(grid)
+        if poll_interval is None:  # in memory (simulation): pulls are cheap, poll more often
+            in_memory = type(grid).__name__ == "InMemoryGrid"
+            poll_interval = IN_MEMORY_POLL_INTERVAL if in_memory else POLL_INTERVAL
+        self.poll_interval = poll_interval
+        #: ``transport-dtype``: outgoing arrays are encoded in it, replies decoded back to float32
+        self.transport = transport
+
+    def push_messages(self, messages):
         return self.inner.push_messages([encode_message(m, self.transport) for m in messages])
 
     def pull_messages(self, message_ids):
@@ -104,11 +127,6 @@ class FastPollGrid(Grid):
 
     def send_and_receive(self, messages, *, timeout=None):
         return send_and_receive_fast(self, messages, timeout, self.poll_interval)
-
-    def __getattr__(self, name):  # anything else a concrete grid offers
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
 
 def record_bytes(record: ArrayRecord, transport: str = "float32") -> int:

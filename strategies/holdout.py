@@ -22,6 +22,7 @@ from flwr.serverapp import Grid
 from fedderm.config import ConfigError
 from fedderm.results import format_table
 
+from .common import WrappedGrid
 from .flbt import save_pr_curves
 
 HOLDOUT = "train.holdout"
@@ -32,11 +33,12 @@ class HoldoutError(RuntimeError):
     """A strategy tried to reach the held-out centre."""
 
 
-class HoldoutGrid(Grid):
+class HoldoutGrid(WrappedGrid):
     """``grid`` without the nodes in ``hidden``: not listed, and no message may be sent to them."""
 
     def __init__(self, grid: Grid, hidden: Iterable[int]):
-        self.inner, self.hidden = grid, frozenset(int(n) for n in hidden)
+        super().__init__(grid)
+        self.hidden = frozenset(int(n) for n in hidden)
 
     def _check(self, messages) -> list[Message]:
         messages = list(messages)
@@ -45,16 +47,6 @@ class HoldoutGrid(Grid):
             raise HoldoutError(f"a message of the federation was addressed to the held-out centre (node {bad}); "
                                "holdout-centre must never take part in training or evaluation")
         return messages
-
-    def set_run(self, run):
-        return self.inner.set_run(run)
-
-    @property
-    def run(self):
-        return self.inner.run
-
-    def create_message(self, *args, **kwargs):
-        return self.inner.create_message(*args, **kwargs)
 
     def get_node_ids(self):
         return [n for n in self.inner.get_node_ids() if n not in self.hidden]
@@ -65,16 +57,8 @@ class HoldoutGrid(Grid):
     def push_messages(self, messages):
         return self.inner.push_messages(self._check(messages))
 
-    def pull_messages(self, message_ids):
-        return self.inner.pull_messages(message_ids)
-
     def send_and_receive(self, messages, *, timeout=None):
         return self.inner.send_and_receive(self._check(messages), timeout=timeout)
-
-    def __getattr__(self, name):
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
 
 def holdout_nodes(cfg, infos: Mapping[int, Mapping]) -> list[int]:
