@@ -130,9 +130,13 @@ class FastPollGrid(WrappedGrid):
 
 
 def record_bytes(record: ArrayRecord, transport: str = "float32") -> int:
-    """Bytes of an ArrayRecord's arrays on the wire under ``transport-dtype`` (for float32 the
-    same as Flower's ``ArrayRecord.count_bytes()`` minus the key names)."""
-    return sum(wire_nbytes(array.numpy(), transport) for array in record.values())
+    """Flower's ``ArrayRecord.count_bytes()`` (serialised arrays and their key names), with
+    the arrays that travel as float16 under ``transport-dtype`` counted at their float16 size."""
+    total = record.count_bytes()
+    if transport == "float32":
+        return total
+    return total - sum(values.nbytes - wire_nbytes(values, transport)
+                       for values in (records.values(array) for array in record.values()))
 
 
 def array_bytes(content: RecordDict, transport: str = "float32") -> int:

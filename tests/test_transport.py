@@ -102,9 +102,9 @@ def test_float16_run_halves_traffic_and_still_learns(tmp_path, monkeypatch):
 
     state = create_model("tiny-cnn", len(CLASSES), 32).state_dict()
     float_bytes = sum(v.numel() * 4 for v in state.values() if v.is_floating_point())
-    int_bytes = sum(v.numel() * v.element_size() for v in state.values() if not v.is_floating_point())
-    for entry in summary["bytes_per_round"]:
-        assert entry["down"] == entry["up"] == 2 * (float_bytes // 2 + int_bytes)
+    flower_count = ArrayRecord(state).count_bytes()  # what float32 transport counts
+    for entry in summary["bytes_per_round"]:  # 2 clients; every float array at 2 bytes a number
+        assert entry["down"] == entry["up"] == 2 * (flower_count - float_bytes // 2)
 
     entries = [json.loads(line) for f in audit.glob("audit-*.jsonl") for line in f.read_text().splitlines()]
     trains = [e for e in entries if e["message_type"] == "train"]
