@@ -26,7 +26,7 @@ from fedderm.data import ClientData, DataError, load_client_data
 from fedderm.models import create_model
 from fedderm.node import NodeSettings, parse_node_config
 from fedderm.train import evaluate as evaluate_model
-from fedderm.train import resolve_device
+from fedderm.train import resolve_device, round_lr
 
 _SESSIONS: dict[tuple, "ClientSession"] = {}
 #: The default classifier, one per (model, classes, image size) and process: every client session
@@ -65,6 +65,15 @@ class ClientSession:
         if arrays is not None:  # read-only views of the message's bytes; load_state_dict copies
             model.load_state_dict(records.to_state_dict(arrays), strict=True)
         return model.to(self.device)
+
+    def local_kwargs(self, server_round: int) -> dict:
+        """The spine's local-training settings for round ``server_round`` (``lr`` under
+        ``lr-schedule``/``lr-decay``), as keyword arguments of the local training loops."""
+        cfg = self.cfg
+        return dict(epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+                    lr=round_lr(cfg.lr, server_round, cfg.num_server_rounds, cfg.lr_schedule, cfg.lr_decay),
+                    optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                    seed=self.seed(server_round), device=self.device)
 
     def seed(self, server_round: int, salt: int = 0) -> int:
         """A seed unique to (run seed, round, client): same seed, same numbers."""

@@ -17,7 +17,7 @@ from fedderm.flbt import batchnorm_keys, split_state
 from fedderm.train import train_supervised
 
 from .common import reply, session
-from .flbt import evaluation_reply, local_kwargs
+from .flbt import evaluation_reply
 
 PREFIX = "fedbn-bn-r"
 
@@ -47,7 +47,7 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(msg.content["config"]["server-round"])
     model = local_model(msg, context, server_round - 1)
     images, labels = s.data.tensors("labelled")
-    metrics = train_supervised(model, images, labels, **local_kwargs(s, server_round))
+    metrics = train_supervised(model, images, labels, **s.local_kwargs(server_round))
     shared, local = split_state(model.state_dict(), batchnorm_keys(model))
     context.state[f"{PREFIX}{server_round}"] = ArrayRecord(local)
     metrics["partition-id"] = s.partition_id

@@ -14,7 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from fedderm.flbt import build_projected_net, frozen_copy, train_flbt, train_with_model_term
 from fedderm.prcurves import pr_curves
 from fedderm.train import evaluate as evaluate_model
-from fedderm.train import predict, round_lr
+from fedderm.train import predict
 
 from .common import ClientSession, reply, session
 
@@ -23,15 +23,6 @@ def projected(s: ClientSession):
     """Builder of the 004 network on ``cfg.model`` (for ``ClientSession.model``)."""
     return lambda: build_projected_net(s.cfg.model, s.data.num_classes, s.cfg.image_size,
                                        int(s.cfg.option("flbt.proj-dim")))
-
-
-def local_kwargs(s: ClientSession, server_round: int) -> dict:
-    """The spine's local-training settings for round ``server_round``."""
-    cfg = s.cfg
-    return dict(epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-                lr=round_lr(cfg.lr, server_round, cfg.num_server_rounds, cfg.lr_schedule),
-                optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                seed=s.seed(server_round), device=s.device)
 
 
 def evaluation_reply(msg: Message, s: ClientSession, model, split: str) -> Message:
@@ -53,7 +44,7 @@ def train(msg: Message, context: Context) -> Message:
     model = s.model(msg.content["arrays"], build=projected(s))
     mu = float(config.get("flbt-mu", cfg.option("flbt.mu")))
     images, labels = s.data.tensors("labelled")
-    kwargs = local_kwargs(s, server_round)
+    kwargs = s.local_kwargs(server_round)
     if mu > 0:
         metrics = train_flbt(model, frozen_copy(model), images, labels, mu=mu, lambd=float(cfg.option("flbt.lambda")),
                              normalize=str(cfg.option("flbt.normalize")), **kwargs)

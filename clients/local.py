@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord
 from fedderm.train import train_supervised
 
 from .common import reply, session
-from .flbt import evaluation_reply, local_kwargs
+from .flbt import evaluation_reply
 
 MODEL, BEST_MODEL, BEST = "local-model", "local-best-model", "local-best"
 SELECTION_METRIC = "balanced_accuracy"
@@ -35,7 +35,7 @@ def train(msg: Message, context: Context, build=None) -> Message:
     server_round = int(msg.content["config"]["server-round"])
     model = own_model(msg, context, build=build)
     images, labels = s.data.tensors("labelled")
-    metrics = train_supervised(model, images, labels, **local_kwargs(s, server_round))
+    metrics = train_supervised(model, images, labels, **s.local_kwargs(server_round))
     context.state[MODEL] = ArrayRecord(model.state_dict())
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics)

@@ -10,7 +10,7 @@ from flwr.app import ArrayRecord, Context, Message
 from fedderm.flbt import frozen_copy, train_moon
 
 from .common import reply, session
-from .flbt import evaluate, local_kwargs, projected
+from .flbt import evaluate, projected
 
 PREVIOUS = "moon-previous"
 
@@ -27,7 +27,7 @@ def train(msg: Message, context: Context) -> Message:
         previous = frozen_copy(previous)
     images, labels = s.data.tensors("labelled")
     metrics = train_moon(model, frozen_copy(model), previous, images, labels, mu=float(cfg.option("moon.mu")),
-                         tau=float(cfg.option("moon.tau")), **local_kwargs(s, server_round))
+                         tau=float(cfg.option("moon.tau")), **s.local_kwargs(server_round))
     context.state[PREVIOUS] = ArrayRecord(model.state_dict())
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics, ArrayRecord(model.state_dict()))

@@ -11,7 +11,6 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.drift import scaffold_train
-from fedderm.train import round_lr
 
 from .common import reply, session
 from .fedavg import evaluate
@@ -21,17 +20,13 @@ STATE_KEY = "scaffold-c"
 
 def train(msg: Message, context: Context) -> Message:
     s = session(context)
-    cfg, config = s.cfg, msg.content["config"]
-    server_round = int(config["server-round"])
+    server_round = int(msg.content["config"]["server-round"])
     model = s.model(msg.content["arrays"])
     images, labels = s.data.tensors("labelled")
     c_global = msg.content["control"].to_torch_state_dict() if "control" in msg.content else {}
     c_local = context.state[STATE_KEY].to_torch_state_dict() if STATE_KEY in context.state else {}
-    lr = round_lr(cfg.lr, server_round, cfg.num_server_rounds, cfg.lr_schedule, cfg.lr_decay)
-    metrics, new_local, delta = scaffold_train(
-        model, images, labels, c_global=c_global, c_local=c_local, lr=lr, epochs=cfg.local_epochs,
-        batch_size=cfg.batch_size, optimizer=cfg.optimizer, momentum=cfg.momentum,
-        weight_decay=cfg.weight_decay, seed=s.seed(server_round), device=s.device)
+    metrics, new_local, delta = scaffold_train(model, images, labels, c_global=c_global, c_local=c_local,
+                                               **s.local_kwargs(server_round))
     context.state[STATE_KEY] = ArrayRecord(new_local)
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics, ArrayRecord(model.state_dict()), **{"control-delta": ArrayRecord(delta)})
