@@ -66,12 +66,14 @@ class ClientSession:
             model.load_state_dict(records.to_state_dict(arrays), strict=True)
         return model.to(self.device)
 
-    def local_kwargs(self, server_round: int) -> dict:
-        """The spine's local-training settings for round ``server_round`` (``lr`` under
-        ``lr-schedule``/``lr-decay``), as keyword arguments of the local training loops."""
+    def local_kwargs(self, server_round: int, num_rounds: int | None = None) -> dict:
+        """The spine's local-training settings for round ``server_round`` of ``num_rounds``
+        (default ``num-server-rounds``; ``lr`` under ``lr-schedule``/``lr-decay``), as keyword
+        arguments of the local training loops."""
         cfg = self.cfg
+        rounds = cfg.num_server_rounds if num_rounds is None else num_rounds
         return dict(epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-                    lr=round_lr(cfg.lr, server_round, cfg.num_server_rounds, cfg.lr_schedule, cfg.lr_decay),
+                    lr=round_lr(cfg.lr, server_round, rounds, cfg.lr_schedule, cfg.lr_decay),
                     optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                     seed=self.seed(server_round), device=self.device)
 

@@ -5,7 +5,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.beit import BEiTOptions, beit_loss, build_beit, build_tokenizer
-from fedderm.train import random_flips, round_lr, to_input, train_epochs
+from fedderm.train import random_flips, to_input, train_epochs
 
 from . import finetune
 from .common import reply, session
@@ -25,10 +25,7 @@ def pretrain(msg: Message, context: Context) -> Message:
 
     images, labels = s.data.tensors("train")
     metrics = train_epochs(
-        model, images, labels, loss_fn, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-        lr=round_lr(cfg.lr, server_round, int(config["num-rounds"]), cfg.lr_schedule),
-        optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-        seed=s.seed(server_round), device=s.device)
+        model, images, labels, loss_fn, **s.local_kwargs(server_round, int(config["num-rounds"])))
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics, ArrayRecord(model.state_dict()))
 

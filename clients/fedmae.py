@@ -10,7 +10,7 @@ averaged once into the final model (000 §IV-D).
 from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.mae import MAEOptions, build_mae, excluded_keys
-from fedderm.train import random_flips, round_lr, to_input, train_epochs
+from fedderm.train import random_flips, to_input, train_epochs
 from strategies.fedmae import LOCAL_RECORD
 
 from . import finetune
@@ -43,10 +43,7 @@ def pretrain(msg: Message, context: Context) -> Message:
 
     images, labels = s.data.tensors("train")
     metrics = train_epochs(
-        model, images, labels, loss_fn, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-        lr=round_lr(cfg.lr, server_round, int(config["num-rounds"]), cfg.lr_schedule),
-        optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-        seed=s.seed(server_round), device=s.device)
+        model, images, labels, loss_fn, **s.local_kwargs(server_round, int(config["num-rounds"])))
     metrics["partition-id"] = s.partition_id
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     extra = {}

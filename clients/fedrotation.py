@@ -4,7 +4,7 @@ from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.models import create_model
 from fedderm.rotation import NUM_ROTATIONS, rotation_loss
-from fedderm.train import round_lr, train_epochs
+from fedderm.train import train_epochs
 
 from . import finetune
 from .common import reply, session
@@ -19,10 +19,7 @@ def pretrain(msg: Message, context: Context) -> Message:
     images, labels = s.data.tensors("train")
     metrics = train_epochs(
         model, images, labels, lambda m, xb, yb, g: rotation_loss(m, xb, s.device, g),
-        epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-        lr=round_lr(cfg.lr, server_round, int(config["num-rounds"]), cfg.lr_schedule),
-        optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-        seed=s.seed(server_round), device=s.device)
+        **s.local_kwargs(server_round, int(config["num-rounds"])))
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics, ArrayRecord(model.state_dict()))
 
