@@ -73,7 +73,7 @@ def check_fedclf(cfg: Config) -> None:
 
 # -- FL-BT, SSL-FL-BT, FedBN, MOON, local (issue 6): option checks --
 SSL_PRETRAIN = ("pseudo", "local", "federated")   # where stage 1 runs (004 Tables V-X)
-SSL_TASKS = ("both", "centre", "restoration", "simclr")
+SSL_TASKS = ("both", "centre", "restoration", "simclr")  # ssl_pseudo.MULTITASK_TASKS + SimCLR
 SSL_FINETUNE = ("flbt", "fedavg", "local")
 BT_NORMALISATIONS = ("paper", "batchnorm")
 SSL_OPTIONS = {

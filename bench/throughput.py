@@ -85,7 +85,7 @@ def moco_fedderm(model, images, labels, bs):
 
     bank = FeatureQueue(256, 128, _bank())
     moco_round(model, images, bank, remote=None, feature_sharing=False, local_negatives=True, queue_size=256,
-               temperature=0.2, momentum=0.99, epochs=1, batch_size=bs, lr=1e-3, optimizer="adam", seed=1)
+               temperature=0.2, key_momentum=0.99, epochs=1, batch_size=bs, lr=1e-3, optimizer="adam", seed=1)
 
 
 def moco_plain(model, images, labels, bs):

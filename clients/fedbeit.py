@@ -2,10 +2,11 @@
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import Context, Message
 
 from fedderm.beit import BEiTOptions, beit_loss, build_beit, build_tokenizer
 from fedderm.train import random_flips, to_input, train_epochs
+from records import to_record
 
 from . import finetune
 from .common import reply, session
@@ -27,7 +28,7 @@ def pretrain(msg: Message, context: Context) -> Message:
     metrics = train_epochs(
         model, images, labels, loss_fn, **s.local_kwargs(server_round, int(config["num-rounds"])))
     metrics["partition-id"] = s.partition_id
-    return reply(msg, metrics, ArrayRecord(model.state_dict()))
+    return reply(msg, metrics, to_record(model.state_dict()))
 
 
 HANDLERS = {"train.pretrain": pretrain, **finetune.HANDLERS}

@@ -26,7 +26,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message
 
 from fedderm.moco import FEATURE_DIM, FeatureQueue, MoCo, build_moco, encode_keys, moco_round
-from fedderm.train import round_lr
+from records import to_record
 
 from . import finetune
 from .common import ClientSession, reply, session
@@ -106,14 +106,11 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     metrics = moco_round(
         model, images, bank, remote=remote, feature_sharing=opts.feature_sharing,
         local_negatives=opts.local_negatives, queue_size=opts.queue_size, temperature=opts.temperature,
-        momentum=opts.momentum, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-        lr=round_lr(cfg.lr, server_round, int(config["num-rounds"]), cfg.lr_schedule),
-        optimizer=cfg.optimizer, sgd_momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-        seed=s.seed(server_round), device=s.device)
+        key_momentum=opts.momentum, **s.local_kwargs(server_round, int(config["num-rounds"])))
     metrics["partition-id"] = s.partition_id
     metrics["remote-features"] = 0 if remote is None else len(remote)
     save_bank(context, bank)
-    weights = ArrayRecord(model.state_dict())
+    weights = to_record(model.state_dict())
     if local:
         context.state[OWN_MODEL] = weights
         return reply(msg, metrics)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.drift import feddyn_train
+from records import to_record
 
 from .common import reply, session
 from .fedavg import evaluate
@@ -26,7 +27,7 @@ def train(msg: Message, context: Context) -> Message:
                                   **s.local_kwargs(server_round))
     context.state[STATE_KEY] = ArrayRecord(new_h)
     metrics["partition-id"] = s.partition_id
-    return reply(msg, metrics, ArrayRecord(model.state_dict()))
+    return reply(msg, metrics, to_record(model.state_dict()))
 
 
 HANDLERS = {"train": train, "evaluate": evaluate}

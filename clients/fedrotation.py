@@ -1,10 +1,11 @@
 """FedRotation client: rotation prediction on all training images (labels unused)."""
 
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import Context, Message
 
 from fedderm.models import create_model
 from fedderm.rotation import NUM_ROTATIONS, rotation_loss
 from fedderm.train import train_epochs
+from records import to_record
 
 from . import finetune
 from .common import reply, session
@@ -21,7 +22,7 @@ def pretrain(msg: Message, context: Context) -> Message:
         model, images, labels, lambda m, xb, yb, g: rotation_loss(m, xb, s.device, g),
         **s.local_kwargs(server_round, int(config["num-rounds"])))
     metrics["partition-id"] = s.partition_id
-    return reply(msg, metrics, ArrayRecord(model.state_dict()))
+    return reply(msg, metrics, to_record(model.state_dict()))
 
 
 HANDLERS = {"train.pretrain": pretrain, **finetune.HANDLERS}

@@ -1,9 +1,9 @@
 """FedSimCLR client: SimCLR on all training images (labels unused)."""
 
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import Context, Message
 
 from fedderm.simclr import build_simclr, simclr_round
-from fedderm.train import round_lr
+from records import to_record
 
 from . import finetune
 from .common import reply, session
@@ -15,13 +15,10 @@ def pretrain(msg: Message, context: Context) -> Message:
     server_round = int(config["server-round"])
     model = s.model(msg.content["arrays"], key="simclr", factory=lambda: build_simclr(cfg.model, cfg.image_size))
     images, _ = s.data.tensors("train")
-    metrics = simclr_round(
-        model, images, temperature=cfg.option("fedsimclr.temperature"), epochs=cfg.local_epochs,
-        batch_size=cfg.batch_size, lr=round_lr(cfg.lr, server_round, int(config["num-rounds"]), cfg.lr_schedule),
-        optimizer=cfg.optimizer, sgd_momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-        seed=s.seed(server_round), device=s.device)
+    metrics = simclr_round(model, images, temperature=cfg.option("fedsimclr.temperature"),
+                           **s.local_kwargs(server_round, int(config["num-rounds"])))
     metrics["partition-id"] = s.partition_id
-    return reply(msg, metrics, ArrayRecord(model.state_dict()))
+    return reply(msg, metrics, to_record(model.state_dict()))
 
 
 HANDLERS = {"train.pretrain": pretrain, **finetune.HANDLERS}

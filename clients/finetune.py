@@ -9,10 +9,11 @@ metrics only.  SSL client modules include :data:`HANDLERS` in theirs.
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, Context, Message, MetricRecord
+from flwr.app import Context, Message, MetricRecord
 
 from fedderm.metrics import SELECTION_METRIC
 from fedderm.train import round_lr, train_supervised
+from records import to_record
 
 from .common import evaluate_split, reply, session
 
@@ -34,9 +35,9 @@ def train(msg: Message, context: Context) -> Message:
         seed=s.seed(server_round, salt=7), device=s.device)
     metrics["partition-id"] = s.partition_id
     if local:
-        context.state[LOCAL] = ArrayRecord(model.state_dict())
+        context.state[LOCAL] = to_record(model.state_dict())
         return reply(msg, metrics)
-    return reply(msg, metrics, ArrayRecord(model.state_dict()))
+    return reply(msg, metrics, to_record(model.state_dict()))
 
 
 def evaluate(msg: Message, context: Context) -> Message:

@@ -9,12 +9,13 @@ the test split's PR curves (``pr-curve``).
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import ConfigRecord, Context, Message
 
 from fedderm.flbt import build_projected_net, frozen_copy, train_flbt, train_with_model_term
 from fedderm.prcurves import pr_curves
 from fedderm.train import evaluate as evaluate_model
 from fedderm.train import predict
+from records import to_record
 
 from .common import ClientSession, reply, session
 
@@ -51,7 +52,7 @@ def train(msg: Message, context: Context) -> Message:
     else:
         metrics = train_with_model_term(model, images, labels, term=None, **kwargs)
     metrics["partition-id"] = s.partition_id
-    return reply(msg, metrics, ArrayRecord(model.state_dict()))
+    return reply(msg, metrics, to_record(model.state_dict()))
 
 
 def evaluate(msg: Message, context: Context) -> Message:

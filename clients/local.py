@@ -8,9 +8,10 @@ The server sends the common initial weights once (round-0 evaluation and round-1
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, Context, Message, MetricRecord
+from flwr.app import Context, Message, MetricRecord
 
 from fedderm.train import train_supervised
+from records import to_record
 
 from .common import reply, session
 from .flbt import evaluation_reply
@@ -36,7 +37,7 @@ def train(msg: Message, context: Context, build=None) -> Message:
     model = own_model(msg, context, build=build)
     images, labels = s.data.tensors("labelled")
     metrics = train_supervised(model, images, labels, **s.local_kwargs(server_round))
-    context.state[MODEL] = ArrayRecord(model.state_dict())
+    context.state[MODEL] = to_record(model.state_dict())
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics)
 
@@ -56,7 +57,7 @@ def evaluate(msg: Message, context: Context, build=None) -> Message:
     best = context.state[BEST]["score"] if BEST in context.state else float("-inf")
     if score > best:
         context.state[BEST] = MetricRecord({"score": score, "round": int(config["server-round"])})
-        context.state[BEST_MODEL] = ArrayRecord(model.state_dict())
+        context.state[BEST_MODEL] = to_record(model.state_dict())
     return out
 
 

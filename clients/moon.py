@@ -5,9 +5,10 @@ negative.  The previous model lives in ``context.state["moon-previous"]`` (per c
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import Context, Message
 
 from fedderm.flbt import frozen_copy, train_moon
+from records import to_record
 
 from .common import reply, session
 from .flbt import evaluate, projected
@@ -28,9 +29,9 @@ def train(msg: Message, context: Context) -> Message:
     images, labels = s.data.tensors("labelled")
     metrics = train_moon(model, frozen_copy(model), previous, images, labels, mu=float(cfg.option("moon.mu")),
                          tau=float(cfg.option("moon.tau")), **s.local_kwargs(server_round))
-    context.state[PREVIOUS] = ArrayRecord(model.state_dict())
+    context.state[PREVIOUS] = to_record(model.state_dict())
     metrics["partition-id"] = s.partition_id
-    return reply(msg, metrics, ArrayRecord(model.state_dict()))
+    return reply(msg, metrics, to_record(model.state_dict()))
 
 
 HANDLERS = {"train": train, "evaluate": evaluate}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.drift import scaffold_train
+from records import to_record
 
 from .common import reply, session
 from .fedavg import evaluate
@@ -29,7 +30,7 @@ def train(msg: Message, context: Context) -> Message:
                                                **s.local_kwargs(server_round))
     context.state[STATE_KEY] = ArrayRecord(new_local)
     metrics["partition-id"] = s.partition_id
-    return reply(msg, metrics, ArrayRecord(model.state_dict()), **{"control-delta": ArrayRecord(delta)})
+    return reply(msg, metrics, to_record(model.state_dict()), **{"control-delta": to_record(delta)})
 
 
 HANDLERS = {"train": train, "evaluate": evaluate}

@@ -17,6 +17,7 @@ from flwr.app import ArrayRecord, Context, Message
 from fedderm.sift import sift_model_from_state, update_long_term
 from fedderm.train import evaluate as evaluate_model
 from fedderm.train import round_lr, train_supervised
+from records import to_record
 
 from .common import reply, session
 
@@ -40,7 +41,7 @@ def train(msg: Message, context: Context) -> Message:
         lr=round_lr(cfg.lr, server_round, cfg.num_server_rounds, cfg.lr_schedule, cfg.lr_decay),
         optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
         seed=s.seed(server_round), device=s.device)
-    records = {"short": ArrayRecord({k: v.detach().cpu() for k, v in short.state_dict().items()})}
+    records = {"short": to_record(short.state_dict())}
     if "long" in msg.content.array_records:
         long_state = update_long_term(msg.content["long"].to_torch_state_dict(), short,
                                       float(cfg.option("sift.ema-beta")), bn=cfg.option("sift.long-bn"),

@@ -19,6 +19,7 @@ from fedderm.fid import load_feature_extractor, select_pseudo_images
 from fedderm.msggan import generate_images, snapshot_steps, train_msggan
 from fedderm.simclr import simclr_round
 from fedderm.ssl_pseudo import backbone_arrays, encoder_prefix, original_ssl_network, train_multitask
+from records import to_record
 
 from . import local
 from .common import reply, session
@@ -101,7 +102,7 @@ def pretrain(msg: Message, context: Context) -> Message:
     metrics = {k: v for k, v in metrics.items() if v == v}
     metrics.setdefault("train_loss", metrics.get("ssl_loss", float("nan")))
     metrics["partition-id"] = s.partition_id
-    state = ArrayRecord(model.state_dict())
+    state = to_record(model.state_dict())
     if alone:
         context.state[OWN_SSL] = state
         return reply(msg, metrics)

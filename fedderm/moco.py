@@ -164,8 +164,8 @@ def encode_keys(model: MoCo, images: torch.Tensor, limit: int, *, batch_size: in
 
 def moco_round(model: MoCo, images: torch.Tensor, local_bank: FeatureQueue, *,
                remote: torch.Tensor | None, feature_sharing: bool, local_negatives: bool,
-               queue_size: int, temperature: float, momentum: float, epochs: int, batch_size: int,
-               lr: float, optimizer: str = "sgd", sgd_momentum: float = 0.9, weight_decay: float = 0.0,
+               queue_size: int, temperature: float, key_momentum: float, epochs: int, batch_size: int,
+               lr: float, optimizer: str = "sgd", momentum: float = 0.9, weight_decay: float = 0.0,
                seed: int = 0, device: torch.device | str = "cpu",
                on_batch: Callable[[FeatureQueue], None] | None = None) -> dict[str, float]:
     """One round of local contrastive learning on ``images`` (uint8, labels unused).
@@ -208,7 +208,7 @@ def moco_round(model: MoCo, images: torch.Tensor, local_bank: FeatureQueue, *,
     def loss_fn(model: MoCo, xb: torch.Tensor, _yb, generator: torch.Generator) -> torch.Tensor:
         x_q, x_k = two_views(xb, augment, generator, device)
         q = model(x_q)
-        model.momentum_update(momentum)
+        model.momentum_update(key_momentum)
         k = model.keys(x_k)
         if len(negatives) == 0:
             raise ValueError("the negatives bank is empty (fedclf.queue-size and the client's data)")
@@ -225,5 +225,5 @@ def moco_round(model: MoCo, images: torch.Tensor, local_bank: FeatureQueue, *,
         return loss
 
     return train_epochs(model, images, torch.zeros(len(images), dtype=torch.long), loss_fn, epochs=epochs,
-                        batch_size=batch_size, lr=lr, optimizer=optimizer, momentum=sgd_momentum,
+                        batch_size=batch_size, lr=lr, optimizer=optimizer, momentum=momentum,
                         weight_decay=weight_decay, seed=seed, device=device, params=model.main_parameters())

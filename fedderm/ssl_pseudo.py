@@ -24,10 +24,10 @@ from .models import create_model
 from .msggan import scales_for
 from .train import make_optimizer, random_flips, to_input
 
-__all__ = ["SSL_TASKS", "MultiTaskSSLNet", "pretrain_multitask", "train_multitask", "encoder_state",
+__all__ = ["MULTITASK_TASKS", "MultiTaskSSLNet", "pretrain_multitask", "train_multitask", "encoder_state",
            "original_ssl_network", "encoder_prefix", "backbone_arrays"]
 
-SSL_TASKS = ("both", "centre", "restoration")
+MULTITASK_TASKS = ("both", "centre", "restoration")
 
 
 class MultiTaskSSLNet(nn.Module):
@@ -35,8 +35,8 @@ class MultiTaskSSLNet(nn.Module):
 
     def __init__(self, model: str, num_centres: int, image_size: int, tasks: str = "both", width: int = 64):
         super().__init__()
-        if tasks not in SSL_TASKS:
-            raise ValueError(f"ssl.tasks must be one of {list(SSL_TASKS)}, got {tasks!r}")
+        if tasks not in MULTITASK_TASKS:
+            raise ValueError(f"ssl.tasks must be one of {list(MULTITASK_TASKS)}, got {tasks!r}")
         self.tasks = tasks
         self.encoder = create_model(model, num_classes=1, image_size=image_size)
         self.encoder.head = nn.Identity()

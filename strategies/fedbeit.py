@@ -12,7 +12,7 @@ from fedderm.beit import BEiTOptions, build_beit
 
 from .common import Tracked
 from .fedmae import mae_backbone_state
-from .finetune import pretrain_then_finetune
+from .finetune import pretrain_strategy, pretrain_then_finetune
 
 
 class FedBEiTStrategy(Tracked, FedAvg):
@@ -20,9 +20,7 @@ class FedBEiTStrategy(Tracked, FedAvg):
 
 
 def build_strategy(cfg, recorder) -> FedBEiTStrategy:
-    n = cfg.min_clients
-    return FedBEiTStrategy(cfg=cfg, recorder=recorder, action="pretrain", fraction_evaluate=0.0,
-                           min_train_nodes=n, min_available_nodes=n)
+    return pretrain_strategy(FedBEiTStrategy, cfg, recorder)
 
 
 def run(grid, cfg, recorder, classes) -> None:

@@ -28,7 +28,7 @@ from clients.fedclf import FEATURES, REMOTE
 from fedderm.moco import build_moco
 
 from .common import Tracked
-from .finetune import pretrain_then_finetune
+from .finetune import pretrain_strategy, pretrain_then_finetune
 
 
 def relay_features(uploads: Mapping[int, np.ndarray], destination: int, rng: np.random.Generator) -> np.ndarray:
@@ -144,9 +144,8 @@ def build_strategy(cfg, recorder, feature_sharing: bool | None = None) -> FedCLF
     if feature_sharing is False and not cfg.option("fedclf.local-negatives"):
         log(INFO, "fedclf: without feature sharing the negatives are the local queue (MoCo); "
                   "fedclf.local-negatives=false is ignored")
-    n = cfg.min_clients
-    return FedCLFStrategy(cfg=cfg, recorder=recorder, action="pretrain", feature_sharing=feature_sharing,
-                          timeout=cfg.round_timeout, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n)
+    return pretrain_strategy(FedCLFStrategy, cfg, recorder, feature_sharing=feature_sharing,
+                             timeout=cfg.round_timeout)
 
 
 def initial_moco(cfg) -> ArrayRecord:

@@ -26,7 +26,7 @@ from fedderm.mae import MAEOptions, build_mae, load_mae_checkpoint, vit_backbone
 from fedderm.models import create_model
 
 from .common import Tracked
-from .finetune import finetune_pretrained, pretrain_then_finetune
+from .finetune import finetune_pretrained, pretrain_strategy, pretrain_then_finetune
 
 LOCAL_RECORD = "local-arrays"  # the clients' excluded parameters, sent once, in the last round
 
@@ -79,9 +79,7 @@ def merge_global(previous: ArrayRecord | None, averaged: ArrayRecord, local_mean
 
 
 def build_strategy(cfg, recorder) -> FedMAEStrategy:
-    n = cfg.min_clients
-    return FedMAEStrategy(cfg=cfg, recorder=recorder, action="pretrain", fraction_evaluate=0.0,
-                          min_train_nodes=n, min_available_nodes=n)
+    return pretrain_strategy(FedMAEStrategy, cfg, recorder)
 
 
 def mae_backbone_state(cfg, num_classes: int):

@@ -9,7 +9,7 @@ from fedderm.models import create_model
 from fedderm.rotation import NUM_ROTATIONS
 
 from .common import Tracked
-from .finetune import pretrain_then_finetune
+from .finetune import pretrain_strategy, pretrain_then_finetune
 
 
 class FedRotationStrategy(Tracked, FedAvg):
@@ -17,9 +17,7 @@ class FedRotationStrategy(Tracked, FedAvg):
 
 
 def build_strategy(cfg, recorder) -> FedRotationStrategy:
-    n = cfg.min_clients
-    return FedRotationStrategy(cfg=cfg, recorder=recorder, action="pretrain", fraction_evaluate=0.0,
-                               min_train_nodes=n, min_available_nodes=n)
+    return pretrain_strategy(FedRotationStrategy, cfg, recorder)
 
 
 def run(grid, cfg, recorder, classes) -> None:

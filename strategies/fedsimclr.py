@@ -8,7 +8,7 @@ from flwr.serverapp.strategy import FedAvg
 from fedderm.simclr import build_simclr
 
 from .common import Tracked
-from .finetune import pretrain_then_finetune
+from .finetune import pretrain_strategy, pretrain_then_finetune
 
 
 class FedSimCLRStrategy(Tracked, FedAvg):
@@ -16,9 +16,7 @@ class FedSimCLRStrategy(Tracked, FedAvg):
 
 
 def build_strategy(cfg, recorder) -> FedSimCLRStrategy:
-    n = cfg.min_clients
-    return FedSimCLRStrategy(cfg=cfg, recorder=recorder, action="pretrain", fraction_evaluate=0.0,
-                             min_train_nodes=n, min_available_nodes=n)
+    return pretrain_strategy(FedSimCLRStrategy, cfg, recorder)
 
 
 def run(grid, cfg, recorder, classes) -> None:

@@ -75,6 +75,14 @@ def classifier_from_pretrained(cfg, num_classes: int, ssl_state: dict[str, torch
     return model
 
 
+def pretrain_strategy(cls: type[Tracked], cfg, recorder, **kwargs) -> Tracked:
+    """``cls`` (a :class:`Tracked` FedAvg) set up for stage 1: every client runs
+    ``train.pretrain`` each round, none evaluates (``kwargs`` go to ``cls``)."""
+    n = cfg.min_clients
+    return cls(cfg=cfg, recorder=recorder, action="pretrain", fraction_evaluate=0.0,
+               min_train_nodes=n, min_available_nodes=n, **kwargs)
+
+
 def pretrain(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) -> ArrayRecord:
     """Stage 1: ``strategy.num_rounds`` rounds of ``train.pretrain``; returns the global model."""
     recorder = strategy.recorder
@@ -91,11 +99,11 @@ def pretrain(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) -> Arra
     return arrays
 
 
-def pretrain_then_finetune(grid: Grid, cfg, recorder, classes: list[str], pretrain_strategy: Tracked,
+def pretrain_then_finetune(grid: Grid, cfg, recorder, classes: list[str], stage1: Tracked,
                            initial_arrays: ArrayRecord, backbone_state: Callable = backbone_prefix_state) -> None:
     """The whole SSL plan: pre-train, then fine-tune (federated or local) and test."""
-    log(INFO, "stage 1/2: self-supervised pre-training (%d rounds)", pretrain_strategy.num_rounds)
-    arrays = pretrain(pretrain_strategy, grid, initial_arrays)
+    log(INFO, "stage 1/2: self-supervised pre-training (%d rounds)", stage1.num_rounds)
+    arrays = pretrain(stage1, grid, initial_arrays)
     finetune_pretrained(grid, cfg, recorder, classes, arrays, backbone_state)
 
 

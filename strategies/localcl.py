@@ -8,7 +8,7 @@ the run folder is that initial model.
 """
 
 from .fedclf import initial_moco
-from .finetune import LocalFinetune, pretrain_then_finetune
+from .finetune import LocalFinetune, pretrain_strategy, pretrain_then_finetune
 
 
 class LocalCLStrategy(LocalFinetune):
@@ -16,9 +16,7 @@ class LocalCLStrategy(LocalFinetune):
 
 
 def build_strategy(cfg, recorder) -> LocalCLStrategy:
-    n = cfg.min_clients
-    return LocalCLStrategy(cfg=cfg, recorder=recorder, action="pretrain", fraction_evaluate=0.0,
-                           min_train_nodes=n, min_available_nodes=n)
+    return pretrain_strategy(LocalCLStrategy, cfg, recorder)
 
 
 def run(grid, cfg, recorder, classes) -> None:

@@ -148,7 +148,7 @@ def _round(local_negatives: bool, feature_sharing: bool = True, monkeypatch=None
     monkeypatch.setattr(moco_module, "info_nce", spy)
     local_before = local.features()
     moco_round(model, images, local, remote=remote if feature_sharing else None, feature_sharing=feature_sharing,
-               local_negatives=local_negatives, queue_size=16, temperature=0.2, momentum=0.9, epochs=2,
+               local_negatives=local_negatives, queue_size=16, temperature=0.2, key_momentum=0.9, epochs=2,
                batch_size=8, lr=0.01, seed=3, on_batch=lambda q: banks.append(q.features()))
     return remote, local_before, local, seen_negatives, banks
 
@@ -186,7 +186,7 @@ def test_remote_only_negatives_need_remote_features():
     model = build_moco("tiny-cnn", 16)
     with pytest.raises(ValueError, match="fedclf.local-negatives"):
         moco_round(model, torch.zeros(4, 3, 16, 16, dtype=torch.uint8), FeatureQueue(4, 128), remote=None,
-                   feature_sharing=True, local_negatives=False, queue_size=4, temperature=0.2, momentum=0.9,
+                   feature_sharing=True, local_negatives=False, queue_size=4, temperature=0.2, key_momentum=0.9,
                    epochs=1, batch_size=4, lr=0.01)
 
 
