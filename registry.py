@@ -29,6 +29,8 @@ class Method:
     ``network`` is what its final global model (``model.pt``) is, for fine-tuning on a held-out
     centre (``holdout-centre``): ``classifier`` (``create_model(model)``), ``projected`` (the 004
     network of :mod:`fedderm.flbt`), or ``""`` (not supported).
+    ``smallest`` are the settings its smallest run needs on top of :data:`SMALLEST_RUN` (a ViT,
+    a short GAN stage): see :func:`smallest_run`.
     """
 
     name: str
@@ -40,6 +42,7 @@ class Method:
     check: Callable[[Config], None] | None = None
     messages: tuple[str, ...] = ("train", "evaluate")
     network: str = "classifier"
+    smallest: Mapping[str, Any] = field(default_factory=dict)
 
     def strategy_module(self) -> ModuleType:
         return importlib.import_module(self.strategy)
@@ -121,6 +124,12 @@ def check_flbt(cfg: Config) -> None:
               "(centre classification needs images of every centre in one place)")
 
 
+#: The smallest run of a method (tiny CNN, 16 px, 8 synthetic images per class, one round of one
+#: epoch per stage): what the per-method tests and the communication benchmark start from.
+SMALLEST_RUN = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 8, "num-server-rounds": 1,
+                "local-epochs": 1, "batch-size": 8, "finetune-rounds": 1, "finetune-epochs": 1}
+_SMALL_VIT = {"model": "vit-micro", "image-size": 16}
+
 METHODS: dict[str, Method] = {
     m.name: m
     for m in [
@@ -154,10 +163,13 @@ METHODS: dict[str, Method] = {
                options={"fedmae.mask-ratio": 0.75, "fedmae.exclude": "cls-token", "fedmae.norm-pix-loss": False,
                         "fedmae.decoder-embed-dim": 512, "fedmae.decoder-depth": 8,
                         "fedmae.decoder-num-heads": 16, "fedmae.init-checkpoint": "", "fedmae.pretrain": True},
-               sends=("arrays", "metrics", "local-arrays")),
+               sends=("arrays", "metrics", "local-arrays"),
+               smallest={**_SMALL_VIT, "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1,
+                         "fedmae.decoder-num-heads": 2}),
         Method("fedbeit", "strategies.fedbeit", "clients.fedbeit",
                "Fed-BEiT (003 §III-C): block-wise masked visual-token prediction + FedAvg, then fine-tuning.",
-               options={"fedbeit.mask-ratio": 0.4, "fedbeit.vocab-size": 8192, "fedbeit.tokenizer": ""}),
+               options={"fedbeit.mask-ratio": 0.4, "fedbeit.vocab-size": 8192, "fedbeit.tokenizer": ""},
+               smallest={**_SMALL_VIT, "fedbeit.vocab-size": 64}),
         # -- SiFT, SCAFFOLD, FedDyn (issue 5) --
         Method("sift", "strategies.sift", "clients.sift",
                "SiFT (Li et al., MICCAI; paper 002): serial ring training, no averaging; short-term model with a "
@@ -186,7 +198,8 @@ METHODS: dict[str, Method] = {
                "the backbone (centre classification + patch-swap restoration); then FL-BT.",
                options=SSL_OPTIONS,
                sends=("arrays", "metrics", "pr-curve", "pseudo-images"),
-               messages=("train.gan", "train.pretrain", "train", "evaluate"), network="projected"),
+               messages=("train.gan", "train.pretrain", "train", "evaluate"), network="projected",
+               smallest={"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1}),
         Method("fedbn", "strategies.fedbn", "clients.fedbn",
                "FedBN (Li et al. 2021): FedAvg of everything but BatchNorm parameters and running statistics, "
                "which stay on each client.", sends=("arrays", "metrics", "pr-curve")),
@@ -201,6 +214,12 @@ METHODS: dict[str, Method] = {
                sends=("metrics", "pr-curve")),
     ]
 }
+
+
+def smallest_run(method: str, **overrides) -> dict:
+    """Run-config overrides of ``method``'s smallest run: :data:`SMALLEST_RUN`, the method's own
+    ``smallest`` settings, then ``overrides`` (keys as in the run config)."""
+    return {**SMALLEST_RUN, "method": method, **get_method(method).smallest, **overrides}
 
 
 def get_method(name: str) -> Method:

@@ -84,71 +84,31 @@ def _simulation_run(overrides: dict):
     return run
 
 
-def _start_ray_while_importing_apps(init_args: dict, need_client_app: bool) -> dict:
-    """Start Ray (in this thread) while another thread imports the ServerApp and ClientApp
-    modules (torch, torchvision, scikit-learn: ~4 s): the two overlap, which takes ~2 s off the
-    start-up.  Ray gets the arguments Flower's ``RayBackend.init_ray`` would give it (same
-    ``PYTHONPATH`` for the workers, no dashboard); Flower then finds it running and uses it."""
-    import threading
-
-    import ray
-
-    apps: dict = {}
-    failed: list[BaseException] = []
-
-    def load() -> None:
-        try:
-            from server_app import app as server
-
-            apps["server"] = server
-            if need_client_app:
-                from client_app import app as client
-
-                apps["client"] = client
-        except BaseException as err:  # re-raised in the calling thread
-            failed.append(err)
-
-    loader = threading.Thread(target=load, name="fedderm-import-apps", daemon=True)
-    loader.start()
-    if not ray.is_initialized():
-        pythonpath = os.pathsep.join(sys.path)
-        if os.environ.get("PYTHONPATH"):
-            pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
-        os.environ["PYTHONPATH"] = pythonpath
-        ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, include_dashboard=False, **init_args)
-    loader.join()
-    if failed:
-        raise failed[0]
-    return apps
-
-
 def simulate(overrides: dict, num_supernodes: int = 2, cpus_per_client: int = 1,
              gpus_per_client: float = 0.0, verbose: bool = False, client_app=None) -> Path:
     """Run one simulation with ``num_supernodes`` virtual hospitals; return the run folder.
 
     ``client_app`` replaces fedderm's ClientApp (tests use it to inject faults)."""
-    import ray
     from flwr.app import Context, RecordDict
     from flwr.supercore.telemetry import EventType as Ev
     from flwr.simulation.run_simulation import _run_simulation
+
+    from server_app import app as server_app
+
+    if client_app is None:
+        from client_app import app as client_app
 
     run_config = resolved_run_config(overrides)
     run = _simulation_run(overrides)
     run_id = run.run_id
     context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
-    init_args = {"num_cpus": max(os.cpu_count() or 1, cpus_per_client)}
-    try:
-        apps = _start_ray_while_importing_apps(init_args, need_client_app=client_app is None)
-        result = _run_simulation(
-            num_supernodes=num_supernodes, exit_event=Ev.PYTHON_API_RUN_SIMULATION_LEAVE,
-            client_app=client_app or apps["client"], server_app=apps["server"], server_app_context=context,
-            backend_config={"client_resources": {"num_cpus": cpus_per_client, "num_gpus": gpus_per_client},
-                            "init_args": init_args},
-            app_dir=str(APP_DIR), is_app=True, run=run, verbose_logging=verbose,
-        )
-    finally:
-        if ray.is_initialized():  # Flower shuts Ray down after a run; not if the run never started
-            ray.shutdown()
+    result = _run_simulation(
+        num_supernodes=num_supernodes, exit_event=Ev.PYTHON_API_RUN_SIMULATION_LEAVE,
+        client_app=client_app, server_app=server_app, server_app_context=context,
+        backend_config={"client_resources": {"num_cpus": cpus_per_client, "num_gpus": gpus_per_client},
+                        "init_args": {"num_cpus": max(os.cpu_count() or 1, cpus_per_client)}},
+        app_dir=str(APP_DIR), is_app=True, run=run, verbose_logging=verbose,
+    )
     state = result.context.state
     if "fedderm" not in state:
         raise RuntimeError("the run ended without writing results (see the log above)")

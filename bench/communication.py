@@ -30,15 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-#: the smallest run of each method (the audit test's settings): tiny models, one round
-BASE = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 8, "num-server-rounds": 2,
-        "local-epochs": 1, "batch-size": 8, "finetune-rounds": 2, "finetune-epochs": 1}
-VIT = {"model": "vit-micro", "image-size": 16}
-OVERRIDES: dict[str, dict] = {
-    "fedmae": {**VIT, "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1, "fedmae.decoder-num-heads": 2},
-    "fedbeit": {**VIT, "fedbeit.vocab-size": 64},
-    "ssl-flbt": {"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1},
-}
+import registry  # noqa: E402  (each method's smallest run: registry.smallest_run, as the audit test)
+
 ARRAYS = "arrays"
 
 
@@ -113,8 +106,6 @@ def table(results: dict[str, dict[str, dict[str, dict]]], transports: list[str])
 
 
 def main(argv: list[str] | None = None) -> int:
-    import registry
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", default=",".join(sorted(registry.METHODS)))
     parser.add_argument("--transports", default="float32,float16")
@@ -130,12 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="fedderm-comm-") as tmp:
         for method in methods:
-            settings = {**BASE, "method": method}
-            if args.model and method not in ("fedmae", "fedbeit"):
+            own = registry.get_method(method).smallest
+            settings = registry.smallest_run(method, **{"num-server-rounds": 2, "finetune-rounds": 2})
+            if args.model and "model" not in own:  # not the ViT methods
                 settings["model"] = args.model
-            if args.image_size:
+            if args.image_size and "image-size" not in own:
                 settings["image-size"] = args.image_size
-            settings.update(OVERRIDES.get(method, {}))
             results[method] = {}
             for t in transports:
                 start = time.monotonic()

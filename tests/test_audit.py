@@ -13,16 +13,8 @@ import sim
 from fedderm.data import load_pool
 from fedderm.train import to_input
 
-BASE = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 8, "num-server-rounds": 1,
-        "local-epochs": 1, "batch-size": 8, "finetune-rounds": 1, "finetune-epochs": 1}
-# Methods whose smallest run needs other settings (e.g. a ViT) add them here.
-VIT = {"model": "vit-micro", "image-size": 16}
-OVERRIDES: dict[str, dict] = {
-    "fedmae": {**VIT, "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1, "fedmae.decoder-num-heads": 2},
-    "fedbeit": {**VIT, "fedbeit.vocab-size": 64},
-    "ssl-flbt": {"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1,
-                 "ssl.fid-select": True, "ssl.fid-checkpoints": 2},
-}
+# The ssl-flbt run also exercises FID selection of the pseudo images.
+EXTRA: dict[str, dict] = {"ssl-flbt": {"ssl.fid-select": True, "ssl.fid-checkpoints": 2}}
 
 
 def _image_hashes(images: torch.Tensor) -> set[str]:
@@ -44,8 +36,8 @@ def _rows(values: np.ndarray, row_size: int) -> list[np.ndarray]:
 def test_clients_send_only_declared_records_and_no_images(method, tmp_path, monkeypatch):
     audit = tmp_path / "audit"
     monkeypatch.setenv("FEDDERM_AUDIT_DIR", str(audit))
-    overrides = {**BASE, "method": method, "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "c"),
-                 **OVERRIDES.get(method, {})}
+    overrides = registry.smallest_run(method, **{"output-dir": str(tmp_path), "cache-dir": str(tmp_path / "c")},
+                                      **EXTRA.get(method, {}))
     sim.simulate(overrides, num_supernodes=2)
 
     cfg = registry.load_config(overrides)

@@ -60,3 +60,11 @@ def test_class_list_and_flat_round_trip():
     cfg = registry.load_config({"classes": "mel, nv ,bcc"})
     assert cfg.class_list == ["mel", "nv", "bcc"]
     assert registry.load_config(cfg.to_flat()) == cfg
+
+
+@pytest.mark.parametrize("method", sorted(registry.METHODS))
+def test_every_methods_smallest_run_is_a_valid_config(method):
+    """registry.smallest_run: the shared tiny settings, the method's own, then the caller's."""
+    cfg = registry.load_config(registry.smallest_run(method, **{"num-server-rounds": 2}))
+    assert cfg.method == method and cfg.num_server_rounds == 2 and cfg.image_size == 16
+    assert cfg.model == registry.METHODS[method].smallest.get("model", "tiny-cnn")
