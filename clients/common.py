@@ -66,16 +66,27 @@ class ClientSession:
             model.load_state_dict(records.to_state_dict(arrays), strict=True)
         return model.to(self.device)
 
-    def local_kwargs(self, server_round: int, num_rounds: int | None = None) -> dict:
-        """The spine's local-training settings for round ``server_round`` of ``num_rounds``
-        (default ``num-server-rounds``; ``lr`` under ``lr-schedule``/``lr-decay``), as keyword
-        arguments of the local training loops."""
+    def lr_at(self, base_lr: float, step: int, steps: int) -> float:
+        """``base_lr`` at round (or epoch) ``step`` of ``steps`` under the run's ``lr-schedule``
+        and ``lr-decay``: the one place every training stage takes its learning rate from."""
+        return round_lr(base_lr, step, steps, self.cfg.lr_schedule, self.cfg.lr_decay)
+
+    def local_kwargs(self, server_round: int, num_rounds: int | None = None, *, finetune: bool = False) -> dict:
+        """The local-training settings for round ``server_round`` of ``num_rounds``, as keyword
+        arguments of the local training loops: the spine's (``local-epochs``, ``lr``,
+        ``optimizer``; default ``num-server-rounds``) or, with ``finetune``, the fine-tuning
+        stage's (``finetune-epochs``, ``finetune-lr``, ``finetune-optimizer``; default
+        ``finetune-rounds``).  ``lr`` follows ``lr-schedule``/``lr-decay`` in both."""
         cfg = self.cfg
-        rounds = cfg.num_server_rounds if num_rounds is None else num_rounds
-        return dict(epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-                    lr=round_lr(cfg.lr, server_round, rounds, cfg.lr_schedule, cfg.lr_decay),
-                    optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                    seed=self.seed(server_round), device=self.device)
+        if finetune:
+            epochs, base_lr, optimizer, rounds, salt = (cfg.finetune_epochs, cfg.finetune_lr,
+                                                        cfg.finetune_optimizer, cfg.finetune_rounds, 7)
+        else:
+            epochs, base_lr, optimizer, rounds, salt = cfg.local_epochs, cfg.lr, cfg.optimizer, cfg.num_server_rounds, 0
+        rounds = rounds if num_rounds is None else num_rounds
+        return dict(epochs=epochs, batch_size=cfg.batch_size, lr=self.lr_at(base_lr, server_round, rounds),
+                    optimizer=optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                    seed=self.seed(server_round, salt), device=self.device)
 
     def seed(self, server_round: int, salt: int = 0) -> int:
         """A seed unique to (run seed, round, client): same seed, same numbers."""

@@ -9,15 +9,41 @@ metrics only.  SSL client modules include :data:`HANDLERS` in theirs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 from flwr.app import Context, Message, MetricRecord
 
 from fedderm.metrics import SELECTION_METRIC
-from fedderm.train import round_lr, train_supervised
+from fedderm.train import train_supervised
 from records import to_record
 
-from .common import evaluate_split, reply, session
+from .common import ClientSession, evaluate_split, reply, session
 
 LOCAL, BEST, BEST_SCORE = "finetune-model", "finetune-best", "finetune-best-score"
+
+#: ``loop(session, model, images, labels, **local_kwargs) -> metrics``: one round of local SSL training
+PretrainLoop = Callable[..., dict]
+
+
+def pretrain_handler(key: str, factory: Callable[[ClientSession], torch.nn.Module],
+                     loop: PretrainLoop) -> Callable[[Message, Context], Message]:
+    """The ``train.pretrain`` handler of an SSL method whose clients train the whole global model:
+    load the server's weights into the client's model ``key`` (built once per process by
+    ``factory(session)``), run ``loop`` on all training images (labels unused) with the round's
+    local-training settings, reply with the metrics and the trained weights."""
+
+    def pretrain(msg: Message, context: Context) -> Message:
+        s = session(context)
+        config = msg.content["config"]
+        server_round = int(config["server-round"])
+        model = s.model(msg.content["arrays"], key=key, factory=lambda: factory(s))
+        images, labels = s.data.tensors("train")
+        metrics = loop(s, model, images, labels, **s.local_kwargs(server_round, int(config["num-rounds"])))
+        metrics["partition-id"] = s.partition_id
+        return reply(msg, metrics, to_record(model.state_dict()))
+
+    return pretrain
 
 
 def train(msg: Message, context: Context) -> Message:
@@ -27,12 +53,8 @@ def train(msg: Message, context: Context) -> Message:
     start = context.state[LOCAL] if local and server_round > 1 else msg.content["arrays"]
     model = s.model(start)
     images, labels = s.data.tensors("labelled")
-    metrics = train_supervised(
-        model, images, labels, epochs=cfg.finetune_epochs, batch_size=cfg.batch_size,
-        lr=round_lr(cfg.finetune_lr, server_round, int(config.get("num-rounds", cfg.finetune_rounds)),
-                    cfg.lr_schedule),
-        optimizer=cfg.finetune_optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-        seed=s.seed(server_round, salt=7), device=s.device)
+    metrics = train_supervised(model, images, labels, **s.local_kwargs(
+        server_round, int(config.get("num-rounds", cfg.finetune_rounds)), finetune=True))
     metrics["partition-id"] = s.partition_id
     if local:
         context.state[LOCAL] = to_record(model.state_dict())

@@ -21,7 +21,7 @@ from fedderm.flbt import batchnorm_keys, build_projected_net
 from fedderm.metrics import SELECTION_METRIC
 from fedderm.models import create_model
 from fedderm.train import evaluate as evaluate_model
-from fedderm.train import round_lr, train_supervised
+from fedderm.train import train_supervised
 
 from .common import session
 from .flbt import evaluation_reply
@@ -72,7 +72,7 @@ def train_holdout(msg: Message, context: Context) -> Message:
     best, best_epoch, best_state = float("-inf"), 0, copy.deepcopy(model.state_dict())
     for epoch in range(1, cfg.holdout_epochs + 1):
         out = train_supervised(model, images, labels, epochs=1, batch_size=cfg.batch_size,
-                               lr=round_lr(cfg.holdout_lr, epoch, cfg.holdout_epochs, cfg.lr_schedule),
+                               lr=s.lr_at(cfg.holdout_lr, epoch, cfg.holdout_epochs),
                                optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                                seed=s.seed(epoch, salt=11), device=s.device)
         val = evaluate_model(model, val_images, val_labels, s.data.num_classes, device=s.device)

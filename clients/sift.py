@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.sift import sift_model_from_state, update_long_term
 from fedderm.train import evaluate as evaluate_model
-from fedderm.train import round_lr, train_supervised
+from fedderm.train import train_supervised
 from records import to_record
 
 from .common import reply, session
@@ -36,11 +36,7 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(config["server-round"])
     short = _model(s, msg.content["short"])
     images, labels = s.data.tensors("labelled")
-    metrics = train_supervised(
-        short, images, labels, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-        lr=round_lr(cfg.lr, server_round, cfg.num_server_rounds, cfg.lr_schedule, cfg.lr_decay),
-        optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-        seed=s.seed(server_round), device=s.device)
+    metrics = train_supervised(short, images, labels, **s.local_kwargs(server_round))
     records = {"short": to_record(short.state_dict())}
     if "long" in msg.content.array_records:
         long_state = update_long_term(msg.content["long"].to_torch_state_dict(), short,

@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -75,3 +77,22 @@ def test_training_is_deterministic_and_reduces_loss():
     assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
     assert all(torch.equal(runs[0][2][k], runs[1][2][k]) for k in runs[0][2])
     assert runs[0][1] < runs[0][0]
+
+
+def test_every_stage_takes_its_lr_from_the_run_schedule():
+    """lr-schedule/lr-decay reach the spine's rounds, the fine-tuning stage and the holdout epochs alike."""
+    import registry
+    from clients.common import ClientSession
+    from fedderm.node import NodeSettings
+
+    cfg = registry.load_config({"lr-schedule": "exponential", "lr-decay": 0.5, "lr": 0.1, "finetune-lr": 0.01,
+                                "finetune-epochs": 3, "finetune-optimizer": "sgd", "local-epochs": 2})
+    s = ClientSession(cfg, data=None, device=torch.device("cpu"), partition_id=1, node=NodeSettings(1))
+    spine, tune = s.local_kwargs(3), s.local_kwargs(3, finetune=True)
+    assert spine["lr"] == pytest.approx(0.1 * 0.5 ** 2) and spine["epochs"] == 2 and spine["optimizer"] == "adam"
+    assert tune["lr"] == pytest.approx(0.01 * 0.5 ** 2) and tune["epochs"] == 3 and tune["optimizer"] == "sgd"
+    assert tune["seed"] != spine["seed"]  # the fine-tuning stage draws its own batches
+    assert s.lr_at(1e-3, 4, 10) == pytest.approx(1e-3 * 0.5 ** 3)
+    cosine = ClientSession(registry.load_config({"finetune-rounds": 4}), None, torch.device("cpu"), 0, NodeSettings(0))
+    assert cosine.local_kwargs(3, finetune=True)["lr"] == pytest.approx(1e-4 * 0.5 * (1 + math.cos(math.pi * 2 / 4)))
+    assert cosine.local_kwargs(2, 2, finetune=True)["lr"] == pytest.approx(0.5e-4)  # the stage's own round count
