@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from sklearn.metrics import average_precision_score, precision_recall_curve
 
 __all__ = ["pr_curves", "plot_pr_curves"]
 
@@ -17,6 +16,10 @@ def pr_curves(y_true, y_prob, num_classes: int, max_points: int = 101) -> dict[s
     Returns flat keys ``precision-<c>``, ``recall-<c>`` (at most ``max_points`` points, first and
     last kept) and ``ap-<c>`` -- the shape of a Flower ConfigRecord.
     """
+    # imported here, as in fedderm.metrics: scikit-learn (with scipy and pandas) costs ~1.4 s to
+    # import, which the ServerApp's start-up need not pay (it only draws the curves)
+    from sklearn.metrics import average_precision_score, precision_recall_curve
+
     y_true = np.asarray(y_true).astype(np.int64).reshape(-1)
     y_prob = np.asarray(y_prob, dtype=np.float64)
     out: dict[str, list[float] | float] = {}
