@@ -11,10 +11,11 @@ uses the BN state it received (the common initial model).
 from __future__ import annotations
 
 import torch
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import Context, Message
 
 from fedderm.flbt import batchnorm_keys, split_state
 from fedderm.train import train_supervised
+from records import to_record, to_state_dict
 
 from .common import reply, session
 from .flbt import evaluation_reply
@@ -30,11 +31,11 @@ def local_model(msg: Message, context: Context, up_to_round: int) -> torch.nn.Mo
     """The received shared weights with this client's BN state of the latest round <= ``up_to_round``."""
     s = session(context)
     model = s.model()
-    state = dict(msg.content["arrays"].to_torch_state_dict())
+    state = to_state_dict(msg.content["arrays"])  # read-only views; load_state_dict copies
     bn = batchnorm_keys(model)
     rounds = [r for r in _stored_rounds(context) if r <= up_to_round]
     if rounds:
-        state.update(context.state[f"{PREFIX}{rounds[-1]}"].to_torch_state_dict())
+        state.update(to_state_dict(context.state[f"{PREFIX}{rounds[-1]}"]))
     elif not bn <= state.keys():
         raise RuntimeError(f"fedbn client {s.partition_id}: no local BatchNorm state up to round {up_to_round} "
                            "and the server's model carries none")
@@ -49,9 +50,9 @@ def train(msg: Message, context: Context) -> Message:
     images, labels = s.data.tensors("labelled")
     metrics = train_supervised(model, images, labels, **s.local_kwargs(server_round))
     shared, local = split_state(model.state_dict(), batchnorm_keys(model))
-    context.state[f"{PREFIX}{server_round}"] = ArrayRecord(local)
+    context.state[f"{PREFIX}{server_round}"] = to_record(local)
     metrics["partition-id"] = s.partition_id
-    return reply(msg, metrics, ArrayRecord(shared))
+    return reply(msg, metrics, to_record(shared))
 
 
 def evaluate(msg: Message, context: Context) -> Message:

@@ -6,10 +6,10 @@ The client's h_k (its gradient at its previous model) lives in ``context.state``
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import Context, Message
 
 from fedderm.drift import feddyn_train
-from records import to_record
+from records import to_record, to_state_dict
 
 from .common import reply, session
 from .fedavg import evaluate
@@ -22,10 +22,10 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(msg.content["config"]["server-round"])
     model = s.model(msg.content["arrays"])
     images, labels = s.data.tensors("labelled")
-    h_local = context.state[STATE_KEY].to_torch_state_dict() if STATE_KEY in context.state else {}
+    h_local = to_state_dict(context.state[STATE_KEY]) if STATE_KEY in context.state else {}
     metrics, new_h = feddyn_train(model, images, labels, h_local=h_local, alpha=float(s.cfg.option("feddyn.alpha")),
                                   **s.local_kwargs(server_round))
-    context.state[STATE_KEY] = ArrayRecord(new_h)
+    context.state[STATE_KEY] = to_record(new_h)
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics, to_record(model.state_dict()))
 

@@ -11,6 +11,7 @@ from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.mae import MAEOptions, build_mae, excluded_keys
 from fedderm.train import random_flips, to_input, train_epochs
+from records import to_record, to_state_dict
 from strategies.fedmae import LOCAL_RECORD
 
 from . import finetune
@@ -26,7 +27,7 @@ def receive(context: Context, arrays: ArrayRecord):
     model = s.model(arrays, key="mae", factory=lambda: build_mae(s.cfg))
     kept = excluded_keys(model, MAEOptions.from_config(s.cfg).exclude)
     if kept and KEPT in context.state:
-        model.load_state_dict({**model.state_dict(), **context.state[KEPT].to_torch_state_dict()}, strict=True)
+        model.load_state_dict({**model.state_dict(), **to_state_dict(context.state[KEPT])}, strict=True)
     return model, kept
 
 
@@ -48,11 +49,11 @@ def pretrain(msg: Message, context: Context) -> Message:
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     extra = {}
     if kept:
-        own = ArrayRecord({k: state[k] for k in kept})
+        own = to_record({k: state[k] for k in kept})
         context.state[KEPT] = own
         if bool(config.get("send-local", False)):
             extra[LOCAL_RECORD] = own
-    shared = ArrayRecord({k: v for k, v in state.items() if k not in kept})
+    shared = to_record({k: v for k, v in state.items() if k not in kept})
     return reply(msg, metrics, shared, **extra)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 
 from fedderm.flbt import frozen_copy, train_moon
-from records import to_record
+from records import copy_record, to_record, to_state_dict
 
 from .common import reply, session
 from .flbt import evaluate, projected
@@ -21,17 +21,18 @@ def train(msg: Message, context: Context) -> Message:
     cfg = s.cfg
     server_round = int(msg.content["config"]["server-round"])
     model = s.model(msg.content["arrays"], build=projected(s))
+    global_model = frozen_copy(model)  # the round's global model (positive)
     previous = None
-    if PREVIOUS in context.state:
-        previous = projected(s)()
-        previous.load_state_dict(context.state[PREVIOUS].to_torch_state_dict(), strict=True)
-        previous = frozen_copy(previous)
+    if PREVIOUS in context.state:  # this client's model of its previous round (negative)
+        previous = frozen_copy(model)  # a copy, not a new network: no random initialisation
+        previous.load_state_dict(to_state_dict(context.state[PREVIOUS]), strict=True)
     images, labels = s.data.tensors("labelled")
-    metrics = train_moon(model, frozen_copy(model), previous, images, labels, mu=float(cfg.option("moon.mu")),
+    metrics = train_moon(model, global_model, previous, images, labels, mu=float(cfg.option("moon.mu")),
                          tau=float(cfg.option("moon.tau")), **s.local_kwargs(server_round))
-    context.state[PREVIOUS] = to_record(model.state_dict())
+    trained = to_record(model.state_dict())
+    context.state[PREVIOUS] = copy_record(trained)  # the same immutable Arrays: no second encoding
     metrics["partition-id"] = s.partition_id
-    return reply(msg, metrics, to_record(model.state_dict()))
+    return reply(msg, metrics, trained)
 
 
 HANDLERS = {"train": train, "evaluate": evaluate}

@@ -8,10 +8,10 @@ only and are averaged plainly by the server.
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import Context, Message
 
 from fedderm.drift import scaffold_train
-from records import to_record
+from records import to_record, to_state_dict
 
 from .common import reply, session
 from .fedavg import evaluate
@@ -24,11 +24,11 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(msg.content["config"]["server-round"])
     model = s.model(msg.content["arrays"])
     images, labels = s.data.tensors("labelled")
-    c_global = msg.content["control"].to_torch_state_dict() if "control" in msg.content else {}
-    c_local = context.state[STATE_KEY].to_torch_state_dict() if STATE_KEY in context.state else {}
+    c_global = to_state_dict(msg.content["control"]) if "control" in msg.content else {}
+    c_local = to_state_dict(context.state[STATE_KEY]) if STATE_KEY in context.state else {}
     metrics, new_local, delta = scaffold_train(model, images, labels, c_global=c_global, c_local=c_local,
                                                **s.local_kwargs(server_round))
-    context.state[STATE_KEY] = ArrayRecord(new_local)
+    context.state[STATE_KEY] = to_record(new_local)
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics, to_record(model.state_dict()), **{"control-delta": to_record(delta)})
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from flwr.app import ArrayRecord, Message
+from flwr.app import Message
 from flwr.serverapp.strategy import FedAvg
 
+import records
 from fedderm.drift import feddyn_server_step
 from fedderm.models import create_model
 
@@ -29,21 +30,21 @@ class FedDynStrategy(Tracked, FedAvg):
         self.num_sampled = 0
 
     def configure_train(self, server_round, arrays, config, grid):
-        self.previous = arrays.to_torch_state_dict()
+        self.previous = records.to_state_dict(arrays)  # read-only views: no decoding copies
         msgs = list(super().configure_train(server_round, arrays, config, grid))
         self.num_sampled = len(msgs)
         return msgs
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         arrays, metrics = super().aggregate_train(server_round, replies)
-        models = [r.content["arrays"].to_torch_state_dict() for r in self.accepted]
+        models = [records.to_state_dict(r.content["arrays"]) for r in self.accepted]
         if arrays is None or not models:
             return arrays, metrics
-        state = arrays.to_torch_state_dict()
+        state = records.to_state_dict(arrays)
         theta, self.h = feddyn_server_step(self.previous, models, self.h, self.alpha,
                                            max(self.num_sampled, len(models)), self.param_names)
         state.update(theta)
-        return ArrayRecord(state), metrics
+        return records.to_record(state), metrics
 
 
     def state_dict(self):

@@ -21,6 +21,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+import records
 from fedderm.config import ConfigError
 from fedderm.sift import LONG_BN_MODES, VARIANTS, build_sift_model, class_text_embeddings, class_texts, random_matrix
 
@@ -143,7 +144,7 @@ class SiftStrategy(Tracked, FedAvg):
         if self.pair is None:
             self.pair = {SHORT: arrays}
             if self.variant != "single":
-                self.pair[LONG] = ArrayRecord(arrays.to_torch_state_dict())
+                self.pair[LONG] = records.copy_record(arrays)  # Arrays are immutable: no data copy
         self.pair = self.train_round(grid, server_round, self.pair)
         return []
 
@@ -153,7 +154,7 @@ class SiftStrategy(Tracked, FedAvg):
 
     def state_dict(self):
         return {**super().state_dict(), "ring_log": list(self.ring_log), "partition_of": dict(self.partition_of),
-                "pair": None if self.pair is None else {k: v.to_torch_state_dict() for k, v in self.pair.items()}}
+                "pair": None if self.pair is None else {k: records.to_state_dict(v) for k, v in self.pair.items()}}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
