@@ -80,7 +80,6 @@ def child(settings: dict, clients: int) -> None:
     import sim
     import strategies.common as common
     from bench.timed_app import app, read_trace
-
     from fedderm.results import RunRecorder
 
     ends: dict[tuple[str, int], float] = {}

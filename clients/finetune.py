@@ -29,7 +29,7 @@ PretrainLoop = Callable[..., dict]
 def pretrain_handler(key: str, factory: Callable[[ClientSession], torch.nn.Module],
                      loop: PretrainLoop) -> Callable[[Message, Context], Message]:
     """The ``train.pretrain`` handler of an SSL method whose clients train the whole global model:
-    load the server's weights into the client's model ``key`` (built once per process by
+    load the server's weights into the client's model ``key`` (built once per client session by
     ``factory(session)``), run ``loop`` on all training images (labels unused) with the round's
     local-training settings, reply with the metrics and the trained weights."""
 
