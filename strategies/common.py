@@ -8,6 +8,7 @@ A method's strategy is a Flower strategy with :class:`Tracked` mixed in front of
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
@@ -281,6 +282,17 @@ class Tracked:
     def _partition(self, node_id: int) -> str:
         return str(self.recorder.node_partitions.get(node_id, f"node {node_id}"))
 
+    def node_order(self, node_id: int) -> tuple[float, int]:
+        """Sort key of a client: its partition id (from the handshake), then its node id.  Node ids
+        are drawn at random per run, partition ids are not."""
+        return self.recorder.node_partitions.get(node_id, math.inf), node_id
+
+    def in_order(self, replies: Iterable[Message]) -> list[Message]:
+        """``replies`` by :meth:`node_order` of their senders, not by arrival: sums over clients
+        (aggregation, control variates) add in the same order in every run, so the same seed gives
+        the same numbers with any number of clients."""
+        return sorted(replies, key=lambda m: self.node_order(m.metadata.src_node_id))
+
     #: True for strategies whose clients send back only part of the model (FedBN keeps its
     #: BatchNorm layers, FedMAE its excluded parameters): replies may hold a subset of the keys.
     partial_replies = False
@@ -424,7 +436,7 @@ class Tracked:
                        timeout: float) -> dict[str, float]:
         """Send ``arrays`` to every client for evaluation on ``split``; return the mean metrics."""
         msgs = self.configure_evaluate(server_round, arrays, ConfigRecord({"split": split}), grid)
-        self.aggregate_evaluate(server_round, send_and_receive(grid, msgs, timeout))
+        self.aggregate_evaluate(server_round, self.in_order(send_and_receive(grid, msgs, timeout)))
         return self.last_mean
 
     def after_round(self, server_round: int, arrays: ArrayRecord) -> None:
@@ -495,7 +507,8 @@ def run_rounds(strategy: Tracked, grid: Grid, arrays: ArrayRecord, *, evaluate: 
     for server_round in range(start, strategy.num_rounds + 1):
         view = NodeView(grid, wait_for_nodes(grid, cfg.min_clients, cfg.round_timeout))
         msgs = strategy.configure_train(server_round, arrays, ConfigRecord(), view)
-        new, _ = strategy.aggregate_train(server_round, send_and_receive(grid, msgs, cfg.round_timeout))
+        replies = strategy.in_order(send_and_receive(grid, msgs, cfg.round_timeout))
+        new, _ = strategy.aggregate_train(server_round, replies)
         if new is not None:
             arrays = new
         if evaluate:

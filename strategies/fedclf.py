@@ -15,7 +15,8 @@ With ``fedclf.feature-sharing=false`` nothing is uploaded or relayed: FedMoCo.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 from logging import INFO, WARNING
 
 import numpy as np
@@ -31,10 +32,12 @@ from .common import Tracked
 from .finetune import pretrain_strategy, pretrain_then_finetune
 
 
-def relay_features(uploads: Mapping[int, np.ndarray], destination: int, rng: np.random.Generator) -> np.ndarray:
+def relay_features(uploads: Mapping[int, np.ndarray], destination: int, rng: np.random.Generator,
+                   order: Callable[[int], Any] | None = None) -> np.ndarray:
     """Eq. 2: Q_r for ``destination`` = the features every *other* client uploaded, as one array
-    whose rows are shuffled (no trace of who sent which row)."""
-    others = [uploads[n] for n in sorted(uploads) if n != destination]
+    whose rows are shuffled (no trace of who sent which row).  The uploads are joined in ``order``
+    of their node ids (a sort key; default: the ids themselves) before the shuffle."""
+    others = [uploads[n] for n in sorted(uploads, key=order) if n != destination]
     if not others:
         some = next(iter(uploads.values()), np.empty((0, 0), np.float32))
         return np.empty((0, *some.shape[1:]), some.dtype)
@@ -93,14 +96,14 @@ class FedCLFStrategy(Tracked, FedAvg):
         messages = list(super().configure_train(server_round, arrays, config, grid))
         if not self.feature_sharing or not messages:
             return messages
-        destinations = sorted(m.metadata.dst_node_id for m in messages)
+        destinations = sorted((m.metadata.dst_node_id for m in messages), key=self.node_order)
         if not self.uploads:
             self.collect_initial_features(arrays, destinations, grid)
         rng = np.random.default_rng([self.cfg.seed, server_round])
         out, received = [], {}
-        for msg in sorted(messages, key=lambda m: m.metadata.dst_node_id):
+        for msg in sorted(messages, key=lambda m: self.node_order(m.metadata.dst_node_id)):  # rng draws by partition
             nid = msg.metadata.dst_node_id
-            remote = relay_features(self.uploads, nid, rng)
+            remote = relay_features(self.uploads, nid, rng, self.node_order)
             content = RecordDict({"arrays": msg.content["arrays"], "config": msg.content["config"]})
             if len(remote):
                 content[REMOTE] = ArrayRecord({"features": Array(np.ascontiguousarray(remote))})

@@ -103,3 +103,32 @@ def test_fedderm_fedavg_aggregates_like_flowers_fedavg(tmp_path):
     assert metrics["train_loss"] == pytest.approx((30 * 1 + 50 * 2 + 20 * 3) / 100)
     assert dict(metrics) == {k: v for k, v in ref_metrics.items() if k != "partition-id"}  # taken out per client
 
+
+
+def test_replies_are_summed_in_partition_order_whatever_their_arrival(tmp_path):
+    """Node ids are drawn at random per run and replies arrive in any order; float addition is not
+    associative, so with 3+ clients the sum must follow the partition ids for same seed, same numbers."""
+    import itertools
+
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 1
+    cfg = registry.load_config({"min-clients": 1})
+    recorder = RunRecorder(tmp_path, "fedavg", cfg.to_flat())
+    recorder.node_partitions = {907: 0, 15: 1, 442: 2}
+    strategy = build_strategy(cfg, recorder)
+    values = {907: 1e16, 15: 1.0, 442: -1e16}  # (a + b) + c = 0 but (a + c) + b = 1
+
+    def reply(node):
+        instr = Message(RecordDict({"config": ConfigRecord()}), dst_node_id=node, message_type="train")
+        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.array([values[node]], np.float32))}),
+                                   "metrics": MetricRecord({"num-examples": 10, "partition-id": recorder.node_partitions[node]})}),
+                       reply_to=instr)
+
+    def aggregate(replies):
+        strategy.sent = ArrayRecord({"w": Array(np.zeros(1, np.float32))})
+        strategy._sent_to = [907, 15, 442]
+        return float(strategy.aggregate_train(1, replies)[0]["w"].numpy()[0])
+
+    arrivals = list(itertools.permutations([907, 15, 442]))
+    assert [m.metadata.src_node_id for m in strategy.in_order([reply(n) for n in (442, 907, 15)])] == [907, 15, 442]
+    assert len({aggregate([reply(n) for n in order]) for order in arrivals}) > 1  # arrival order matters ...
+    assert {aggregate(strategy.in_order([reply(n) for n in order])) for order in arrivals} == {0.0}  # ... not here
