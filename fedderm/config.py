@@ -235,3 +235,9 @@ def parse_config(
         raise ConfigError(f"unknown method {cfg.method!r}.{hint} Valid methods: {', '.join(methods)}")
     _check_ranges(cfg)
     return cfg
+
+
+#: One line per run-config key, core and method option alike (``"lr"``, ``"fedclf.queue-size"``):
+#: the source of the generated run-config reference in the docs.  Every new key gets an entry.
+KEY_DOCS: dict[str, str] = {
+}
