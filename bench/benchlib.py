@@ -1,6 +1,6 @@
 """Helpers shared by the performance benchmarks (bench/overhead.py, scale.py, throughput.py).
 
-Nothing here is timed by a test: the benches print figures for the README's "Performance" table.
+Nothing here is timed by a test: the benches print figures for the "Performance" page, docs/benchmarks.md.
 Memory is the sum of the resident set sizes of a process and all its descendants (Ray's GCS,
 raylet and worker processes included), sampled every ``interval`` seconds from ``/proc``.
 """

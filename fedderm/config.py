@@ -33,7 +33,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Config:
-    """Every run-config key shared by all methods (README, "Run config")."""
+    """Every run-config key shared by all methods (docs/run-config.md, generated from KEY_DOCS)."""
 
     method: str = "fedavg"
     seed: int = 0
