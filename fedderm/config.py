@@ -240,4 +240,125 @@ def parse_config(
 #: One line per run-config key, core and method option alike (``"lr"``, ``"fedclf.queue-size"``):
 #: the source of the generated run-config reference in the docs.  Every new key gets an entry.
 KEY_DOCS: dict[str, str] = {
+    # -- core keys (Config) --
+    "method": "the method (`registry.METHODS`; the table in docs/index.md)",
+    "seed": "seeds data, partitions, splits, initial weights and shuffling: same seed, same numbers on CPU, "
+            "with any number of clients",
+    "dataset": "the data format (docs/data.md)",
+    "data-path": "the image folder, CSV file or `.npz` file (not needed for `synthetic`)",
+    "image-dir": "`csv` only: the folder searched (recursively) for the images; default: the CSV's folder",
+    "classes": "comma-separated class list, e.g. `\"akiec,bcc,bkl,df,mel,nv,vasc\"`: fixes the label order; "
+               "empty: inferred from the data",
+    "site-column": "`csv` only: the column naming each image's site; `auto` uses HAM10000's `dataset` column, "
+                   "`\"\"` means none",
+    "skip-bad-files": "`true` skips unreadable images, missing files and unknown labels (logged) instead of stopping",
+    "cache-dir": "decoded, resized images are cached here, so each file is decoded once",
+    "image-size": "images are resized (shorter edge) and centre-cropped to this square size (000 uses 72)",
+    "synthetic-sites": "`synthetic` only: the number of sites; `0` gives one site per client",
+    "synthetic-per-class": "`synthetic` only: images per class per site",
+    "partition": "`source`: one site per client (000 §V-A); `iid`: shuffled equal shares; "
+                 "`dirichlet`: label proportions ~ Dir(α) per class (003 §IV-B)",
+    "dirichlet-alpha": "α of `partition=\"dirichlet\"`: 100 is near-balanced, 1.0 and 0.5 increasingly skewed",
+    "val-fraction": "share of each client's images held out for validation (best-round selection)",
+    "test-fraction": "share held out for the final test; the rest is train",
+    "label-fraction": "stratified share of train that is labelled (papers: 0.1, 0.2, 0.4, 0.8); the rest is unlabelled",
+    "cv-folds": "`k` >= 3: k stratified folds per client, fold `cv-fold` is test, the next one val, the rest "
+                "train (`val-fraction`/`test-fraction` ignored; 004's cross-centre CV); `0`: off",
+    "cv-fold": "which fold is the test fold (0 … `cv-folds` − 1)",
+    "model": "`resnet18`, `resnet50` (torchvision; 3×3 stem without max-pool below 48 px), `tiny-cnn`, "
+             "`vit-micro` (tests), `vit-tiny`, `vit-small` (patch 8), `vit-base` (patch 16); "
+             "always randomly initialised, nothing is downloaded",
+    "num-server-rounds": "federated rounds (pre-training rounds for the self-supervised methods)",
+    "min-clients": "the server waits until this many clients are connected, and needs this many per round",
+    "local-epochs": "epochs over the client's images per round",
+    "batch-size": "local mini-batch size",
+    "optimizer": "local optimiser (`sgd` uses `momentum`)",
+    "lr": "learning rate of round 1",
+    "momentum": "SGD momentum",
+    "weight-decay": "weight decay",
+    "lr-schedule": "`cosine`: lr·½(1 + cos(π(r−1)/R)); `exponential`: lr·`lr-decay`^(r−1) (SiFT §2.4); "
+                   "`constant`: no decay",
+    "lr-decay": "the factor per round of `lr-schedule=\"exponential\"`, in every stage (training and "
+                "pre-training rounds, fine-tuning rounds, held-out-centre epochs)",
+    "proximal-mu": "FedProx μ (`method=\"fedprox\"`), e.g. 0.01",
+    "device": "`auto` uses CUDA when present, else CPU",
+    "finetune": "after pre-training: `federated` (FedAvg of the classifiers), `local` (each client fine-tunes "
+                "its own copy and keeps its best-on-val model) or `none` (pre-training only)",
+    "finetune-rounds": "fine-tuning rounds",
+    "finetune-epochs": "epochs over the labelled images per fine-tuning round",
+    "finetune-lr": "fine-tuning learning rate (000: Adam 1e-4), under `lr-schedule`",
+    "finetune-optimizer": "fine-tuning optimiser",
+    "holdout-centre": "a centre kept out of the federation (its `partition-id` or node-config `site`) that "
+                      "fine-tunes the final global model afterwards (004 Table XI); `\"\"`: off",
+    "holdout-epochs": "fine-tuning epochs on the held-out centre (its best epoch on val is tested)",
+    "holdout-lr": "the held-out centre's learning rate (`optimizer`, under `lr-schedule`)",
+    "output-dir": "where run folders are written (an absolute path is safest)",
+    "run-name": "the run folder's name; default `<method>-<dataset>-<date>-<time>-<id>`",
+    "resume": "a run folder to continue from its newest checkpoint (docs/failures.md)",
+    "keep-checkpoints": "per-round checkpoints kept per stage (`0` keeps all)",
+    "round-timeout": "seconds a round waits for replies and for `min-clients` to connect "
+                     "(keep it >= 15 s in simulation)",
+    "targets": "comma-separated balanced accuracies: `rounds_to_target` in summary.json gives the first round "
+               "whose mean val balanced accuracy reaches each (002 Table 2)",
+    "transport-dtype": "`float16` sends every floating-point array as float16 (half the traffic); "
+                       "the server keeps and averages float32; integer buffers travel unchanged",
+    # -- method options (registry.py) --
+    "fedclf.feature-sharing": "upload and relay features; `false` = FedMoCo",
+    "fedclf.local-negatives": "`false`: remote negatives only (000 Eq. 5); `true`: local and remote negatives (Eq. 4)",
+    "fedclf.queue-size": "K: size of the local bank, of the negatives bank and of each client's upload "
+                         "(also read by `fedmoco`, `localcl`)",
+    "fedclf.temperature": "τ of 000 Eq. 6 (MoCo v2; also read by `fedmoco`, `localcl`)",
+    "fedclf.momentum": "EMA coefficient of the momentum encoder (also read by `fedmoco`, `localcl`)",
+    "fedclf.feature-dtype": "precision of the relayed features on the wire: `float16` | `float32`",
+    "fedsimclr.temperature": "τ of SimCLR's NT-Xent (`fedsimclr`, and `ssl.tasks=\"simclr\"`)",
+    "fedmae.mask-ratio": "share of patches removed per image (000: 0.75; 003's Fed-MAE: 0.6)",
+    "fedmae.exclude": "parameters kept on the clients during the rounds (000 Table V): `none`, `decoder`, "
+                      "`patch-embed`, `decoder-embed`, `cls-token`",
+    "fedmae.norm-pix-loss": "`true`: per-patch normalised targets (the MAE reference's option); "
+                            "000 Eq. 7 uses raw pixels",
+    "fedmae.decoder-embed-dim": "decoder width",
+    "fedmae.decoder-depth": "decoder blocks",
+    "fedmae.decoder-num-heads": "decoder attention heads (the width must be a multiple of 4 × heads)",
+    "fedmae.init-checkpoint": "an MAE checkpoint (the reference's format) to start from; loaded strictly",
+    "fedmae.pretrain": "`false`: no federated pre-training; fine-tune from `fedmae.init-checkpoint` or from scratch",
+    "fedbeit.mask-ratio": "at most this share of the patches is masked, block-wise (003: 40 %)",
+    "fedbeit.vocab-size": "number of visual tokens (DALL-E: 8192)",
+    "fedbeit.tokenizer": "a TorchScript tokenizer; empty: the random-projection substitute (not the dVAE)",
+    "sift.variant": "`full` (002), or the Fig. 4 ablations `single`, `trainable-head`, `random-head`, "
+                    "`trainable-projector`",
+    "sift.ema-beta": "β of 002 Eq. 2 (long-term model EMA)",
+    "sift.temperature": "τ of 002 Eq. 1 (not stated in the paper)",
+    "sift.text-model": "the language model for the text head: a local folder, an installed model package "
+                       "or a Hugging Face name",
+    "sift.text-pooling": "`mean` of the last hidden states (sentence encoders) or `cls` (BERT-style models)",
+    "sift.class-texts": "one text per class, separated by a vertical bar, or a file with one per line; "
+                        "empty: the class names",
+    "sift.hop-timeout": "seconds to wait for one client's reply before skipping it (keep >= 15 s in simulation)",
+    "sift.long-bn": "the long-term model's BatchNorm statistics: `recompute` on the client's images, `ema` or `copy`",
+    "feddyn.alpha": "α of FedDyn's dynamic regulariser",
+    "flbt.mu": "μ of 004 Eq. 7 (weight of the Barlow Twins term)",
+    "flbt.lambda": "λ of 004 Eq. 5 (off-diagonal weight)",
+    "flbt.normalize": "`paper` (004 Eq. 6) | `batchnorm` (original Barlow Twins)",
+    "flbt.proj-dim": "projector output size (128 gives 004 Table XII's 27.97 M parameters for ResNet-50)",
+    "ssl.pretrain": "where stage 1 runs: `pseudo` (server, GAN images) | `local` (SSL-Fed) | `federated` (FedSSL)",
+    "ssl.pseudo-per-centre": "pseudo images each centre sends (004: 1000)",
+    "ssl.gan-steps": "GAN updates (one D and one G step each) per centre",
+    "ssl.gan-batch": "GAN batch size",
+    "ssl.gan-width": "channels of the GAN's coarsest block (halved per scale, at least 16)",
+    "ssl.gan-latent": "GAN latent size",
+    "ssl.gan-lr": "Adam learning rate of the GAN's G and D (004 §IV-C)",
+    "ssl.fid-select": "rank generator snapshots by FID to the centre's own images and send the best one's images",
+    "ssl.fid-checkpoints": "generator snapshots compared, evenly spaced over `ssl.gan-steps`",
+    "ssl.fid-keep": "best snapshots whose images are sent, at most `ssl.fid-checkpoints`",
+    "ssl.fid-features": "`\"\"`: a fixed random CNN (not Inception-FID); or a TorchScript feature network",
+    "ssl.tasks": "pretext tasks: `both` | `centre` | `restoration` on pseudo images; `restoration` | `simclr` "
+                 "on original images",
+    "ssl.finetune": "stage 2: `flbt` | `fedavg` (SSL-FL) | `local` (SSL-L-FT)",
+    "ssl.epochs": "server pre-training epochs over the pseudo images (per round and centre with `local`/`federated`)",
+    "ssl.rounds": "pre-training rounds with `ssl.pretrain` = `local`/`federated`",
+    "ssl.lr": "pre-training learning rate (Adam)",
+    "ssl.swap-patch": "side of the swapped patches in px (`0` = image-size/8)",
+    "ssl.swaps": "patch pairs swapped per image",
+    "moon.mu": "MOON's μ (weight of the model-contrastive loss)",
+    "moon.tau": "MOON's temperature τ",
 }
