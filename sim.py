@@ -294,5 +294,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(APP_DIR))
     sys.exit(main())
