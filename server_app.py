@@ -12,7 +12,7 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 import registry
-from records import to_record
+from wire import to_record
 from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything

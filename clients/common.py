@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-import records
+import wire
 import registry
 from fedderm.config import Config
 from fedderm.data import ClientData, DataError, load_client_data
@@ -63,7 +63,7 @@ class ClientSession:
                     self.cfg.model, self.data.num_classes, self.cfg.image_size)))()
         model = self._models[key]
         if arrays is not None:  # read-only views of the message's bytes; load_state_dict copies
-            model.load_state_dict(records.to_state_dict(arrays), strict=True)
+            model.load_state_dict(wire.to_state_dict(arrays), strict=True)
         return model.to(self.device)
 
     def lr_at(self, base_lr: float, step: int, steps: int) -> float:
@@ -135,9 +135,9 @@ def session(context: Context) -> ClientSession:
     return _SESSIONS[key]
 
 
-def reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None, **records) -> Message:
+def reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None, **extra) -> Message:
     """A reply with ``arrays`` (optional), ``metrics`` (tagged with the partition id) and extras."""
-    content = RecordDict({"metrics": MetricRecord(metrics), **records})
+    content = RecordDict({"metrics": MetricRecord(metrics), **extra})
     if arrays is not None:
         content["arrays"] = arrays
     return Message(content, reply_to=msg)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from wire import values
 
 from . import fedclf, finetune
 
@@ -23,7 +24,7 @@ def backbone_digest(arrays: ArrayRecord) -> str:
     h = hashlib.sha256()
     for key in sorted(k for k in arrays.keys() if k.startswith("backbone.")):
         h.update(key.encode())
-        h.update(arrays[key].numpy().tobytes())
+        h.update(values(arrays[key]).tobytes())
     return h.hexdigest()
 
 

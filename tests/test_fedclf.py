@@ -17,7 +17,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 import registry
 import sim
-from clients.fedclf import BANK, FEATURES, REMOTE
+from clients.fedclf import BANK
+from wire import FEATURES, REMOTE
 from fedderm import moco as moco_module
 from fedderm.augment import ContrastiveAugment
 from fedderm.models import create_model
