@@ -90,8 +90,8 @@ def simulate(overrides: dict, num_supernodes: int = 2, cpus_per_client: int = 1,
 
     ``client_app`` replaces fedderm's ClientApp (tests use it to inject faults)."""
     from flwr.app import Context, RecordDict
-    from flwr.supercore.telemetry import EventType as Ev
     from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.telemetry import EventType as Ev
 
     from server_app import app as server_app
 
@@ -147,7 +147,7 @@ def _reason_from_log(path: Path) -> str:
         lines = [_ANSI.sub("", line).strip() for line in path.read_text(errors="replace").splitlines()]
     except OSError:
         return ""
-    errors = [line for line in lines if "ERROR" in line and line.strip("ERROR: ")]
+    errors = [line for line in lines if "ERROR" in line and line.strip("ERROR: ")]  # noqa: B005 (a set of chars)
     if errors:
         return errors[-1].replace("ERROR :", "").strip()
     raised = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line)]

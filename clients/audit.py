@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Context, Message
 from flwr.common.serde import recorddict_to_proto
+
 from wire import values as wire_values
 
 ENV = "FEDDERM_AUDIT_DIR"

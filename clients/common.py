@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-import wire
 import registry
+import wire
 from fedderm.config import Config
 from fedderm.data import ClientData, DataError, load_client_data
 from fedderm.models import create_model
@@ -28,7 +28,7 @@ from fedderm.node import NodeSettings, parse_node_config
 from fedderm.train import evaluate as evaluate_model
 from fedderm.train import resolve_device, round_lr
 
-_SESSIONS: dict[tuple, "ClientSession"] = {}
+_SESSIONS: dict[tuple, ClientSession] = {}
 #: The default classifier, one per (model, classes, image size) and process: every client session
 #: of a simulation worker shares it (it is always loaded with a full state before use), so a
 #: worker serving 50 clients holds one ResNet, not 50.

@@ -45,7 +45,7 @@ class MocoOptions:
     feature_dtype: str
 
     @classmethod
-    def from_config(cls, cfg, feature_sharing: bool | None = None) -> "MocoOptions":
+    def from_config(cls, cfg, feature_sharing: bool | None = None) -> MocoOptions:
         """The ``fedclf.*`` keys; ``feature_sharing`` fixed by FedMoCo / Local CL (False)."""
         return cls(queue_size=cfg.option("fedclf.queue-size"), temperature=cfg.option("fedclf.temperature"),
                    momentum=cfg.option("fedclf.momentum"),

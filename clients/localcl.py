@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+
 from wire import values
 
 from . import fedclf, finetune

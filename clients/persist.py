@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+
 from wire import to_record, values
 
 KINDS = {"arrays": ArrayRecord, "metrics": MetricRecord, "config": ConfigRecord}

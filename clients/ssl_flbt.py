@@ -8,9 +8,8 @@ is FL-BT (``clients.flbt``) from the backbone the server pre-trained on everyone
 
 from __future__ import annotations
 
-import time
-
 import hashlib
+import time
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
@@ -25,7 +24,6 @@ from . import local
 from .common import reply, session
 from .flbt import HANDLERS as FLBT_HANDLERS
 from .flbt_family import projected
-
 
 
 def train_gan(msg: Message, context: Context) -> Message:

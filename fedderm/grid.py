@@ -35,11 +35,12 @@ import json
 import math
 import re
 import statistics
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from fedderm.config import ConfigError
 from fedderm.metrics import METRIC_NAMES
@@ -127,7 +128,7 @@ class Grid:
         rows = []
         for i, combo in enumerate(itertools.product(*(self.axes[a] for a in names))):
             overrides: dict[str, Any] = {}
-            for label, values in combo:
+            for _label, values in combo:
                 overrides.update(values)
             rows.append(Row(i, {a: label for a, (label, _) in zip(names, combo)}, overrides))
         return rows

@@ -16,8 +16,8 @@ With ``fedclf.feature-sharing=false`` nothing is uploaded or relayed: FedMoCo.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 import torch

@@ -30,7 +30,6 @@ from .common import Tracked
 from .finetune import finetune_pretrained, pretrain_strategy, pretrain_then_finetune
 
 
-
 class FedMAEStrategy(Tracked, FedAvg):
     """FedAvg over the parameters the clients send; the excluded ones (absent from the replies)
     keep their global value during the rounds and become the clients' weighted mean after the

@@ -23,7 +23,14 @@ from flwr.serverapp.strategy import FedAvg
 
 import wire
 from fedderm.config import ConfigError
-from fedderm.sift import LONG_BN_MODES, VARIANTS, build_sift_model, class_text_embeddings, class_texts, random_matrix
+from fedderm.sift import (
+    LONG_BN_MODES,
+    VARIANTS,
+    build_sift_model,
+    class_text_embeddings,
+    class_texts,
+    random_matrix,
+)
 
 from .common import Tracked, run_federated
 

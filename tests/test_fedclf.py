@@ -18,16 +18,16 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 import registry
 import sim
 from clients.fedclf import BANK
-from wire import FEATURES, REMOTE
 from fedderm import moco as moco_module
 from fedderm.augment import ContrastiveAugment
-from fedderm.models import create_model
 from fedderm.moco import FeatureQueue, build_moco, info_nce, moco_round
+from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.simclr import nt_xent
 from strategies import fedclf as fedclf_strategy
-from strategies.fedclf import FedCLFStrategy, relay_features
+from strategies.fedclf import relay_features
 from strategies.finetune import pretrain
+from wire import FEATURES, REMOTE
 
 CLASSES = ["a", "b", "c", "d", "e"]
 TINY = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 6, "num-server-rounds": 2,

@@ -8,8 +8,8 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from flwr.supercore.task_identity import TaskIdentity
 
-import wire
 import registry
+import wire
 from fedderm.results import RunRecorder
 from strategies.common import cast_like
 from strategies.fedavg import build_strategy
