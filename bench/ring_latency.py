@@ -8,7 +8,7 @@ Starts the TLS + node-auth loopback federation of deploy/loopback.py twice:
   * fedderm's settings: FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1 on every SuperNode;
 and in each runs bench/ringprobe, which passes an array around the ring one node at a time with
 Flower's ``Grid.send_and_receive`` (3 s between pulls) and with fedderm's
-``strategies.common.send_and_receive_fast`` (0.1 s).  Prints the hop times of the four settings.
+``strategies.fastpoll.send_and_receive_fast`` (0.1 s).  Prints the hop times of the four settings.
 A SuperNode itself still waits up to 3 s between pulls when idle (hard-coded in Flower 1.41/1.42),
 which is the floor of what remains.
 """
