@@ -45,13 +45,11 @@ class ClientSession:
     _models: dict = field(default_factory=dict)
 
     def model(self, arrays: ArrayRecord | None = None, key: str = "classifier",
-              factory: Callable[[], torch.nn.Module] | None = None,
-              build: Callable[[], torch.nn.Module] | None = None) -> torch.nn.Module:
-        """The client's model ``key`` (built once per process by ``factory``, alias ``build``;
+              factory: Callable[[], torch.nn.Module] | None = None) -> torch.nn.Module:
+        """The client's model ``key`` (built once per process by ``factory``;
         default: the classifier ``cfg.model``, shared by the clients of a process: load it with
         ``arrays`` or a full state before use), loaded with ``arrays`` if given, on the client's
         device."""
-        factory = factory or build
         if key not in self._models:
             if factory is None and key == "classifier":
                 shared = (self.cfg.model, self.data.num_classes, self.cfg.image_size, str(self.device))

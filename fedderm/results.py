@@ -108,14 +108,14 @@ def _write_json(path: Path, obj: Any, sort_keys: bool = False) -> None:
     _atomic_write_bytes(path, (text + "\n").encode("utf-8"))
 
 
-def _client_sort_key(client_id: str):
+def client_sort_key(client_id: str):
     """Natural order: '2' before '10'; non-numeric ids after numeric ones."""
     parts = re.split(r"(\d+)", str(client_id))
     return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p != ""]
 
 
 def _sorted_clients(per_client: Mapping[str, Any]) -> list[str]:
-    return sorted((str(k) for k in per_client), key=_client_sort_key)
+    return sorted((str(k) for k in per_client), key=client_sort_key)
 
 
 def _num(value: Any) -> float:

@@ -45,6 +45,7 @@ import tomllib
 
 from fedderm.config import ConfigError
 from fedderm.metrics import METRIC_NAMES
+from fedderm.results import client_sort_key
 
 SECTIONS = ("sweep", "run-config", "quick")
 SWEEP_KEYS = ("title", "num-supernodes", "seeds", "cv-folds", "table", "metrics", "axes")
@@ -385,7 +386,7 @@ def lookup(obj: Any, path: str) -> Any:
     if path == "":
         return obj
     if isinstance(obj, list):
-        values = [_num(lookup(item, path)) for item in obj]
+        values = [_number_or_none(lookup(item, path)) for item in obj]
         values = [v for v in values if v is not None]
         return statistics.fmean(values) if values else None
     if not isinstance(obj, Mapping):
@@ -400,7 +401,8 @@ def lookup(obj: Any, path: str) -> Any:
     return None
 
 
-def _num(value: Any) -> float | None:
+def _number_or_none(value: Any) -> float | None:
+    """A finite number as float; None for missing, non-numeric or NaN (left out of mean ± SD)."""
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return None if math.isnan(value) else float(value)
@@ -411,8 +413,8 @@ def metric_value(summary: Mapping[str, Any], metric: Metric, client: str | None 
     final = summary.get("final") or {}
     if metric.is_final:
         source = final if client is None else (final.get("per_client") or {}).get(client, {})
-        return _num(source.get(metric.key))
-    return _num(lookup(summary, metric.key))
+        return _number_or_none(source.get(metric.key))
+    return _number_or_none(lookup(summary, metric.key))
 
 
 def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
@@ -451,7 +453,7 @@ def aggregate(sweep: Sweep, results: list[Mapping[str, Any]]) -> dict[str, Any]:
     if sweep.table == "per-client":
         ids = {c for r in results if is_complete(r.get("summary"))
                for c in (r["summary"]["final"].get("per_client") or {})}
-        clients = sorted(ids, key=lambda c: (0, int(c), "") if c.isdigit() else (1, 0, c))
+        clients = sorted(ids, key=client_sort_key)
 
     def cells(done: list[Mapping[str, Any]], client: str | None) -> dict[str, dict]:
         out = {}

@@ -28,7 +28,7 @@ import wire
 from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, save_checkpoint
 from fedderm.config import Config
 from fedderm.metrics import SELECTION_METRIC
-from fedderm.results import RunRecorder
+from fedderm.results import RunRecorder, client_sort_key
 
 from .nodes import NodeView, send_and_receive, wait_for_nodes
 from .screening import reply_problem, short_reason
@@ -174,7 +174,7 @@ class Tracked:
             metrics = msg.content["metrics"]
             pid = str(metrics.pop("partition-id", msg.metadata.src_node_id))
             per_client[pid] = dict(metrics)
-        return dict(sorted(per_client.items(), key=lambda kv: (len(kv[0]), kv[0])))
+        return dict(sorted(per_client.items(), key=lambda kv: client_sort_key(kv[0])))
 
     # -- Flower strategy hooks ------------------------------------------------------------
     def configure_train(self, server_round, arrays, config, grid):
