@@ -17,6 +17,7 @@ from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
 from strategies.common import FastPollGrid, run_federated, short_reason, wait_for_nodes
+from fedderm.launcher import fast_object_pulls
 from strategies.holdout import HoldoutGrid, finetune_holdout, holdout_nodes
 
 app = ServerApp()
@@ -35,7 +36,7 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
         else:
             infos[reply.metadata.src_node_id] = reply.content["info"]
     if failed:
-        raise RuntimeError("clients could not load their data:\n  " + "\n  ".join(failed))
+        raise RuntimeError("clients refused the run or could not load their data:\n  " + "\n  ".join(failed))
     silent = sorted(set(node_ids) - set(infos))
     if silent:
         log(WARNING, "nodes %s did not answer the handshake within %.0f s", silent, timeout)
@@ -105,6 +106,8 @@ def make_recorder(cfg, run_id: int) -> RunRecorder:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    if type(grid).__name__ != "InMemoryGrid":  # deployment: Flower's object pulls back off 1, 2, 4, 8 s
+        fast_object_pulls()
     grid = FastPollGrid(grid)  # replies within 0.1 s (simulation: 0.02 s) instead of Flower's 3 s pull interval
     cfg = resolve_config(context.run_config)
     method = registry.get_method(cfg.method)
