@@ -35,7 +35,7 @@ from pathlib import Path
 VERIFIED_FLOWER = ("1.41.0", "1.42.0")
 DEFAULT_POLL_INTERVAL = 0.05
 REFUSAL = "refused: app bundle sha256 {digest} is not on this hospital's allow-list ({source})"
-_log = logging.getLogger("fedderm.launcher")
+_log = logging.getLogger("flwr")  # Flower's console format, next to the SuperNode's own lines
 
 # (module, attribute) pairs of Flower internals this module relies on
 _INTERNALS = (
@@ -149,8 +149,7 @@ def app_hash(app_dir: str | Path = ".") -> str:
 
 def _guard_install(allowed: set[str] | None, source: str) -> None:
     """Wrap Flower's FAB installation in the child: refuse a bundle not on the allow-list."""
-    from flwr.supernode.runtime import run_clientapp as rc
-
+    rc = importlib.import_module("flwr.supernode.runtime.run_clientapp")
     original = rc.install_from_fab
 
     def install_checked(fab_content: bytes, *args, **kwargs):
@@ -240,7 +239,7 @@ class ForkExecutor:
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         except BaseException:  # noqa: BLE001 - a child must never return into the parent's loop
-            logging.getLogger("fedderm.launcher").exception("fedderm launcher: task child failed")
+            _log.exception("fedderm launcher: task child failed")
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -289,8 +288,9 @@ def superexec_main(argv: list[str]) -> None:
     os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", str(max(interval, 0.01)))
     fast_object_pulls(interval)
     prewarm()
-    from flwr.supercore.cli import flower_superexec as cli
-    from flwr.supercore.superexec import run_superexec as rs
+    # the packages re-export functions under the modules' names: import the modules themselves
+    cli = importlib.import_module("flwr.supercore.cli.flower_superexec")
+    rs = importlib.import_module("flwr.supercore.superexec.run_superexec")
 
     rs.get_executor = lambda *a, **k: ForkExecutor(allowed, source)
     if allowed is not None:
@@ -326,8 +326,8 @@ def supernode_main(argv: list[str]) -> None:
         extra = ["--allow-list", str(Path(allow_list).expanduser().resolve())]
     interval = poll_interval()
     fast_object_pulls(interval)
-    from flwr.supernode import start_client_internal as sci
-    from flwr.supernode.cli import flower_supernode as cli
+    sci = importlib.import_module("flwr.supernode.start_client_internal")
+    cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
 
     sci.time = _ClampedTime(interval)
     sci.subprocess = _SuperExecPopen(extra)

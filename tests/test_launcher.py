@@ -7,6 +7,7 @@ tests/test_deploy.py's loopback federation test.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import shutil
 import subprocess
 import sys
@@ -99,7 +100,7 @@ def test_app_hash_is_the_sha256_of_the_bundle_flwr_run_ships(tmp_path):
 
 
 def test_install_guard_refuses_a_bundle_off_the_list_before_installing_it(monkeypatch, caplog):
-    from flwr.supernode.runtime import run_clientapp as rc
+    rc = importlib.import_module("flwr.supernode.runtime.run_clientapp")
 
     installed = []
     monkeypatch.setattr(rc, "install_from_fab", lambda content, **kw: installed.append(content))
@@ -114,7 +115,7 @@ def test_install_guard_refuses_a_bundle_off_the_list_before_installing_it(monkey
 
 
 def test_no_allow_list_approves_everything(monkeypatch):
-    from flwr.supernode.runtime import run_clientapp as rc
+    rc = importlib.import_module("flwr.supernode.runtime.run_clientapp")
 
     installed = []
     monkeypatch.setattr(rc, "install_from_fab", lambda content, **kw: installed.append(content))
