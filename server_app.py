@@ -13,6 +13,7 @@ from flwr.serverapp import Grid, ServerApp
 
 import registry
 from records import to_record
+from fedderm.data.checks import check_union
 from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
@@ -32,7 +33,8 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
     infos, failed = {}, []
     for reply in grid.send_and_receive(msgs, timeout=timeout):
         if reply.has_error():
-            failed.append(f"node {reply.metadata.src_node_id}: {short_reason(reply.error.reason, 2000)}")
+            reason = short_reason(reply.error.reason, 2000)  # data errors name the client themselves
+            failed.append(reason if reason.startswith("client ") else f"node {reply.metadata.src_node_id}: {reason}")
         else:
             infos[reply.metadata.src_node_id] = reply.content["info"]
     if failed:
@@ -55,6 +57,10 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
     if len(classes) != 1:
         raise RuntimeError(f"clients disagree on the class list: {sorted(classes)}; set the run-config "
                            "key 'classes' so that every hospital maps labels the same way")
+    counts = {f"client {info['partition-id']}": list(info["class-counts"]) for nid, info in infos.items()
+              if nid not in held and "class-counts" in info}
+    if counts:  # every class must have images somewhere (docs/data-checks.md)
+        check_union(counts, list(next(iter(classes))))
     for nid, info in sorted(infos.items(), key=lambda kv: kv[1]["partition-id"]):
         site = f" {info['site']!r}" if info.get("site") else ""
         log(INFO, "client %d%s (node %d): train %d (labelled %d) · val %d · test %d%s", info["partition-id"], site,

@@ -248,7 +248,7 @@ KEY_DOCS: dict[str, str] = {
     "data-path": "the image folder, CSV file or `.npz` file (not needed for `synthetic`)",
     "image-dir": "`csv` only: the folder searched (recursively) for the images; default: the CSV's folder",
     "classes": "comma-separated class list, e.g. `\"akiec,bcc,bkl,df,mel,nv,vasc\"`: fixes the label order; "
-               "empty: inferred from the data",
+               "empty: inferred from the data (a MedMNIST `.npz` named after its data set gets MedMNIST's names)",
     "site-column": "`csv` only: the column naming each image's site; `auto` uses HAM10000's `dataset` column, "
                    "`\"\"` means none",
     "skip-bad-files": "`true` skips unreadable images, missing files and unknown labels (logged) instead of stopping",
@@ -331,8 +331,9 @@ KEY_DOCS: dict[str, str] = {
     "sift.text-model": "the language model for the text head: a local folder, an installed model package "
                        "or a Hugging Face name",
     "sift.text-pooling": "`mean` of the last hidden states (sentence encoders) or `cls` (BERT-style models)",
-    "sift.class-texts": "one text per class, separated by a vertical bar, or a file with one per line; "
-                        "empty: the class names",
+    "sift.class-texts": "one text per class, separated by a vertical bar, or a file with one per line "
+                        "(relative: to the working or the app folder, e.g. `configs/texts/ham10000.txt`); "
+                        "empty: the class names, diagnosis codes spelled out (docs/class-texts.md)",
     "sift.hop-timeout": "seconds to wait for one client's reply before skipping it (keep >= 15 s in simulation)",
     "sift.long-bn": "the long-term model's BatchNorm statistics: `recompute` on the client's images, `ema` or `copy`",
     "feddyn.alpha": "α of FedDyn's dynamic regulariser",

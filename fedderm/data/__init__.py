@@ -13,12 +13,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .checks import check_pool, check_split
 from .partition import ClientSplit, partition_indices, split_client
 from .pool import DataError, ImagePool
 from .sources import load_source
 from .synthetic import load_synthetic
 
-__all__ = ["ClientData", "DataError", "ImagePool", "TensorBatches", "load_client_data", "load_pool"]
+__all__ = ["ClientData", "DataError", "ImagePool", "TensorBatches", "check_federation", "load_client_data",
+           "load_pool"]
 
 log = logging.getLogger("fedderm.data")
 
@@ -89,6 +91,10 @@ def load_client_data(cfg, partition_id: int, num_partitions: int, *, data_path: 
         cache_dir=cfg.cache_path, classes=cfg.class_list, image_dir=cfg.image_dir,
         site_column=cfg.site_column, skip_bad_files=cfg.skip_bad_files,
     )
+    source = data_path if own else cfg.data_path
+    kind = dataset or cfg.dataset
+    check_pool(pool, dataset=kind, data_path=source, classes_given=bool(cfg.class_list) or kind == "synthetic",
+               whole=not own, who=f"client {partition_id}: " if own else "")
     if own:
         idx = np.arange(len(pool))
     else:
@@ -106,9 +112,29 @@ def load_client_data(cfg, partition_id: int, num_partitions: int, *, data_path: 
                          val_fraction=cfg.val_fraction, test_fraction=cfg.test_fraction,
                          label_fraction=cfg.label_fraction, groups=pool.groups,
                          cv_folds=cfg.cv_folds, cv_fold=cfg.cv_fold)
+    share = ("its own data " if own else f"partition={cfg.partition!r} of {len(pool)} images in ") + (
+        "the synthetic data" if kind == "synthetic" else str(source))
+    check_split(split, who=f"client {partition_id}", num_images=len(idx), val_fraction=cfg.val_fraction,
+                test_fraction=cfg.test_fraction, cv_folds=cfg.cv_folds, source=share,
+                needs_test=getattr(cfg, "test_set", "per-client") != "global")
     data = ClientData(pool=pool, split=split, partition_id=partition_id)
     log.info("%r", data)
     return data
+
+
+def check_federation(cfg, num_partitions: int) -> list[ClientData]:
+    """Load every client's share of a simulation's pool once, running the data checks
+    (:mod:`fedderm.data.checks`) on the pool and on each client's split; raise :class:`DataError`
+    (one line naming the client, the file or folder, and the numbers) on the first problem.
+
+    The decoded pool stays cached on disk (``cache-dir``) for the clients; the in-process copies
+    are dropped, so that the driver of a simulation does not hold a second copy of the images.
+    """
+    try:
+        return [load_client_data(cfg, p, num_partitions) for p in range(num_partitions)]
+    finally:
+        _POOLS.clear()
+        _PARTITIONS.clear()
 
 
 class TensorBatches:

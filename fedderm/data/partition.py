@@ -15,12 +15,13 @@ from .pool import DataError
 PARTITIONS = ("iid", "dirichlet", "source")
 
 
-def _label_table(labels: np.ndarray):
+def _label_table(labels: np.ndarray, order: np.ndarray | None = None):
+    """A (pool index, label) table, rows in ``order`` (default: pool order)."""
     import datasets  # heavy import, needed only when a partition is computed
 
-    return datasets.Dataset.from_dict(
-        {"idx": np.arange(len(labels)), "label": np.asarray(labels, dtype=np.int64)}
-    )
+    labels = np.asarray(labels, dtype=np.int64)
+    order = np.arange(len(labels)) if order is None else np.asarray(order, dtype=np.int64)
+    return datasets.Dataset.from_dict({"idx": order, "label": labels[order]})
 
 
 def iid_partition(labels: np.ndarray, num_partitions: int, seed: int) -> list[np.ndarray]:
@@ -36,6 +37,9 @@ def dirichlet_partition(labels: np.ndarray, num_partitions: int, alpha: float, s
                         min_partition_size: int | None = None) -> list[np.ndarray]:
     """Per class, split its samples across clients with proportions ~ Dir(alpha) (003 §IV-B).
 
+    The pool is first put in a random order seeded by ``seed``, so each class's samples are dealt
+    at random, not in file order; the same seed gives the same partition.
+
     Large alpha gives near-balanced label distributions, small alpha skewed ones.  Sampling is
     repeated until every client holds at least ``min_partition_size`` samples.
     """
@@ -47,7 +51,11 @@ def dirichlet_partition(labels: np.ndarray, num_partitions: int, alpha: float, s
         num_partitions=num_partitions, partition_by="label", alpha=alpha,
         min_partition_size=min_partition_size, self_balancing=False, seed=seed,
     )
-    partitioner.dataset = _label_table(labels)
+    # DirichletPartitioner cuts each class's indices, in table order, into consecutive blocks:
+    # hand it the pool in a seeded random order, so that no client gets a run of the file order
+    # (which may track a site, a scanner or MedMNIST's train/val/test stacking), as 003's
+    # reference code does with np.random.shuffle of each class's indices.
+    partitioner.dataset = _label_table(labels, order=np.random.default_rng(seed).permutation(len(labels)))
     return [np.sort(partitioner.load_partition(p)["idx"]) for p in range(num_partitions)]
 
 
