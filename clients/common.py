@@ -152,7 +152,8 @@ def info(msg: Message, context: Context) -> Message:
     sp = s.data.split
     record = ConfigRecord({"classes": list(s.data.classes), "partition-id": s.partition_id, "site": s.node.site,
                            "train": len(sp.train), "labelled": len(sp.labelled), "val": len(sp.val),
-                           "test": len(sp.test), "skipped-files": len(s.data.pool.skipped)})
+                           "test": len(sp.test), "skipped-files": len(s.data.pool.skipped),
+                           **{f"counts-{k}": v for k, v in s.data.class_counts().items()}})
     return Message(RecordDict({"info": record}), reply_to=msg)
 
 
