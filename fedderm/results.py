@@ -473,6 +473,7 @@ class RunRecorder:
         self._write_summary()
         self._plot_curves()
         self._plot_train_loss()
+        self._write_per_class()
         if self.final is not None:
             _atomic_write_bytes(self.run_dir / "final_table.txt", (self.table() + "\n").encode("utf-8"))
         return self.run_dir
@@ -485,6 +486,67 @@ class RunRecorder:
         if self.best_round is not None:
             title += f" (model from round {self.best_round})"
         return format_table(self.final["per_client"], title)
+
+    def _confusions(self) -> list[tuple[str, str, dict]]:
+        """(set, client, entry with confusion_matrix/per_class) of the final test: the final
+        (global or pooled) one first, then every client's own test split."""
+        final = self.final or {}
+        out = []
+        if "confusion_matrix" in final:
+            out.append((final.get("test_set", "per-client") == "global" and "global-test" or "pooled-test",
+                        "all", final))
+        for cid in _sorted_clients(final.get("per_client") or {}):
+            entry = final["per_client"][cid]
+            if "confusion_matrix" in entry:
+                out.append(("test", cid, entry))
+        return out
+
+    def _write_per_class(self) -> None:
+        """per_class.csv (recall, precision, specificity, support per class) and
+        confusion_matrix.csv (one row per true class) and confusion.png of the final test."""
+        sets = self._confusions()
+        if not sets:
+            return
+        names = self.class_names(len(sets[0][2]["confusion_matrix"]))
+        with open(self.run_dir / "per_class.csv", "w", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh)
+            w.writerow(["set", "client", "class", "recall", "precision", "specificity", "support"])
+            for which, cid, entry in sets:
+                for name, m in entry["per_class"].items():
+                    w.writerow([which, cid, name, *(_csv_cell(m[k]) for k in ("recall", "precision",
+                                                                              "specificity", "support"))])
+        with open(self.run_dir / "confusion_matrix.csv", "w", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh)
+            w.writerow(["set", "client", "true \\ predicted", *names])
+            for which, cid, entry in sets:
+                for name, row in zip(names, entry["confusion_matrix"]):
+                    w.writerow([which, cid, name, *row])
+        self._plot_confusion(sets[:9], names)
+
+    def _plot_confusion(self, sets, names: list[str]) -> Path:
+        from matplotlib.figure import Figure
+
+        cols = min(3, len(sets))
+        rows = -(-len(sets) // cols)
+        side = 1.2 + 0.45 * len(names)
+        fig = Figure(figsize=(side * cols + 1, side * rows + 0.6))
+        axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
+        for ax, (which, cid, entry) in zip(axes, sets):
+            cm = np.asarray(entry["confusion_matrix"])
+            ax.imshow(cm, cmap="Blues")
+            for (i, j), v in np.ndenumerate(cm):
+                ax.text(j, i, str(v), ha="center", va="center", fontsize=8,
+                        color="white" if v > cm.max() / 2 else "black")
+            ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+            ax.set_yticks(range(len(names)), names, fontsize=8)
+            ax.set_xlabel("predicted")
+            ax.set_ylabel("true")
+            ax.set_title({"global-test": "global test set", "pooled-test": "all clients' test splits (summed)"}
+                         .get(which, f"client {cid}, test split") + f" (n={int(cm.sum())})", fontsize=9)
+        for ax in axes[len(sets):]:
+            ax.axis("off")
+        fig.suptitle(f"{self.method}: confusion matrices of the final test")
+        return self._save_figure(fig, "confusion.png")
 
     # plotting -----------------------------------------------------------------
     def _curve_split(self) -> str | None:
@@ -537,19 +599,29 @@ class RunRecorder:
         _style_axis(ax, "Balanced accuracy")
         ax.legend(fontsize="small", ncol=2 if len(clients) > 8 else 1)
         axes[5].axis("off")
-        fig.suptitle(f"{self.method}: {'validation' if split == 'val' else split} metrics per round")
+        stage = " (stage 2: fine-tuning; pre-training in train_loss.png)" if any(
+            r["split"] == "pretrain" for r in self.rounds) else ""
+        fig.suptitle(f"{self.method}: {'validation' if split == 'val' else split} metrics per round{stage}")
         return self._save_figure(fig, "curves.png")
 
     def _plot_train_loss(self) -> Path | None:
-        points = [(r["round"], _train_loss(r["train"])) for r in self.rounds]
+        """train_loss.png; a two-stage method (pre-training rounds, split ``pretrain``) gets two
+        labelled panels: stage 1's self-supervised loss and stage 2's fine-tuning loss."""
+        points = [(r["round"], _train_loss(r["train"])) for r in self.rounds if r["split"] != "pretrain"]
         points = sorted({x: y for x, y in points if y is not None}.items())
-        if not points:
+        pre = sorted({r["round"]: _num(r["metrics"].get("loss")) for r in self.rounds
+                      if r["split"] == "pretrain"}.items())
+        if not points and not pre:
             return None
         from matplotlib.figure import Figure
 
-        fig = Figure(figsize=(6, 4))
-        ax = fig.subplots()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color="tab:red")
-        ax.set_title(f"{self.method}: mean training loss per round")
-        _style_axis(ax, "training loss", unit_interval=False)
+        panels = ([("stage 1: self-supervised pre-training\nmean SSL loss per round", pre, "tab:purple")]
+                  if pre else []) + ([(("stage 2: fine-tuning\n" if pre else "") + "mean training loss per round",
+                                       points, "tab:red")] if points else [])
+        fig = Figure(figsize=(6 * len(panels), 4))
+        axes = np.atleast_1d(fig.subplots(1, len(panels)))
+        for ax, (title, pts, colour) in zip(axes, panels):
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=colour)
+            ax.set_title(f"{self.method}: {title}")
+            _style_axis(ax, "loss", unit_interval=False)
         return self._save_figure(fig, "train_loss.png")

@@ -110,3 +110,47 @@ def test_unknown_test_set_names_the_choices():
 def test_missing_test_data_path_names_key_and_file(tmp_path):
     with pytest.raises(ConfigError, match=r"'test-data-path'.*nope\.npz.*does not exist"):
         sim.simulate({"test-set": "global", "test-data-path": str(tmp_path / "nope.npz")})
+
+
+def test_per_class_csv_confusion_csv_and_png(global_run):
+    run_dir, _, summary = global_run
+    with open(run_dir / "per_class.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    first = [r for r in rows if r["set"] == "global-test"]
+    assert [r["class"] for r in first] == ["dark", "mid", "bright"]
+    per = summary["final"]["per_class"]
+    assert [int(r["support"]) for r in first] == [per[n]["support"] for n in ("dark", "mid", "bright")]
+    assert {r["client"] for r in rows if r["set"] == "test"} == {"0", "1"}
+    with open(run_dir / "confusion_matrix.csv") as fh:
+        cm_rows = [r for r in csv.reader(fh)][1:4]
+    assert [[int(v) for v in r[3:]] for r in cm_rows] == summary["final"]["confusion_matrix"]
+    assert (run_dir / "confusion.png").stat().st_size > 0
+
+
+def test_two_stage_loss_plot_has_both_stages(tmp_path):
+    from fedderm.results import RunRecorder
+
+    rec = RunRecorder(tmp_path / "r", "fedmae", {"seed": 0})
+    for r in (1, 2):
+        rec.log_round(r, "pretrain", {"0": {"loss": 1.0 / r, "num-examples": 4}})
+    for r in (0, 1):
+        rec.log_round(r, "val", {"0": {"balanced_accuracy": 0.5, "num-examples": 4}}, train={"train_loss": 0.3})
+    fig_calls = []
+    import matplotlib.figure
+
+    original = matplotlib.figure.Figure.subplots
+
+    def spy(self, *a, **k):
+        axes = original(self, *a, **k)
+        fig_calls.append(self)
+        return axes
+
+    matplotlib.figure.Figure.subplots = spy
+    try:
+        rec.finish()
+    finally:
+        matplotlib.figure.Figure.subplots = original
+    loss_fig = [f for f in fig_calls if len(f.axes) == 2][0]
+    titles = [ax.get_title() for ax in loss_fig.axes]
+    assert "stage 1: self-supervised pre-training" in titles[0] and "stage 2: fine-tuning" in titles[1]
+    assert (tmp_path / "r" / "train_loss.png").exists()
