@@ -69,6 +69,22 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
     return infos
 
 
+def record_classes(recorder: RunRecorder, cfg, method, classes: list[str], infos: dict) -> None:
+    """Print the class list (label order) with images per class per client and split, and record it
+    in summary.json and the model files' metadata (fedderm.inference reads it)."""
+    splits = ("train", "labelled", "val", "test")
+    counts = {str(info["partition-id"]): {s: [int(v) for v in info[f"counts-{s}"]] for s in splits}
+              for info in infos.values() if f"counts-{splits[0]}" in info}
+    meta = {"method": cfg.method, "model": cfg.model, "image_size": cfg.image_size, "network": method.network}
+    if "flbt.proj-dim" in cfg.options:
+        meta["proj_dim"] = int(cfg.option("flbt.proj-dim"))
+    recorder.set_classes(classes, counts, meta)
+    log(INFO, "classes (label order): %s", ", ".join(f"{i}={name}" for i, name in enumerate(classes)))
+    for pid, per_split in sorted(counts.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else kv[0]):
+        log(INFO, "  client %s images per class: %s", pid,
+            " · ".join(f"{s} {per_split[s]}" for s in ("train", "val", "test")))
+
+
 def run_dir_for(cfg, run_id: int) -> Path:
     name = cfg.run_name or f"{cfg.method}-{cfg.dataset}-{datetime.now():%Y%m%d-%H%M%S}-{run_id % 10000:04d}"
     path = cfg.output_path / name
@@ -137,6 +153,7 @@ def main(grid: Grid, context: Context) -> None:
     if skipped:
         recorder.update_extra({"skipped_files": skipped})
     classes = list(next(info for nid, info in infos.items() if nid not in held)["classes"])
+    record_classes(recorder, cfg, method, classes, infos)
     # A strategy module runs the default plan (federated training, then test) unless it
     # defines its own ``run(grid, cfg, recorder, classes)`` (e.g. pre-train -> fine-tune -> test).
     # A held-out centre is invisible to it (HoldoutGrid) and fine-tunes the result afterwards.

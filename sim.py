@@ -56,9 +56,11 @@ def resolved_run_config(overrides: dict) -> dict:
 
     import registry
 
+    from fedderm.testset import check_test_data_path
+
     registry.load_config(overrides)  # names an unknown or mistyped key before Flower's terser check
     fused = get_fused_config_from_dir(APP_DIR, overrides)
-    registry.load_config(fused)
+    check_test_data_path(registry.load_config(fused))  # local data: a missing test set stops before Ray
     return fused
 
 

@@ -158,7 +158,8 @@ def info(msg: Message, context: Context) -> Message:
                            "train": len(sp.train), "labelled": len(sp.labelled), "val": len(sp.val),
                            "test": len(sp.test), "skipped-files": len(s.data.pool.skipped),
                            "class-counts": class_counts(s.data.pool.labels[np.concatenate([sp.train, sp.val, sp.test])],
-                                                         s.data.num_classes).tolist()})
+                                                         s.data.num_classes).tolist(),
+                           **{f"counts-{k}": v for k, v in s.data.class_counts().items()}})
     return Message(RecordDict({"info": record}), reply_to=msg)
 
 

@@ -24,6 +24,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "finetune": ("none", "local", "federated"),
     "finetune-optimizer": ("sgd", "adam", "adamw"),
     "transport-dtype": ("float32", "float16"),
+    "test-set": ("per-client", "global"),
 }
 
 
@@ -53,6 +54,8 @@ class Config:
     dirichlet_alpha: float = 0.5
     val_fraction: float = 0.2
     test_fraction: float = 0.2
+    test_set: str = "per-client"
+    test_data_path: str = ""
     label_fraction: float = 1.0
     cv_folds: int = 0
     cv_fold: int = 0
@@ -261,6 +264,11 @@ KEY_DOCS: dict[str, str] = {
     "dirichlet-alpha": "α of `partition=\"dirichlet\"`: 100 is near-balanced, 1.0 and 0.5 increasingly skewed",
     "val-fraction": "share of each client's images held out for validation (best-round selection)",
     "test-fraction": "share held out for the final test; the rest is train",
+    "test-set": "`per-client`: each client's own test split, metrics averaged over clients (000, 004); "
+                "`global`: one test set held out before partitioning (a MedMNIST npz's `test_*`, else a "
+                "stratified `test-fraction`), never trained on; `final` reports it (002, 003; docs/test-sets.md)",
+    "test-data-path": "`test-set=\"global\"`: a separate test set (same `dataset` format and classes; an npz's "
+                      "`test_*` arrays) instead of one held out of `data-path`; needed with hospitals' own data",
     "label-fraction": "stratified share of train that is labelled (papers: 0.1, 0.2, 0.4, 0.8); the rest is unlabelled",
     "cv-folds": "`k` >= 3: k stratified folds per client, fold `cv-fold` is test, the next one val, the rest "
                 "train (`val-fraction`/`test-fraction` ignored; 004's cross-centre CV); `0`: off",

@@ -137,7 +137,8 @@ def fold_groups(idx: np.ndarray, labels: np.ndarray, folds: int, rng: np.random.
 
 def split_client(idx: np.ndarray, labels: np.ndarray, *, seed: int, val_fraction: float = 0.2,
                  test_fraction: float = 0.2, label_fraction: float = 1.0,
-                 groups: np.ndarray | None = None, cv_folds: int = 0, cv_fold: int = 0) -> ClientSplit:
+                 groups: np.ndarray | None = None, cv_folds: int = 0, cv_fold: int = 0,
+                 fixed_val: np.ndarray | None = None) -> ClientSplit:
     """Stratified train/val/test split of one client's indices, then the labelled fraction.
 
     With ``groups`` (HAM10000 ``lesion_id``) whole groups go to one split so that images of
@@ -149,6 +150,9 @@ def split_client(idx: np.ndarray, labels: np.ndarray, *, seed: int, val_fraction
     stratified groups (same cut for every ``cv_fold``, it depends on ``seed`` only); group
     ``cv_fold`` is test, group ``cv_fold + 1`` (mod k) is val, the rest is train.  Taking group f
     of every client forms the cross-centre fold of paper 004 §IV-B.
+
+    With ``fixed_val`` (a data set's own validation images among ``idx``, e.g. MedMNIST's ``val_*``
+    under ``test-set="global"``) val is those images and only test is cut from the rest.
     """
     rng = np.random.default_rng(seed)
     idx = np.sort(np.asarray(idx, dtype=np.int64))
@@ -156,6 +160,11 @@ def split_client(idx: np.ndarray, labels: np.ndarray, *, seed: int, val_fraction
         parts = fold_groups(idx, labels, cv_folds, rng, groups)
         test, val = parts[cv_fold % cv_folds], parts[(cv_fold + 1) % cv_folds]
         train = np.setdiff1d(idx, np.concatenate([test, val]))
+    elif fixed_val is not None:
+        val = np.sort(np.asarray(fixed_val, dtype=np.int64))
+        rest = np.setdiff1d(idx, val)
+        cut = _group_cut if groups is not None else _stratified_cut
+        train, test = cut(rest, groups if groups is not None else labels, test_fraction, rng)
     elif groups is not None:
         rest, test = _group_cut(idx, groups, test_fraction, rng)
         train, val = _group_cut(rest, groups, val_fraction / (1 - test_fraction), rng)
