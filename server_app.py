@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 import json
+from datetime import datetime
 from logging import INFO, WARNING
 from pathlib import Path
 
@@ -12,14 +12,14 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 import registry
-from records import to_record
 from fedderm.data.checks import check_union
+from fedderm.launcher import fast_object_pulls
 from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
 from strategies.common import FastPollGrid, run_federated, short_reason, wait_for_nodes
-from fedderm.launcher import fast_object_pulls
 from strategies.holdout import HoldoutGrid, finetune_holdout, holdout_nodes
+from wire import to_record
 
 app = ServerApp()
 HANDSHAKE_TIMEOUT = 1800.0

@@ -190,7 +190,7 @@ class Loopback:
         except subprocess.TimeoutExpired:
             _stop_group(popen)
             out, _ = popen.communicate()
-            raise TimeoutError(f"flwr {' '.join(args)} did not finish within {timeout:.0f} s:\n{out[-3000:]}")
+            raise TimeoutError(f"flwr {' '.join(args)} did not finish within {timeout:.0f} s:\n{out[-3000:]}") from None
         finally:
             if popen.poll() is not None:
                 self.procs.remove(proc)

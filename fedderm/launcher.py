@@ -82,7 +82,7 @@ def poll_interval() -> float:
     try:
         value = float(raw) if raw else DEFAULT_POLL_INTERVAL
     except ValueError:
-        raise SystemExit(f"fedderm launcher: FEDDERM_POLL_INTERVAL={raw!r} is not a number of seconds")
+        raise SystemExit(f"fedderm launcher: FEDDERM_POLL_INTERVAL={raw!r} is not a number of seconds") from None
     if not 0.001 <= value <= 10:
         raise SystemExit(f"fedderm launcher: FEDDERM_POLL_INTERVAL={value} must be in [0.001, 10] seconds")
     return value

@@ -40,7 +40,7 @@ def test_make_certs_ca_server_cert_and_hospital_keys(tmp_path):
     assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     assert s.superlink_ca.read_bytes() == s.ca_cert.read_bytes()
     # one EC key pair per hospital, OpenSSH format, as flower-supernode loads it
-    for name, paths in s.hospitals.items():
+    for paths in s.hospitals.values():
         key = serialization.load_ssh_private_key(paths["private"].read_bytes(), None)
         assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
         pub = serialization.load_ssh_public_key(paths["public"].read_bytes())
@@ -194,6 +194,7 @@ def test_fast_poll_grid_delegates_and_polls_fast():
 # -- Docker ---------------------------------------------------------------------------------
 def test_docker_images_install_exactly_the_declared_dependencies():
     import runpy
+
     import tomllib
 
     requirements = runpy.run_path(str(ROOT / "docker" / "requirements.py"))["requirements"]
