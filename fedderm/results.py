@@ -1,5 +1,10 @@
 """Run folder writer: config, per-round CSV, JSON summary, model, curves, table.
 
+Why one file of ~630 lines: :class:`RunRecorder` is the single owner of the run folder's layout
+(every file below is written here, atomically, from one in-memory record), and its figures share
+the recorder's private helpers (NaN handling, client order, atomic writes).  The next split is a
+``results_plots.py`` mixin for the ``_plot_*`` methods once those helpers have a module of their own.
+
 A run folder written by :class:`RunRecorder` looks like::
 
     <run_dir>/
