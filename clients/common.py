@@ -16,19 +16,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-import records
 import registry
+import wire
 from fedderm.config import Config
 from fedderm.data import ClientData, DataError, load_client_data
+from fedderm.data.checks import class_counts
 from fedderm.models import create_model
 from fedderm.node import NodeSettings, parse_node_config
 from fedderm.train import evaluate as evaluate_model
 from fedderm.train import mim_schedule, resolve_device, round_lr
 
-_SESSIONS: dict[tuple, "ClientSession"] = {}
+_SESSIONS: dict[tuple, ClientSession] = {}
 #: The default classifier, one per (model, classes, image size) and process: every client session
 #: of a simulation worker shares it (it is always loaded with a full state before use), so a
 #: worker serving 50 clients holds one ResNet, not 50.
@@ -63,7 +65,7 @@ class ClientSession:
                     self.cfg.model, self.data.num_classes, self.cfg.image_size)))()
         model = self._models[key]
         if arrays is not None:  # read-only views of the message's bytes; load_state_dict copies
-            model.load_state_dict(records.to_state_dict(arrays), strict=True)
+            model.load_state_dict(wire.to_state_dict(arrays), strict=True)
         return model.to(self.device)
 
     def lr_at(self, base_lr: float, step: int, steps: int) -> float:
@@ -139,15 +141,17 @@ def session(context: Context) -> ClientSession:
             data = load_client_data(cfg, node.partition_id, node.num_partitions,
                                     data_path=node.data_path, dataset=node.dataset)
         except DataError as err:
+            if str(err).startswith(f"client {node.partition_id}"):
+                raise
             raise DataError(f"client {node.partition_id}: {err}") from err
         torch.manual_seed(cfg.seed)
         _SESSIONS[key] = ClientSession(cfg, data, resolve_device(cfg.device), node.partition_id, node)
     return _SESSIONS[key]
 
 
-def reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None, **records) -> Message:
+def reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None, **extra) -> Message:
     """A reply with ``arrays`` (optional), ``metrics`` (tagged with the partition id) and extras."""
-    content = RecordDict({"metrics": MetricRecord(metrics), **records})
+    content = RecordDict({"metrics": MetricRecord(metrics), **extra})
     if arrays is not None:
         content["arrays"] = arrays
     return Message(content, reply_to=msg)
@@ -162,7 +166,10 @@ def info(msg: Message, context: Context) -> Message:
     sp = s.data.split
     record = ConfigRecord({"classes": list(s.data.classes), "partition-id": s.partition_id, "site": s.node.site,
                            "train": len(sp.train), "labelled": len(sp.labelled), "val": len(sp.val),
-                           "test": len(sp.test), "skipped-files": len(s.data.pool.skipped)})
+                           "test": len(sp.test), "skipped-files": len(s.data.pool.skipped),
+                           "class-counts": class_counts(s.data.pool.labels[np.concatenate([sp.train, sp.val, sp.test])],
+                                                         s.data.num_classes).tolist(),
+                           **{f"counts-{k}": v for k, v in s.data.class_counts().items()}})
     return Message(RecordDict({"info": record}), reply_to=msg)
 
 

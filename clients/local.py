@@ -11,10 +11,10 @@ from __future__ import annotations
 from flwr.app import Context, Message, MetricRecord
 
 from fedderm.train import train_supervised
-from records import to_record
+from wire import to_record
 
 from .common import reply, session
-from .flbt import evaluation_reply
+from .flbt_family import evaluation_reply
 
 MODEL, BEST_MODEL, BEST = "local-model", "local-best-model", "local-best"
 SELECTION_METRIC = "balanced_accuracy"
@@ -46,7 +46,7 @@ def evaluate(msg: Message, context: Context, build=None) -> Message:
     s = session(context)
     config = msg.content["config"]
     split = str(config.get("split", "val"))
-    if split == "test":
+    if split in ("test", "global-test"):  # the client's own best-on-val model
         model = own_model(msg, context, BEST_MODEL if BEST_MODEL in context.state else MODEL, build=build)
         out = evaluation_reply(msg, s, model, split)
         out.content["metrics"]["best-round"] = int(context.state[BEST]["round"]) if BEST in context.state else 0

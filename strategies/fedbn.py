@@ -12,7 +12,7 @@ from flwr.serverapp.strategy import FedAvg
 from fedderm.models import create_model
 
 from .common import Tracked
-from .flbt import PRCurves, run_strategy
+from .flbt_family import PRCurves, run_strategy
 
 
 class FedBNStrategy(PRCurves, Tracked, FedAvg):
@@ -21,7 +21,7 @@ class FedBNStrategy(PRCurves, Tracked, FedAvg):
     partial_replies = True  # the BatchNorm layers stay on the clients
 
     def configure_evaluate(self, server_round, arrays, config, grid):
-        if str(config.get("split", "val")) == "test" and self.best_round is not None:
+        if str(config.get("split", "val")) in ("test", "global-test") and self.best_round is not None:
             config["model-round"] = int(self.best_round)
         return super().configure_evaluate(server_round, arrays, config, grid)
 

@@ -15,8 +15,9 @@ from flwr.serverapp import Grid
 
 from fedderm.metrics import mean_over_clients
 from fedderm.models import create_model
+from wire import to_record
 
-from .flbt import save_pr_curves
+from .flbt_family import save_pr_curves
 
 
 def _ask(grid: Grid, node_ids: list[int], kind: str, server_round: int, split: str | None = None,
@@ -45,7 +46,7 @@ def run(grid: Grid, cfg, recorder, classes: list[str], model=None) -> None:
     passes the 004 network with the server's pre-trained encoder)."""
     nodes = sorted(grid.get_node_ids())
     model = model if model is not None else create_model(cfg.model, len(classes), cfg.image_size)
-    init = ArrayRecord(model.state_dict())
+    init = to_record(model.state_dict())
     val, _ = _ask(grid, nodes, "evaluate", 0, "val", init)
     recorder.log_round(0, "val", val)
     for r in range(1, cfg.num_server_rounds + 1):
@@ -60,5 +61,8 @@ def run(grid: Grid, cfg, recorder, classes: list[str], model=None) -> None:
     test, replies = _ask(grid, nodes, "evaluate", cfg.num_server_rounds, "test")
     save_pr_curves(recorder, replies, classes, cfg.method)
     recorder.set_final(test, best_round=None)
+    if cfg.test_set == "global":  # each client's own best model on the global test set (docs/test-sets.md)
+        global_test, _ = _ask(grid, nodes, "evaluate", cfg.num_server_rounds, "global-test")
+        recorder.set_global_test(global_test, cfg.test_data_path or "held out of data-path")
     log(INFO, "local: each client tested its own best-on-val model (rounds %s)",
         {pid: int(m.get("best-round", 0)) for pid, m in test.items()})
