@@ -162,7 +162,6 @@ def test_targets_key_and_exponential_lr():
 def test_scaffold_server_model_is_the_uniform_mean_of_the_clients(tmp_path):
     """SCAFFOLD Alg. 1: x ← x + (1/|S|) Σ Δy_i, not FedAvg's example-weighted mean (issue 15 item 6)."""
     from flwr.app import Array, ConfigRecord, Message, MetricRecord, RecordDict
-
     from flwr.common.constant import SUPERLINK_NODE_ID
     from flwr.supercore.task_identity import TaskIdentity
 
