@@ -31,6 +31,8 @@ class Method:
     network of :mod:`fedderm.flbt`), or ``""`` (not supported).
     ``smallest`` are the settings its smallest run needs on top of :data:`SMALLEST_RUN` (a ViT,
     a short GAN stage): see :func:`smallest_run`.
+    ``augment`` is the paper whose augmentation policy ``augment="paper"`` picks
+    (:data:`fedderm.augment.POLICIES`; ``flip`` where its paper gives none).
     """
 
     name: str
@@ -43,6 +45,7 @@ class Method:
     messages: tuple[str, ...] = ("train", "evaluate")
     network: str = "classifier"
     smallest: Mapping[str, Any] = field(default_factory=dict)
+    augment: str = "flip"
 
     def strategy_module(self) -> ModuleType:
         return importlib.import_module(self.strategy)
@@ -194,12 +197,12 @@ METHODS: dict[str, Method] = {
                         **MIM_OPTIONS},
                sends=("arrays", "metrics", "local-arrays"), check=check_mim,
                smallest={**_SMALL_VIT, "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1,
-                         "fedmae.decoder-num-heads": 2}),
+                         "fedmae.decoder-num-heads": 2}, augment="000"),
         Method("fedbeit", "strategies.fedbeit", "clients.fedbeit",
                "Fed-BEiT (003 §III-C): block-wise masked visual-token prediction + FedAvg, then fine-tuning.",
                options={"fedbeit.mask-ratio": 0.4, "fedbeit.vocab-size": 8192, "fedbeit.tokenizer": "",
                         **MIM_OPTIONS},
-               smallest={**_SMALL_VIT, "fedbeit.vocab-size": 64}),
+               smallest={**_SMALL_VIT, "fedbeit.vocab-size": 64}, augment="003"),
         # -- SiFT, SCAFFOLD, FedDyn (issue 5) --
         Method("sift", "strategies.sift", "clients.sift",
                "SiFT (Li et al., MICCAI; paper 002): serial ring training, no averaging; short-term model with a "
@@ -222,26 +225,28 @@ METHODS: dict[str, Method] = {
                "FL-BT (paper 004 §III-B): encoder + projector + output layer, local loss "
                "CE + flbt.mu·L_BT(z_local, z_global) against the frozen global model; FedAvg by image count.",
                options={"flbt.mu": 0.01, "flbt.lambda": 0.005, "flbt.normalize": "paper", "flbt.proj-dim": 128},
-               sends=("arrays", "metrics", "pr-curve"), check=check_flbt, network="projected"),
+               sends=("arrays", "metrics", "pr-curve"), check=check_flbt, network="projected",
+               augment="004"),
         Method("ssl-flbt", "strategies.ssl_flbt", "clients.ssl_flbt",
                "SSL-FL-BT (paper 004 §III): centres share only MSG-GAN pseudo images; the server pre-trains "
                "the backbone (centre classification + patch-swap restoration); then FL-BT.",
                options=SSL_OPTIONS,
                sends=("arrays", "metrics", "pr-curve", "pseudo-images"),
                messages=("train.gan", "train.pretrain", "train", "evaluate"), network="projected",
-               smallest={"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1}),
+               smallest={"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1},
+               augment="004"),
         Method("fedbn", "strategies.fedbn", "clients.fedbn",
                "FedBN (Li et al. 2021): FedAvg of everything but BatchNorm parameters and running statistics, "
-               "which stay on each client.", sends=("arrays", "metrics", "pr-curve")),
+               "which stay on each client.", sends=("arrays", "metrics", "pr-curve"), augment="004"),
         Method("moon", "strategies.moon", "clients.moon",
                "MOON (Li, He & Song 2021): CE + moon.mu·model-contrastive loss (global model positive, "
                "previous local model negative, temperature moon.tau) on the 004 network.",
                options={"moon.mu": 1.0, "moon.tau": 0.5}, sends=("arrays", "metrics", "pr-curve"),
-               network="projected"),
+               network="projected", augment="004"),
         Method("local", "strategies.local", "clients.local",
                "Single-centre training: every client trains and tests its own model; no aggregation "
                "(no global model: a held-out centre trains from random weights, 004 Table XI's ResNet50 row).",
-               sends=("metrics", "pr-curve")),
+               sends=("metrics", "pr-curve"), augment="004"),
     ]
 }
 

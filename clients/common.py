@@ -22,6 +22,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 
 import registry
 import wire
+from fedderm.augment import Augment
+from fedderm.augment import policy as augment_policy
 from fedderm.config import Config
 from fedderm.data import ClientData, DataError, load_client_data
 from fedderm.data.checks import class_counts
@@ -65,6 +67,11 @@ class ClientSession:
         if arrays is not None:  # read-only views of the message's bytes; load_state_dict copies
             model.load_state_dict(wire.to_state_dict(arrays), strict=True)
         return model.to(self.device)
+
+    def augment(self, stage: str) -> Augment:
+        """The run's ``augment`` policy for ``stage`` (``pretrain`` | ``finetune``; supervised training
+        is ``finetune``), ``paper`` meaning this method's paper (:attr:`registry.Method.augment`)."""
+        return augment_policy(self.cfg.augment, stage, registry.METHODS[self.cfg.method].augment)
 
     def lr_at(self, base_lr: float, step: int, steps: int) -> float:
         """``base_lr`` at round (or epoch) ``step`` of ``steps`` under the run's ``lr-schedule``

@@ -20,7 +20,7 @@ def train(msg: Message, context: Context) -> Message:
     model = s.model(msg.content["arrays"])
     images, labels = s.data.tensors("labelled")
     metrics = train_supervised(model, images, labels, proximal_mu=float(config.get("proximal-mu", 0.0)),
-                               **s.local_kwargs(server_round))
+                               augment=s.augment("finetune"), **s.local_kwargs(server_round))
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics, to_record(model.state_dict()))  # ArrayRecord(...)'s bytes, one copy
 

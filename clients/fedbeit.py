@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from fedderm.beit import BEiTOptions, beit_loss, build_beit, build_tokenizer
-from fedderm.train import random_flips, to_input, train_epochs
+from fedderm.train import to_input, train_epochs
 
 from . import finetune
 
@@ -12,10 +12,11 @@ from . import finetune
 def _beit_round(s, model, images, labels, **kwargs) -> dict:
     mask_ratio = BEiTOptions.from_config(s.cfg).mask_ratio
     tokenizer = s.model(key="tokenizer", factory=lambda: build_tokenizer(s.cfg))  # same on every client
+    augment = s.augment("pretrain")
 
     def loss_fn(m, xb, yb, generator):
         rng = np.random.default_rng(int(torch.randint(2**31 - 1, (1,), generator=generator)))
-        return beit_loss(m, tokenizer, to_input(random_flips(xb, generator), s.device), mask_ratio, rng)
+        return beit_loss(m, tokenizer, to_input(augment(xb, generator), s.device), mask_ratio, rng)
 
     return train_epochs(model, images, labels, loss_fn, **kwargs)
 

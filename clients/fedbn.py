@@ -48,7 +48,8 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(msg.content["config"]["server-round"])
     model = local_model(msg, context, server_round - 1)
     images, labels = s.data.tensors("labelled")
-    metrics = train_supervised(model, images, labels, **s.local_kwargs(server_round))
+    metrics = train_supervised(model, images, labels, augment=s.augment("finetune"),
+                               **s.local_kwargs(server_round))
     shared, local = split_state(model.state_dict(), batchnorm_keys(model))
     context.state[f"{PREFIX}{server_round}"] = to_record(local)
     metrics["partition-id"] = s.partition_id

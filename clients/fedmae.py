@@ -10,7 +10,7 @@ averaged once into the final model (000 §IV-D).
 from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.mae import MAEOptions, build_mae, excluded_keys
-from fedderm.train import random_flips, to_input, train_epochs
+from fedderm.train import to_input, train_epochs
 from wire import LOCAL_RECORD, to_record, to_state_dict
 
 from . import finetune
@@ -36,9 +36,10 @@ def pretrain(msg: Message, context: Context) -> Message:
     server_round = int(config["server-round"])
     options = MAEOptions.from_config(cfg)
     model, kept = receive(context, msg.content["arrays"])
+    augment = s.augment("pretrain")
 
     def loss_fn(m, xb, yb, generator):
-        x = to_input(random_flips(xb, generator), s.device)
+        x = to_input(augment(xb, generator), s.device)
         return m(x, options.mask_ratio, generator)[0]
 
     images, labels = s.data.tensors("train")

@@ -56,7 +56,8 @@ def train(msg: Message, context: Context) -> Message:
     model = s.model(start)
     images, labels = s.data.tensors("labelled")
     metrics = train_supervised(model, images, labels, **s.local_kwargs(
-        server_round, int(config.get("num-rounds", cfg.finetune_rounds)), finetune=True))
+        server_round, int(config.get("num-rounds", cfg.finetune_rounds)), finetune=True),
+        augment=s.augment("finetune"))
     metrics["partition-id"] = s.partition_id
     if local:
         context.state[LOCAL] = to_record(model.state_dict())

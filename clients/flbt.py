@@ -25,7 +25,7 @@ def train(msg: Message, context: Context) -> Message:
     model = s.model(msg.content["arrays"], factory=projected(s))
     mu = float(config.get("flbt-mu", cfg.option("flbt.mu")))
     images, labels = s.data.tensors("labelled")
-    kwargs = s.local_kwargs(server_round)
+    kwargs = {**s.local_kwargs(server_round), "augment": s.augment("finetune")}
     if mu > 0:
         metrics = train_flbt(model, frozen_copy(model), images, labels, mu=mu, lambd=float(cfg.option("flbt.lambda")),
                              normalize=str(cfg.option("flbt.normalize")), **kwargs)

@@ -29,7 +29,8 @@ def train(msg: Message, context: Context) -> Message:
         previous.load_state_dict(to_state_dict(context.state[PREVIOUS]), strict=True)
     images, labels = s.data.tensors("labelled")
     metrics = train_moon(model, global_model, previous, images, labels, mu=float(cfg.option("moon.mu")),
-                         tau=float(cfg.option("moon.tau")), **s.local_kwargs(server_round))
+                         tau=float(cfg.option("moon.tau")), augment=s.augment("finetune"),
+                         **s.local_kwargs(server_round))
     trained = to_record(model.state_dict())
     context.state[PREVIOUS] = copy_record(trained)  # the same immutable Arrays: no second encoding
     metrics["partition-id"] = s.partition_id

@@ -19,11 +19,14 @@ so a batch is augmented in a few vectorised operations and the same seed gives t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torchvision.transforms.v2 import functional as TF
+
+from .config import AUGMENT_POLICIES
 
 _GRAY = torch.tensor([0.299, 0.587, 0.114])
 # RGB <-> YIQ (NTSC); hue shift = rotation of the (I, Q) chroma plane
@@ -147,3 +150,130 @@ def _shift_hue(x: torch.Tensor, hue: torch.Tensor) -> torch.Tensor:
     rot[:, 1, 1], rot[:, 1, 2], rot[:, 2, 1], rot[:, 2, 2] = cos, -sin, sin, cos
     m = _YIQ2RGB.to(x) @ rot @ _RGB2YIQ.to(x)  # (n, 3, 3)
     return torch.einsum("nij,njhw->nihw", m, x).clamp(0, 1)
+
+
+# -- Non-contrastive augmentation policies per stage, named after the paper they come from (issue 15 item 4) --
+
+
+def random_flips(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Random horizontal and vertical flips per image (lesions have no canonical orientation)."""
+    n = x.shape[0]
+    h = torch.rand(n, generator=generator) < 0.5
+    v = torch.rand(n, generator=generator) < 0.5
+    x = x.clone()
+    x[h] = x[h].flip(-1)
+    x[v] = x[v].flip(-2)
+    return x
+
+
+STAGES = ("pretrain", "finetune")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Random augmentation of a batch of uint8 images (N×C×S×S) with torchvision's ``transforms.v2``
+    functionals, per-image parameters drawn from a ``torch.Generator`` (same seed, same images).
+
+    In order: random resized crop (``crop_scale``, aspect ratio 3/4–4/3, back to S×S, bicubic, as
+    ``v2.RandomResizedCrop``), horizontal flip (p = ½), vertical flip (p = ½), rotation by a multiple
+    of 90° drawn uniformly from {0°, 90°, 180°, 270°} (``rot90``), rotation by a uniform angle in
+    ±``degrees`` (nearest, fill 0, as ``v2.RandomRotation``), colour jitter of brightness, contrast
+    and saturation by factors in [1 − ``jitter``, 1 + ``jitter``] in a random order (as
+    ``v2.ColorJitter(jitter, jitter, jitter)``).
+    """
+
+    crop_scale: tuple[float, float] | None = None
+    hflip: bool = True
+    vflip: bool = False
+    rot90: bool = False
+    degrees: float = 0.0
+    jitter: float = 0.0
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        if x.dtype != torch.uint8:
+            raise TypeError(f"augmentation policies take uint8 images, got {x.dtype}")
+        return torch.stack([self.one(img, generator) for img in x]) if len(x) else x.clone()
+
+    def one(self, img: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        size = list(img.shape[-2:])
+        if self.crop_scale is not None:
+            top, left, h, w = crop_params(size, self.crop_scale, (3 / 4, 4 / 3), g)
+            img = TF.resized_crop(img, top, left, h, w, size, interpolation=TF.InterpolationMode.BICUBIC,
+                                  antialias=True)
+        if self.hflip and _coin(g):
+            img = TF.horizontal_flip(img)
+        if self.vflip and _coin(g):
+            img = TF.vertical_flip(img)
+        if self.rot90:
+            img = torch.rot90(img, int(torch.randint(4, (1,), generator=g)), dims=(-2, -1))
+        if self.degrees:
+            angle = float((2 * torch.rand(1, generator=g) - 1) * self.degrees)
+            img = TF.rotate(img, angle, interpolation=TF.InterpolationMode.NEAREST, fill=0)
+        if self.jitter:
+            factors = 1 + (2 * torch.rand(3, generator=g) - 1) * self.jitter
+            ops = (TF.adjust_brightness, TF.adjust_contrast, TF.adjust_saturation)
+            for i in torch.randperm(3, generator=g).tolist():
+                img = ops[i](img, float(factors[i]))
+        return img.contiguous()
+
+
+def _coin(g: torch.Generator) -> bool:
+    return bool(torch.rand(1, generator=g) < 0.5)
+
+
+def crop_params(size: list[int], scale: tuple[float, float], ratio: tuple[float, float],
+                g: torch.Generator) -> tuple[int, int, int, int]:
+    """``v2.RandomResizedCrop``'s box (top, left, height, width) drawn from ``g``: area share uniform in
+    ``scale``, log aspect ratio uniform in ``ratio``, 10 tries, else the centre crop."""
+    height, width = size
+    area = height * width
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        target = area * float(torch.empty(1).uniform_(scale[0], scale[1], generator=g))
+        aspect = math.exp(float(torch.empty(1).uniform_(float(log_ratio[0]), float(log_ratio[1]), generator=g)))
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, (1,), generator=g))
+            left = int(torch.randint(0, width - w + 1, (1,), generator=g))
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+#: (paper, stage) -> policy.  ``flip``: fedderm's former default, flips only.  000 FedMAE §V-B "Following
+#: [18] (MAE), random resized cropping and random horizontal flipping": MAE's ``main_pretrain.py``
+#: RandomResizedCrop(scale=(0.2, 1)) and, for fine-tuning, timm's default crop scale (0.08, 1) of MAE's
+#: ``main_finetune.py``.  003 §IV-B2: pre-training "random scaling [0.2, 1.0] and crop ..., random color
+#: jittering and random horizontal flipping"; fine-tuning "random scaling [0.6, 1.0] and cropping ...,
+#: random rotation with a degree of 10 and random horizontal flipping" (the non-COVID-FL ranges).
+#: 004 §IV-B: "rotation (90°, 180°, 270°) and horizontally flipping", for all algorithms.
+POLICIES: dict[tuple[str, str], Callable] = {
+    ("flip", "pretrain"): random_flips,
+    ("flip", "finetune"): random_flips,
+    ("000", "pretrain"): Policy(crop_scale=(0.2, 1.0)),
+    ("000", "finetune"): Policy(crop_scale=(0.08, 1.0)),
+    ("003", "pretrain"): Policy(crop_scale=(0.2, 1.0), jitter=0.4),
+    ("003", "finetune"): Policy(crop_scale=(0.6, 1.0), degrees=10.0),
+    ("004", "pretrain"): Policy(rot90=True),
+    ("004", "finetune"): Policy(rot90=True),
+}
+
+
+Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+
+
+def policy(augment: str, stage: str, paper: str = "flip") -> Augment:
+    """The policy of run-config ``augment`` for ``stage`` (``pretrain`` | ``finetune``); ``paper``
+    (the method's own paper policy, ``Method.augment``) is what ``augment="paper"`` means."""
+    name = paper if augment == "paper" else augment
+    if (name, stage) not in POLICIES:
+        raise ValueError(f"run-config key 'augment' must be one of {list(AUGMENT_POLICIES)} and stage one of "
+                         f"{list(STAGES)}, got augment={augment!r} (policy {name!r}), stage={stage!r}")
+    return POLICIES[name, stage]

@@ -17,6 +17,9 @@ from typing import Any
 
 from fedderm.transport import TRANSPORT_DTYPES
 
+#: values of ``augment``: ``paper`` = the method's own paper's policy (``Method.augment``; fedderm.augment)
+AUGMENT_POLICIES = ("flip", "paper", "000", "003", "004")
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "dataset": ("synthetic", "folder", "csv", "npz"),
     "partition": ("iid", "dirichlet", "source"),
@@ -27,6 +30,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "finetune-optimizer": ("sgd", "adam", "adamw"),
     "transport-dtype": TRANSPORT_DTYPES,
     "test-set": ("per-client", "global"),
+    "augment": AUGMENT_POLICIES,
 }
 
 
@@ -75,6 +79,7 @@ class Config:
     lr_decay: float = 0.998
     proximal_mu: float = 0.0
     device: str = "auto"
+    augment: str = "flip"
     # fine-tuning stage of the self-supervised methods (after num-server-rounds of pre-training)
     finetune: str = "federated"
     finetune_rounds: int = 5
@@ -296,6 +301,9 @@ KEY_DOCS: dict[str, str] = {
                 "its own copy and keeps its best-on-val model) or `none` (pre-training only)",
     "finetune-rounds": "fine-tuning rounds",
     "finetune-epochs": "epochs over the labelled images per fine-tuning round",
+    "augment": "augmentation of the non-contrastive stages: `flip` (h+v flips), `paper` (the method's paper: "
+               "FedMAE 000, Fed-BEiT 003, FL-BT/SSL-FL-BT/FedBN/MOON 004, else `flip`), or a paper's policy "
+               "`000` | `003` | `004` (docs/augmentation.md)",
     "finetune-lr": "fine-tuning learning rate (000: Adam 1e-4), under `lr-schedule`",
     "finetune-optimizer": "fine-tuning optimiser",
     "holdout-centre": "a centre kept out of the federation (its `partition-id` or node-config `site`) that "

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .augment import Augment
 from .data import TensorBatches
 from .losses import barlow_twins, moon_contrastive
 from .models import create_model
@@ -69,11 +70,11 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 def train_with_model_term(model: ProjectedNet, images: torch.Tensor, labels: torch.Tensor, *,
                           term: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, epochs: int,
                           batch_size: int, lr: float, optimizer: str = "sgd", momentum: float = 0.9,
-                          weight_decay: float = 0.0, seed: int = 0,
-                          device: torch.device | str = "cpu") -> dict[str, float]:
+                          weight_decay: float = 0.0, seed: int = 0, device: torch.device | str = "cpu",
+                          augment: Augment = random_flips) -> dict[str, float]:
     """Cross-entropy training plus ``term(x, z_local)`` per mini-batch.
 
-    Batches, flips, optimiser and the skip of one-image batches are those of
+    Batches, augmentation (``augment``, default flips), optimiser and the skip of one-image batches are those of
     :func:`fedderm.train.train_supervised`, so with ``term`` contributing zero the weights are
     identical to it (same seed).  Returns ``train_loss`` (mean total loss of the last epoch),
     ``train_term`` (mean of ``term``) and ``num-examples``.
@@ -91,7 +92,7 @@ def train_with_model_term(model: ProjectedNet, images: torch.Tensor, labels: tor
         for xb, yb in batches:
             if len(yb) < 2:  # a batch of one breaks BatchNorm statistics
                 continue
-            x = to_input(random_flips(xb, flips), device)
+            x = to_input(augment(xb, flips), device)
             y = yb.to(device)
             logits, z = model.forward_with_features(x)
             loss = F.cross_entropy(logits, y)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .augment import Augment, random_flips
 from .data import TensorBatches
 from .metrics import CONFUSION_KEY, classification_metrics, confusion
 
@@ -36,17 +37,6 @@ def seed_everything(seed: int) -> None:
 def to_input(images: torch.Tensor, device: torch.device) -> torch.Tensor:
     """uint8 N×3×S×S -> normalised float on ``device``."""
     return (images.to(device, non_blocking=True).float() / 255.0 - MEAN) / STD
-
-
-def random_flips(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Random horizontal and vertical flips per image (lesions have no canonical orientation)."""
-    n = x.shape[0]
-    h = torch.rand(n, generator=generator) < 0.5
-    v = torch.rand(n, generator=generator) < 0.5
-    x = x.clone()
-    x[h] = x[h].flip(-1)
-    x[v] = x[v].flip(-2)
-    return x
 
 
 def round_lr(base_lr: float, server_round: int, num_rounds: int, schedule: str = "cosine",
@@ -163,8 +153,10 @@ def train_supervised(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
                      weight_decay: float = 0.0, proximal_mu: float = 0.0, seed: int = 0,
                      device: torch.device | str = "cpu",
                      regularizer: Callable[[nn.Module], torch.Tensor] | None = None,
-                     after_backward: Callable[[nn.Module], None] | None = None) -> dict[str, float]:
-    """Cross-entropy training with random flips; with ``proximal_mu`` > 0 adds FedProx's
+                     after_backward: Callable[[nn.Module], None] | None = None,
+                     augment: Augment = random_flips) -> dict[str, float]:
+    """Cross-entropy training on ``augment``-ed images (default: random flips; the run's
+    ``augment`` policy: :func:`fedderm.augment.policy`); with ``proximal_mu`` > 0 adds FedProx's
     (μ/2)‖w − w_global‖², w_global being the weights the model had on entry.
 
     ``regularizer(model)`` is added to every mini-batch loss (e.g. FedDyn's linear and quadratic
@@ -175,7 +167,7 @@ def train_supervised(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
     reference = [p.detach().clone().to(device) for p in model.parameters()] if proximal_mu > 0 else None
 
     def loss_fn(model, xb, yb, generator):
-        loss = F.cross_entropy(model(to_input(random_flips(xb, generator), device)), yb.to(device))
+        loss = F.cross_entropy(model(to_input(augment(xb, generator), device)), yb.to(device))
         if reference is not None:
             loss = loss + proximal_mu / 2 * proximal_term(model, reference)
         if regularizer is not None:
