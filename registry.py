@@ -6,6 +6,8 @@ message; nothing else in the code branches on method names.  Adding a method = o
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +33,9 @@ class Method:
     network of :mod:`fedderm.flbt`), or ``""`` (not supported).
     ``smallest`` are the settings its smallest run needs on top of :data:`SMALLEST_RUN` (a ViT,
     a short GAN stage): see :func:`smallest_run`.
+    ``model`` is its paper's model, taken when the run config leaves ``model`` unset (``""``);
+    ``models`` the models it can train (empty: any registered model); ``paper_image_size`` the
+    paper's image size (documentation: ``image-size`` keeps its own default).
     """
 
     name: str
@@ -43,6 +48,9 @@ class Method:
     messages: tuple[str, ...] = ("train", "evaluate")
     network: str = "classifier"
     smallest: Mapping[str, Any] = field(default_factory=dict)
+    model: str = "resnet18"
+    models: tuple[str, ...] = ()
+    paper_image_size: int = 0
 
     def strategy_module(self) -> ModuleType:
         return importlib.import_module(self.strategy)
@@ -129,6 +137,8 @@ def check_flbt(cfg: Config) -> None:
 SMALLEST_RUN = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 8, "num-server-rounds": 1,
                 "local-epochs": 1, "batch-size": 8, "finetune-rounds": 1, "finetune-epochs": 1}
 _SMALL_VIT = {"model": "vit-micro", "image-size": 16}
+#: the models the masked-image-modelling methods (FedMAE, Fed-BEiT) can pre-train
+VIT_MODELS = ("vit-micro", "vit-tiny", "vit-small", "vit-base")
 
 METHODS: dict[str, Method] = {
     m.name: m
@@ -163,12 +173,14 @@ METHODS: dict[str, Method] = {
                options={"fedmae.mask-ratio": 0.75, "fedmae.exclude": "cls-token", "fedmae.norm-pix-loss": False,
                         "fedmae.decoder-embed-dim": 512, "fedmae.decoder-depth": 8,
                         "fedmae.decoder-num-heads": 16, "fedmae.init-checkpoint": "", "fedmae.pretrain": True},
-               sends=("arrays", "metrics", "local-arrays"),
+               sends=("arrays", "metrics", "local-arrays"), model="vit-base", models=VIT_MODELS,
+               paper_image_size=224,
                smallest={**_SMALL_VIT, "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1,
                          "fedmae.decoder-num-heads": 2}),
         Method("fedbeit", "strategies.fedbeit", "clients.fedbeit",
                "Fed-BEiT (003 §III-C): block-wise masked visual-token prediction + FedAvg, then fine-tuning.",
                options={"fedbeit.mask-ratio": 0.4, "fedbeit.vocab-size": 8192, "fedbeit.tokenizer": ""},
+               model="vit-base", models=VIT_MODELS, paper_image_size=224,
                smallest={**_SMALL_VIT, "fedbeit.vocab-size": 64}),
         # -- SiFT, SCAFFOLD, FedDyn (issue 5) --
         Method("sift", "strategies.sift", "clients.sift",
@@ -192,26 +204,29 @@ METHODS: dict[str, Method] = {
                "FL-BT (paper 004 §III-B): encoder + projector + output layer, local loss "
                "CE + flbt.mu·L_BT(z_local, z_global) against the frozen global model; FedAvg by image count.",
                options={"flbt.mu": 0.01, "flbt.lambda": 0.005, "flbt.normalize": "paper", "flbt.proj-dim": 128},
-               sends=("arrays", "metrics", "pr-curve"), check=check_flbt, network="projected"),
+               sends=("arrays", "metrics", "pr-curve"), check=check_flbt, network="projected",
+               model="resnet50", paper_image_size=256),
         Method("ssl-flbt", "strategies.ssl_flbt", "clients.ssl_flbt",
                "SSL-FL-BT (paper 004 §III): centres share only MSG-GAN pseudo images; the server pre-trains "
                "the backbone (centre classification + patch-swap restoration); then FL-BT.",
                options=SSL_OPTIONS,
                sends=("arrays", "metrics", "pr-curve", "pseudo-images"),
                messages=("train.gan", "train.pretrain", "train", "evaluate"), network="projected",
+               model="resnet50", paper_image_size=256,
                smallest={"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1}),
         Method("fedbn", "strategies.fedbn", "clients.fedbn",
                "FedBN (Li et al. 2021): FedAvg of everything but BatchNorm parameters and running statistics, "
-               "which stay on each client.", sends=("arrays", "metrics", "pr-curve")),
+               "which stay on each client.", sends=("arrays", "metrics", "pr-curve"),
+               model="resnet50", paper_image_size=256),
         Method("moon", "strategies.moon", "clients.moon",
                "MOON (Li, He & Song 2021): CE + moon.mu·model-contrastive loss (global model positive, "
                "previous local model negative, temperature moon.tau) on the 004 network.",
                options={"moon.mu": 1.0, "moon.tau": 0.5}, sends=("arrays", "metrics", "pr-curve"),
-               network="projected"),
+               network="projected", model="resnet50", paper_image_size=256),
         Method("local", "strategies.local", "clients.local",
                "Single-centre training: every client trains and tests its own model; no aggregation "
                "(no global model: a held-out centre trains from random weights, 004 Table XI's ResNet50 row).",
-               sends=("metrics", "pr-curve")),
+               sends=("metrics", "pr-curve"), model="resnet50", paper_image_size=256),
     ]
 }
 
@@ -237,10 +252,30 @@ def method_options() -> dict[str, Any]:
     return options
 
 
+def resolve_model(cfg: Config) -> Config:
+    """``cfg`` with ``model`` set: an unset model (``""``) takes the method's paper model; an unknown
+    one, or one the method cannot train, is a ConfigError naming both."""
+    from fedderm.models import list_models
+
+    method = METHODS[cfg.method]
+    if not cfg.model:
+        return dataclasses.replace(cfg, model=method.model)
+    known = list_models()
+    if cfg.model not in known:
+        close = difflib.get_close_matches(cfg.model, known, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"run-config key 'model': unknown model {cfg.model!r}.{hint} Models: {', '.join(known)}")
+    if method.models and cfg.model not in method.models:
+        raise ConfigError(f"run-config key 'model': method {cfg.method!r} cannot train model {cfg.model!r}; "
+                          f"it needs one of {', '.join(method.models)} (leave 'model' unset for its "
+                          f"paper's {method.model!r})")
+    return cfg
+
+
 def load_config(run_config: Mapping[str, Any]) -> Config:
     """Parse ``context.run_config`` against the core keys and every method's options (each
     method's ``check`` validates the values of its options)."""
-    cfg = parse_config(run_config, methods=METHODS, method_options=method_options())
+    cfg = resolve_model(parse_config(run_config, methods=METHODS, method_options=method_options()))
     for m in METHODS.values():
         if m.check is not None:
             m.check(cfg)

@@ -57,7 +57,7 @@ class Config:
     cv_folds: int = 0
     cv_fold: int = 0
     # model and local training
-    model: str = "resnet18"
+    model: str = ""  # "": the method's paper model (registry.Method.model)
     num_server_rounds: int = 8
     min_clients: int = 2
     local_epochs: int = 2
@@ -178,6 +178,7 @@ def _check_ranges(cfg: Config) -> None:
                 "synthetic-per-class", "finetune-rounds", "finetune-epochs"):
         need(getattr(cfg, key.replace("-", "_")) >= 1, key, "must be >= 1")
     need(cfg.image_size >= 8, "image-size", "must be >= 8")
+    need(cfg.seed >= 0, "seed", "must be >= 0")
     need(cfg.synthetic_sites >= 0, "synthetic-sites", "must be >= 0 (0 = one site per client)")
     need(cfg.dirichlet_alpha > 0, "dirichlet-alpha", "must be > 0")
     need(0 < cfg.label_fraction <= 1, "label-fraction", "must be in (0, 1]")
@@ -265,7 +266,8 @@ KEY_DOCS: dict[str, str] = {
     "cv-folds": "`k` >= 3: k stratified folds per client, fold `cv-fold` is test, the next one val, the rest "
                 "train (`val-fraction`/`test-fraction` ignored; 004's cross-centre CV); `0`: off",
     "cv-fold": "which fold is the test fold (0 … `cv-folds` − 1)",
-    "model": "`resnet18`, `resnet50` (torchvision; 3×3 stem without max-pool below 48 px), `tiny-cnn`, "
+    "model": "empty: the method's paper model (\"Default model per method\" below); or "
+             "`resnet18`, `resnet50` (torchvision; 3×3 stem without max-pool below 48 px), `tiny-cnn`, "
              "`vit-micro` (tests), `vit-tiny`, `vit-small` (patch 8), `vit-base` (patch 16); "
              "always randomly initialised, nothing is downloaded",
     "num-server-rounds": "federated rounds (pre-training rounds for the self-supervised methods)",
