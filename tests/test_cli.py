@@ -138,3 +138,16 @@ def test_sigint_in_round_2_keeps_a_checkpoint_exits_130_and_resume_equals_the_fu
     a, b = (json.loads((d / "summary.json").read_text()) for d in (tmp_path / "full", cut))
     assert b["status"] == "done" and a["final"] == b["final"] and a["rounds"] == b["rounds"]
     assert a["best_round"] == b["best_round"]
+
+
+def test_an_image_above_the_decode_limit_is_named(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from fedderm.data import DataError, sources
+
+    path = tmp_path / "scan.png"
+    Image.new("RGB", (120, 100)).save(path)
+    assert sources._read_image(path, 16).shape == (16, 16, 3)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 4000)  # 12,000 px > 2 × 4,000
+    with pytest.raises(DataError, match=r"scan.png has more than 8,000 pixels, fedderm's decode limit"):
+        sources._read_image(path, 16)

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -314,12 +315,23 @@ class _Listing:
     skipped: list[str] = field(default_factory=list)
 
 
+#: Largest image decoded (pixels): a whole-slide scan above it is refused with a message naming the
+#: file, instead of Pillow's DecompressionBombWarning (it warns above half of it, silenced here).
+MAX_IMAGE_PIXELS = 16384 * 16384
+Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS // 2
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)  # once: decoding runs in threads
+
+
 def _read_image(path: Path, size: int) -> np.ndarray:
     """Decode one image file into a ``(size, size, 3)`` ``uint8`` array."""
     try:
         with Image.open(path) as img:
             img.draft(None, (size, size))  # JPEG: decode at 1/2..1/8 scale, never below size
             return resize_square(img, size)
+    except Image.DecompressionBombError:
+        limit = 2 * (Image.MAX_IMAGE_PIXELS or 0)
+        raise DataError(f"image {path} has more than {limit:,} pixels, fedderm's decode limit "
+                        "(fedderm.data.sources.MAX_IMAGE_PIXELS): downscale it first") from None
     except Exception as exc:  # Pillow raises many types (OSError, SyntaxError, struct.error...)
         raise DataError(f"cannot decode image {path}: {type(exc).__name__}: {exc}") from exc
 
