@@ -31,11 +31,11 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
     infos, failed = {}, []
     for reply in grid.send_and_receive(msgs, timeout=timeout):
         if reply.has_error():
-            failed.append(f"node {reply.metadata.src_node_id}: {short_reason(reply.error.reason, 2000)}")
+            failed.append(" ".join(short_reason(reply.error.reason, 2000).split()))
         else:
             infos[reply.metadata.src_node_id] = reply.content["info"]
     if failed:
-        raise RuntimeError("clients could not load their data:\n  " + "\n  ".join(failed))
+        raise RuntimeError("clients could not load their data: " + "; ".join(failed))
     silent = sorted(set(node_ids) - set(infos))
     if silent:
         log(WARNING, "nodes %s did not answer the handshake within %.0f s", silent, timeout)
@@ -135,8 +135,7 @@ def make_recorder(cfg, run_id: int, preset: str = "", overrides: dict | None = N
 
 def one_line(err: BaseException) -> str:
     """``err`` as one line (its type and the first line of its message)."""
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return f"{type(err).__name__}: {' '.join(str(err).split())}".rstrip(": ")
 
 
 @app.main()

@@ -359,9 +359,8 @@ def _failure_line(err: BaseException) -> str:
     """The innermost cause of ``err`` as one line (Flower wraps the ServerApp's error in its own)."""
     while err.__cause__ is not None:
         err = err.__cause__
-    text = str(err).strip().splitlines()
-    return text[0] if text and isinstance(err, (ValueError, RuntimeError, OSError)) else \
-        f"{type(err).__name__}: {text[0] if text else ''}"
+    text = " ".join(str(err).split())
+    return text if isinstance(err, (ValueError, RuntimeError, OSError)) else f"{type(err).__name__}: {text}"
 
 
 def _interrupted(signum: int) -> None:
