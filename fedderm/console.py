@@ -57,6 +57,35 @@ def setup(verbose: bool = False, stream=None) -> None:
     logging.getLogger("ray").setLevel(logging.ERROR)
 
 
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (Linux ``/proc``; elsewhere none)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def stop_children() -> None:
+    """SIGKILL every process this one started (Ray's GCS, raylet, agents, workers), so that none
+    outlives an interrupted run."""
+    for pid in _descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def stop_on_signals(report: Callable[[int], None]) -> None:
     """SIGINT and SIGTERM: call ``report(signum)`` (record the interruption, say how to resume),
     then leave at once with 128 + signum (130, 143).  The per-round checkpoints are written
@@ -70,6 +99,7 @@ def stop_on_signals(report: Callable[[int], None]) -> None:
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
+            stop_children()
             os._exit(128 + signum)
 
     signal.signal(signal.SIGINT, handler)
