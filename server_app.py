@@ -159,7 +159,7 @@ def main(grid: Grid, context: Context) -> None:
         recorder.update_extra({"status": "failed", "error": one_line(err)})
         raise
     finally:
-        CURRENT.pop("recorder", None)
+        CURRENT["last"] = CURRENT.pop("recorder")
     log(INFO, "\n%s", recorder.table())
     log(INFO, "results: %s", run_dir)
 

@@ -29,11 +29,18 @@ NOISE = re.compile("|".join([
 ]))
 
 
+#: Flower's ERROR lines about a ClientApp that raised (with Ray's traceback): the reason comes back
+#: to the server in the client's reply, and fedderm reports it in one line naming the client
+CLIENT_TRACEBACK = re.compile(r"Traceback \(most recent call last\)|ray::ClientAppActor|processing a message by "
+                              r"RayBackend|ClientAppException|An exception occurred !!|An error was encountered")
+
+
 class _Quiet(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
         if record.levelno >= logging.ERROR:
-            return True
-        return not NOISE.search(record.getMessage())
+            return not CLIENT_TRACEBACK.search(message)
+        return not NOISE.search(message)
 
 
 def setup(verbose: bool = False, stream=None) -> None:

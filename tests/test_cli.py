@@ -151,3 +151,16 @@ def test_an_image_above_the_decode_limit_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 4000)  # 12,000 px > 2 × 4,000
     with pytest.raises(DataError, match=r"scan.png has more than 8,000 pixels, fedderm's decode limit"):
         sources._read_image(path, 16)
+
+
+def test_a_failed_run_exits_1_with_one_line_and_its_folder_records_why(tmp_path):
+    bad = tmp_path / "bad.npz"
+    bad.write_text("not an npz")
+    out = _sim("--run-config", f'dataset="npz" data-path="{bad}" model="tiny-cnn" image-size=16 '
+               f'output-dir="{tmp_path}" cache-dir="{tmp_path / "c"}" run-name="bad"')
+    assert out.returncode == 1
+    console = out.stdout + out.stderr
+    assert "Traceback" not in console and "\x1b[" not in console and len(console.splitlines()) <= 5, console
+    assert re.search(r"^error: clients could not load their data: client [01]: .*bad\.npz", out.stderr, re.M)
+    summary = json.loads((tmp_path / "bad" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "bad.npz" in summary["error"] and summary["final"] is None
