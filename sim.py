@@ -59,9 +59,13 @@ def resolved_run_config(overrides: dict) -> dict:
 
     import registry
 
+    from fedderm.testset import check_test_data_path
+
     registry.load_config(overrides)  # names an unknown or mistyped key before Flower's terser check
     fused = get_fused_config_from_dir(APP_DIR, overrides)
-    return registry.load_config(fused).to_flat()
+    cfg = registry.load_config(fused)
+    check_test_data_path(cfg)  # local data: a missing test set stops before Ray
+    return cfg.to_flat()
 
 
 def check_before_start(run_config: dict, num_supernodes: int) -> None:
@@ -112,6 +116,25 @@ def _simulation_run(overrides: dict):
     return run
 
 
+def check_data(run_config: dict, num_supernodes: int) -> None:
+    """The data checks, once, before Ray starts (the data is local in a simulation): raises
+    DataError (or ConfigError for SiFT's class texts) with one line naming the client and file."""
+    from fedderm.data import check_federation
+    from fedderm.sift import class_texts
+
+    import registry
+
+    cfg = registry.load_config(run_config)
+    if cfg.resume:  # a resumed run continues with its own settings (server_app.resolve_config)
+        saved = Path(cfg.resume).expanduser() / "config.json"
+        if not saved.is_file():
+            return  # the ServerApp names the missing folder
+        cfg = registry.load_config({**json.loads(saved.read_text()), "resume": cfg.resume})
+    clients = check_federation(cfg, num_supernodes)
+    if cfg.method == "sift" and cfg.option("sift.variant") != "trainable-head":
+        class_texts(cfg.option("sift.class-texts"), clients[0].classes)
+
+
 def simulate(overrides: dict, num_supernodes: int | None = None, cpus_per_client: int = 1,
              gpus_per_client: float = 0.0, verbose: bool = False, client_app=None, preset: str = "",
              user_overrides: dict | None = None) -> Path:
@@ -138,6 +161,7 @@ def simulate(overrides: dict, num_supernodes: int | None = None, cpus_per_client
     if num_supernodes is None:
         num_supernodes = effective["min-clients"] + (1 if effective["holdout-centre"] else 0)
     check_before_start(effective, num_supernodes)
+    check_data(run_config, num_supernodes)
     run = _simulation_run(overrides)
     run_id = run.run_id
     given = dict(overrides if user_overrides is None else user_overrides)
@@ -319,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     from fedderm import console
     from fedderm.cli import parse_run_config
     from fedderm.config import ConfigError
+    from fedderm.data import DataError
 
     console.setup(verbose=args.verbose)
     if not args.grid and (args.quick or args.out or args.seeds or args.set):
@@ -338,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except DataError as err:  # the data checks (docs/data-checks.md), before any round
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except Exception as err:  # noqa: BLE001 - one line on the console; the run folder has the rest
         print(f"error: {_failure_line(err)}", file=sys.stderr)
         folder = _current_run_dir()
@@ -387,5 +415,4 @@ def _interrupted(signum: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(APP_DIR))
     sys.exit(main())

@@ -67,7 +67,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     config = msg.content["config"]
     split, local = str(config.get("split", "val")), bool(config.get("local", False))
     if local:
-        weights = context.state[BEST] if split == "test" and BEST in context.state else context.state[LOCAL]
+        test = split in ("test", "global-test")
+        weights = context.state[BEST] if test and BEST in context.state else context.state[LOCAL]
     else:
         weights = msg.content["arrays"]
     metrics = evaluate_split(s, weights, split)

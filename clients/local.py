@@ -46,7 +46,7 @@ def evaluate(msg: Message, context: Context, build=None) -> Message:
     s = session(context)
     config = msg.content["config"]
     split = str(config.get("split", "val"))
-    if split == "test":
+    if split in ("test", "global-test"):  # the client's own best-on-val model
         model = own_model(msg, context, BEST_MODEL if BEST_MODEL in context.state else MODEL, build=build)
         out = evaluation_reply(msg, s, model, split)
         out.content["metrics"]["best-round"] = int(context.state[BEST]["round"]) if BEST in context.state else 0
