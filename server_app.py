@@ -112,6 +112,11 @@ _CLI_KEYS = ("preset", "overrides")
 CURRENT: dict[str, RunRecorder] = {}
 
 
+def saved_run_config(folder: Path) -> dict:
+    """A run folder's config.json as run-config keys (without the ``preset``/``overrides`` record)."""
+    return {k: v for k, v in json.loads((Path(folder) / "config.json").read_text()).items() if k not in _CLI_KEYS}
+
+
 def user_overrides(grid: Grid, context: Context) -> tuple[dict, str]:
     """(the run-config keys the user gave, the preset file or ""): from ``sim.py``'s record in the
     context state, else the Run's ``override_config`` (``flwr run --run-config``)."""
@@ -135,7 +140,7 @@ def resolve_config(run_config: dict, overrides: dict | None = None):
     saved_path = folder / "config.json"
     if not saved_path.exists():
         raise FileNotFoundError(f"resume={cfg.resume!r}: no config.json in {folder}; name a fedderm run folder")
-    saved = {k: v for k, v in json.loads(saved_path.read_text()).items() if k not in _CLI_KEYS}
+    saved = saved_run_config(folder)
     given = run_config if overrides is None else overrides
     changed = sorted(k for k, v in given.items() if k not in _RESUME_FREE and saved.get(k) != v)
     if changed:

@@ -90,8 +90,10 @@ def _resumed_config(run_config: dict) -> dict:
     """``run_config``, or with ``resume`` set the resumed run's saved settings (what the run will use)."""
     if not run_config.get("resume"):
         return run_config
-    saved = Path(str(run_config["resume"])).expanduser() / "config.json"
-    return {**run_config, **json.loads(saved.read_text())} if saved.exists() else run_config
+    from server_app import saved_run_config
+
+    folder = Path(str(run_config["resume"])).expanduser()
+    return {**run_config, **saved_run_config(folder)} if (folder / "config.json").exists() else run_config
 
 
 def _simulation_run(overrides: dict):
@@ -129,7 +131,9 @@ def check_data(run_config: dict, num_supernodes: int) -> None:
         saved = Path(cfg.resume).expanduser() / "config.json"
         if not saved.is_file():
             return  # the ServerApp names the missing folder
-        cfg = registry.load_config({**json.loads(saved.read_text()), "resume": cfg.resume})
+        from server_app import saved_run_config
+
+        cfg = registry.load_config({**saved_run_config(saved.parent), "resume": cfg.resume})
     clients = check_federation(cfg, num_supernodes)
     if cfg.method == "sift" and cfg.option("sift.variant") != "trainable-head":
         class_texts(cfg.option("sift.class-texts"), clients[0].classes)

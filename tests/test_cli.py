@@ -153,14 +153,28 @@ def test_an_image_above_the_decode_limit_is_named(tmp_path, monkeypatch):
         sources._read_image(path, 16)
 
 
-def test_a_failed_run_exits_1_with_one_line_and_its_folder_records_why(tmp_path):
-    bad = tmp_path / "bad.npz"
-    bad.write_text("not an npz")
-    out = _sim("--run-config", f'dataset="npz" data-path="{bad}" model="tiny-cnn" image-size=16 '
-               f'output-dir="{tmp_path}" cache-dir="{tmp_path / "c"}" run-name="bad"')
-    assert out.returncode == 1
+def test_a_failed_run_exits_non_zero_with_one_line_and_its_folder_records_why(tmp_path):
+    # a failure inside the ServerApp, after the run folder exists (random-init has nothing to pre-train)
+    out = _sim("--run-config", f'method="random-init" finetune="none" model="tiny-cnn" image-size=16 '
+               f'synthetic-per-class=8 output-dir="{tmp_path}" cache-dir="{tmp_path / "c"}" run-name="bad"')
+    assert out.returncode == 2
     console = out.stdout + out.stderr
-    assert "Traceback" not in console and "\x1b[" not in console and len(console.splitlines()) <= 5, console
-    assert re.search(r"^error: clients could not load their data: client [01]: .*bad\.npz", out.stderr, re.M)
+    assert "Traceback" not in console and "\x1b[" not in console and len(console.splitlines()) <= 8, console
+    assert re.search(r"^error: method 'random-init' has no pre-training", out.stderr, re.M), out.stderr
     summary = json.loads((tmp_path / "bad" / "summary.json").read_text())
-    assert summary["status"] == "failed" and "bad.npz" in summary["error"] and summary["final"] is None
+    assert summary["status"] == "failed" and "random-init" in summary["error"] and summary["final"] is None
+
+
+def test_fedmae_runs_end_to_end_with_no_model_key(tmp_path):
+    """Must-show 4: ``method="fedmae"`` with ``model`` unset trains its paper ViT (vit-base, patch 16)."""
+    import sim
+
+    run_dir = sim.simulate({"method": "fedmae", "image-size": 32, "synthetic-per-class": 4, "num-server-rounds": 1,
+                            "local-epochs": 1, "batch-size": 8, "finetune-rounds": 1, "finetune-epochs": 1,
+                            "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1,
+                            "fedmae.decoder-num-heads": 2, "output-dir": str(tmp_path),
+                            "cache-dir": str(tmp_path / "c"), "run-name": "mae"})
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "done" and summary["config"]["model"] == "vit-base"
+    assert summary["config"]["overrides"].get("model") is None
+    assert set(summary["final"]["per_client"]) == {"0", "1"}
