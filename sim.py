@@ -59,6 +59,7 @@ def resolved_run_config(overrides: dict) -> dict:
 
     import registry
 
+    import fedderm.data  # noqa: F401 - first: importing fedderm.testset alone is a circular import
     from fedderm.testset import check_test_data_path
 
     registry.load_config(overrides)  # names an unknown or mistyped key before Flower's terser check
