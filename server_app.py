@@ -214,5 +214,9 @@ def run_plan(grid: Grid, cfg, method, recorder: RunRecorder) -> Path:
     getattr(method.strategy_module(), "run", run_supervised)(federation, cfg, recorder, classes)
     for nid in held:
         finetune_holdout(grid, cfg, recorder, nid, list(infos[nid]["classes"]))
+    run_dir = recorder.finish()
+    if recorder.final is None and cfg.finetune != "none":  # finetune="none": pre-training only, no test
+        raise RuntimeError("the run ended without final test metrics: every client failed or left "
+                           "(summary.json: missing_clients)")
     recorder.update_extra({"status": "done", "error": ""})
-    return recorder.finish()
+    return run_dir
