@@ -15,10 +15,10 @@ from flwr.app import Context, Message
 
 from fedderm.flbt import batchnorm_keys, split_state
 from fedderm.train import train_supervised
-from records import to_record, to_state_dict
+from wire import to_record, to_state_dict
 
 from .common import reply, session
-from .flbt import evaluation_reply
+from .flbt_family import evaluation_reply
 
 PREFIX = "fedbn-bn-r"
 

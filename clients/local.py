@@ -11,10 +11,10 @@ from __future__ import annotations
 from flwr.app import Context, Message, MetricRecord
 
 from fedderm.train import train_supervised
-from records import to_record
+from wire import to_record
 
 from .common import reply, session
-from .flbt import evaluation_reply
+from .flbt_family import evaluation_reply
 
 MODEL, BEST_MODEL, BEST = "local-model", "local-best-model", "local-best"
 SELECTION_METRIC = "balanced_accuracy"

@@ -14,6 +14,8 @@ import hashlib
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
+from wire import values
+
 from . import fedclf, finetune
 
 INITIAL = "localcl-initial-backbone"  # context.state: digest of the initial backbone
@@ -23,7 +25,7 @@ def backbone_digest(arrays: ArrayRecord) -> str:
     h = hashlib.sha256()
     for key in sorted(k for k in arrays.keys() if k.startswith("backbone.")):
         h.update(key.encode())
-        h.update(arrays[key].numpy().tobytes())
+        h.update(values(arrays[key]).tobytes())
     return h.hexdigest()
 
 

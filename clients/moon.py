@@ -8,10 +8,11 @@ from __future__ import annotations
 from flwr.app import Context, Message
 
 from fedderm.flbt import frozen_copy, train_moon
-from records import copy_record, to_record, to_state_dict
+from wire import copy_record, to_record, to_state_dict
 
 from .common import reply, session
-from .flbt import evaluate, projected
+from .flbt import evaluate
+from .flbt_family import projected
 
 PREVIOUS = "moon-previous"
 

@@ -13,7 +13,9 @@ import os
 from pathlib import Path
 
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+
+from wire import to_record, values
 
 KINDS = {"arrays": ArrayRecord, "metrics": MetricRecord, "config": ConfigRecord}
 
@@ -31,7 +33,7 @@ def save_state(context: Context, path: Path) -> None:
     payload = {}
     for name, record in context.state.items():
         if name in context.state.array_records:
-            payload[name] = ("arrays", {k: a.numpy() for k, a in record.items()})
+            payload[name] = ("arrays", {k: values(a) for k, a in record.items()})
         elif name in context.state.metric_records:
             payload[name] = ("metrics", dict(record))
         else:
@@ -44,11 +46,11 @@ def save_state(context: Context, path: Path) -> None:
 
 def load_state(context: Context, path: Path) -> None:
     """Put the records saved at ``path`` back into ``context.state``."""
-    for name, (kind, values) in torch.load(path, weights_only=False).items():
+    for name, (kind, arrays) in torch.load(path, weights_only=False).items():
         if kind == "arrays":
-            context.state[name] = ArrayRecord({k: Array(v) for k, v in values.items()})
+            context.state[name] = to_record(arrays)
         else:
-            context.state[name] = KINDS[kind](values)
+            context.state[name] = KINDS[kind](arrays)
 
 
 def persist_mod(msg: Message, context: Context, call_next) -> Message:

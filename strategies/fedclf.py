@@ -16,17 +16,17 @@ With ``fedclf.feature-sharing=false`` nothing is uploaded or relayed: FedMoCo.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp.strategy import FedAvg
 
-from clients.fedclf import FEATURES, REMOTE
 from fedderm.moco import build_moco
+from wire import FEATURES, REMOTE, to_array, to_record, values
 
 from .common import Tracked
 from .finetune import pretrain_strategy, pretrain_then_finetune
@@ -67,7 +67,7 @@ class FedCLFStrategy(Tracked, FedAvg):
             if "metrics" in r.content and "partition-id" in r.content["metrics"]:
                 self.partition_of[nid] = int(r.content["metrics"]["partition-id"])
             if FEATURES in r.content:
-                uploads[nid] = r.content[FEATURES]["features"].numpy()
+                uploads[nid] = values(r.content[FEATURES]["features"])
                 del r.content[FEATURES]
         return uploads
 
@@ -106,7 +106,7 @@ class FedCLFStrategy(Tracked, FedAvg):
             remote = relay_features(self.uploads, nid, rng, self.node_order)
             content = RecordDict({"arrays": msg.content["arrays"], "config": msg.content["config"]})
             if len(remote):
-                content[REMOTE] = ArrayRecord({"features": Array(np.ascontiguousarray(remote))})
+                content[REMOTE] = ArrayRecord({"features": to_array(np.ascontiguousarray(remote))})
             out.append(Message(content=content, dst_node_id=nid, message_type=msg.metadata.message_type,
                                group_id=msg.metadata.group_id or None))
             received[self._name(nid)] = int(remote.nbytes)
@@ -154,7 +154,7 @@ def build_strategy(cfg, recorder, feature_sharing: bool | None = None) -> FedCLF
 def initial_moco(cfg) -> ArrayRecord:
     """The seeded initial MoCo model (momentum encoder = main encoder)."""
     torch.manual_seed(cfg.seed)
-    return ArrayRecord(build_moco(cfg.model, cfg.image_size).state_dict())
+    return to_record(build_moco(cfg.model, cfg.image_size).state_dict())
 
 
 def run(grid, cfg, recorder, classes, feature_sharing: bool | None = None) -> None:

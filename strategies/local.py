@@ -15,8 +15,9 @@ from flwr.serverapp import Grid
 
 from fedderm.metrics import mean_over_clients
 from fedderm.models import create_model
+from wire import to_record
 
-from .flbt import save_pr_curves
+from .flbt_family import save_pr_curves
 
 
 def _ask(grid: Grid, node_ids: list[int], kind: str, server_round: int, split: str | None = None,
@@ -45,7 +46,7 @@ def run(grid: Grid, cfg, recorder, classes: list[str], model=None) -> None:
     passes the 004 network with the server's pre-trained encoder)."""
     nodes = sorted(grid.get_node_ids())
     model = model if model is not None else create_model(cfg.model, len(classes), cfg.image_size)
-    init = ArrayRecord(model.state_dict())
+    init = to_record(model.state_dict())
     val, _ = _ask(grid, nodes, "evaluate", 0, "val", init)
     recorder.log_round(0, "val", val)
     for r in range(1, cfg.num_server_rounds + 1):
