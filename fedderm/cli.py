@@ -8,9 +8,10 @@ overrides, which win (Flower's parser refuses the combination).
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from fedderm.config import ConfigError
 

@@ -10,9 +10,9 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 
 import pytest
+import tomllib
 
 import registry
 import server_app
