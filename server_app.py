@@ -16,7 +16,7 @@ from records import to_record
 from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
-from strategies.common import FastPollGrid, run_federated, short_reason, wait_for_nodes
+from strategies.common import FastPollGrid, StateClock, run_federated, short_reason, wait_for_nodes
 from strategies.holdout import HoldoutGrid, finetune_holdout, holdout_nodes
 
 app = ServerApp()
@@ -112,6 +112,11 @@ def main(grid: Grid, context: Context) -> None:
     seed_everything(cfg.seed)
     recorder = make_recorder(cfg, context.run_id)
     context.state["fedderm"] = ConfigRecord({"run-dir": str(recorder.run_dir)})
+    # client state (fedderm.state_store): keyed by the run folder's name, rolled back on resume
+    grid.state_clock = StateClock.for_run(recorder.run_dir, cfg, type(grid.inner).__name__ == "InMemoryGrid")
+    if cfg.resume:
+        log(INFO, "resume: clients continue from their state at step %d (the newest checkpoint)",
+            grid.state_clock.resume)
     log(INFO, "fedderm: method %s · %s", cfg.method, method.description)
     log(INFO, "results %s %s (on the host running the ServerApp)", "continue in" if cfg.resume else
         "will be written to", recorder.run_dir)

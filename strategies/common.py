@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from logging import INFO, WARNING
 from typing import Any
 
@@ -22,9 +24,10 @@ from flwr.serverapp.strategy import FedAvg
 
 import records
 
+from clients.state import STAMP
 from clients.transport import decode_message, encode_message
 
-from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, save_checkpoint
+from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, resume_step, save_checkpoint
 from fedderm.config import Config
 from fedderm.metrics import SELECTION_METRIC
 from fedderm.results import RunRecorder
@@ -103,6 +106,37 @@ class WrappedGrid(Grid):
         return getattr(self.inner, name)
 
 
+class StateClock:
+    """The server's side of the client-state store (:mod:`fedderm.state_store`): numbers the
+    intervals between checkpoints (``step``) and stamps every message with the ``fedderm-state``
+    record the clients key and roll back their state by (:mod:`clients.state`)."""
+
+    def __init__(self, run_dir, keep: int, simulation: bool, resume: int = 0):
+        run_dir = Path(run_dir).expanduser().resolve()
+        self.run, self.run_dir = run_dir.name, str(run_dir) if simulation else ""
+        self.keep, self.resume, self.step = int(keep), int(resume), int(resume)
+        self.token = uuid.uuid4().hex  # new for every server process: clients roll back once per token
+
+    @classmethod
+    def for_run(cls, run_dir, cfg, simulation: bool) -> "StateClock":
+        """The clock of a run; resumed (``resume``) at the step of the newest checkpoint."""
+        return cls(run_dir, cfg.keep_checkpoints, simulation, resume_step(run_dir) if cfg.resume else 0)
+
+    def stamp(self) -> ConfigRecord:
+        return ConfigRecord({"run": self.run, "run-dir": self.run_dir, "step": self.step + 1,
+                             "resume": self.resume, "token": self.token, "keep": self.keep})
+
+
+def save_round(grid: Grid, recorder: RunRecorder, stage: str, server_round: int, payload: dict[str, Any],
+               keep: int) -> None:
+    """The checkpoint of (``stage``, ``server_round``), with the client-state step it closes."""
+    clock = getattr(grid, "state_clock", None)
+    step = clock.step + 1 if clock is not None else 0
+    save_checkpoint(recorder.run_dir, stage, server_round, {**payload, "state-step": step}, keep=keep)
+    if clock is not None:
+        clock.step = step
+
+
 class FastPollGrid(WrappedGrid):
     """A Grid whose ``send_and_receive`` is :func:`send_and_receive_fast`, and whose messages
     carry their arrays in ``transport-dtype``; all else delegated.
@@ -119,8 +153,15 @@ class FastPollGrid(WrappedGrid):
         self.poll_interval = poll_interval
         #: ``transport-dtype``: outgoing arrays are encoded in it, replies decoded back to float32
         self.transport = transport
+        #: stamps every message but the handshake with the client-state step (set by the ServerApp)
+        self.state_clock: StateClock | None = None
 
     def push_messages(self, messages):
+        messages = list(messages)
+        if self.state_clock is not None:
+            for m in messages:
+                if m.metadata.message_type != "query.info":
+                    m.content[STAMP] = self.state_clock.stamp()
         return self.inner.push_messages([encode_message(m, self.transport) for m in messages])
 
     def pull_messages(self, message_ids):
@@ -514,9 +555,9 @@ def run_rounds(strategy: Tracked, grid: Grid, arrays: ArrayRecord, *, evaluate: 
         if evaluate:
             strategy.evaluate_round(view, server_round, arrays, "val", cfg.round_timeout)
         (on_round or strategy.after_round)(server_round, arrays)
-        save_checkpoint(recorder.run_dir, strategy.stage, server_round,
-                        {"arrays": records.to_state_dict(arrays), "strategy": strategy.state_dict(),
-                         "recorder": recorder.state()}, keep=cfg.keep_checkpoints)
+        save_round(grid, recorder, strategy.stage, server_round,
+                   {"arrays": records.to_state_dict(arrays), "strategy": strategy.state_dict(),
+                    "recorder": recorder.state()}, keep=cfg.keep_checkpoints)
     return arrays
 
 
