@@ -84,11 +84,11 @@ def test_resume_after_a_crash_is_bit_identical(method, tmp_path, monkeypatch, fl
     assert resumed == crashed
     (a, wa), (b, wb) = _results(full), _results(resumed)
     assert a["final"] == b["final"] and a["rounds"] == b["rounds"] and a["best_round"] == b["best_round"]
-    assert wa.keys() == wb.keys() and wa
+    assert wa.keys() == wb.keys() and (wa or method == "local")  # local: the models stay on the clients
     for name in wa:
         assert wa[name].keys() == wb[name].keys()
         assert all(torch.equal(wa[name][k], wb[name][k]) for k in wa[name]), name
-    if method != "sift":  # every other method stored client state; the clients had gone past step 2
+    if method not in ("sift", "flbt"):  # stateless clients; the others had gone past step 2
         assert stored
         assert "rolled back to step" in flwr_log.text
 
