@@ -16,6 +16,7 @@ from fake_grid import FakeGrid
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 import registry
+from clients.state import client_state
 import sim
 from clients.fedclf import BANK, FEATURES, REMOTE
 from fedderm import moco as moco_module
@@ -277,7 +278,7 @@ def test_clients_receive_exactly_the_others_features_end_to_end(tmp_path):
             latest[msg.metadata.dst_node_id] = uploaded
     # each client keeps its bank (client-only state); uploads are K = 24 features of 128 floats
     for ctx in grid.contexts.values():
-        assert ctx.state[BANK]["features"].numpy().shape == (24, 128)
+        assert tuple(client_state(ctx).tensors(BANK)["features"].shape) == (24, 128)
     assert all(latest[n].shape == (24, 128) for n in latest)
 
 
@@ -332,7 +333,7 @@ def test_baselines_run_their_plan(tmp_path, method, finetune):
         # nothing averaged: round 2 carries no weights, clients keep diverging models
         pre_msgs = [m for m in grid.sent if m.metadata.message_type == "train.pretrain"]
         assert [len(m.content["arrays"]) > 0 for m in pre_msgs] == [True, True, False, False]
-        own = [ctx.state["fedclf-model"]["backbone.0.0.weight"].numpy() for ctx in grid.contexts.values()]
+        own = [client_state(ctx).tensors("fedclf-model")["backbone.0.0.weight"].numpy() for ctx in grid.contexts.values()]
         assert not np.array_equal(own[0], own[1])
         assert all(FEATURES not in r.content for r in grid.replies)
 
@@ -345,9 +346,9 @@ def test_localcl_finetunes_from_the_clients_own_backbone(tmp_path):
     grid = FakeGrid(tiny(tmp_path, method="localcl"), 1)
     ctx = next(iter(grid.contexts.values()))
     initial = {"backbone.w": np.zeros(2, np.float32), "head.0.weight": np.zeros(1, np.float32)}
-    ctx.state[INITIAL] = ConfigRecord({"digest": backbone_digest(ArrayRecord({k: Array(v) for k, v in initial.items()}))})
-    ctx.state["fedclf-model"] = ArrayRecord({"backbone.w": Array(np.ones(2, np.float32)),
-                                             "head.0.weight": Array(np.zeros(1, np.float32))})
+    state = client_state(ctx)
+    state.put(INITIAL, meta={"digest": backbone_digest(ArrayRecord({k: Array(v) for k, v in initial.items()}))})
+    state.put("fedclf-model", {"backbone.w": torch.ones(2), "head.0.weight": torch.zeros(1)})
 
     def instruction(backbone):
         return Message(RecordDict({"arrays": ArrayRecord({"backbone.w": Array(np.asarray(backbone, np.float32)),

@@ -12,6 +12,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.serverapp.strategy import FedAvg
 
 import registry
+from clients.state import client_state
 import sim
 from clients import fedmae as mae_client
 from fedderm.config import ConfigError
@@ -311,7 +312,7 @@ def test_rounds_with_real_clients_keep_the_excluded_part_local(tmp_path, exclude
         kept = set(excluded_keys(build_mae(strategy.cfg), exclude))
         assert kept and not sent & kept  # the excluded parameters never travel during the rounds
         assert (LOCAL_RECORD in replies[0].content) == (rnd == 2)
-        own = [ctx.state[mae_client.KEPT].to_torch_state_dict() for ctx in contexts]
+        own = [client_state(ctx).tensors(mae_client.KEPT) for ctx in contexts]
         weights = [int(r.content["metrics"]["num-examples"]) for r in replies]
         arrays, _ = strategy.aggregate_train(rnd, replies)
         if rnd == 1:
