@@ -77,13 +77,16 @@ class FedCLFStrategy(Tracked, FedAvg):
         self.feature_sharing = feature_sharing
         self.timeout = timeout
         self.uploads: dict[int, np.ndarray] = {}  # partition id -> its latest Q_l (server side only)
+        self.partition_of: dict[int, int] = {}  # node id -> partition id, from the replies (this run)
 
     # -- collecting -------------------------------------------------------------------
-    def _pid(self, msg: Message) -> int:
-        nid = msg.metadata.src_node_id
-        if nid in self.recorder.node_partitions:
-            return int(self.recorder.node_partitions[nid])
-        return int(msg.content["metrics"]["partition-id"])
+    def _note_partition(self, msg: Message) -> None:
+        if msg.has_content() and "metrics" in msg.content and "partition-id" in msg.content["metrics"]:
+            self.partition_of[msg.metadata.src_node_id] = int(msg.content["metrics"]["partition-id"])
+
+    def _pid(self, nid: int) -> int:
+        """The partition id of node ``nid`` (handshake, else its replies; else the node id)."""
+        return int(self.recorder.node_partitions.get(nid, self.partition_of.get(nid, nid)))
 
     def _take_features(self, replies: Iterable[Message]) -> dict[int, np.ndarray]:
         """Remove the ``features`` record from every reply (FedAvg wants exactly one
@@ -93,7 +96,7 @@ class FedCLFStrategy(Tracked, FedAvg):
             if r.has_error() or not r.has_content():
                 continue
             if FEATURES in r.content:
-                uploads[self._pid(r)] = r.content[FEATURES]["features"].numpy()
+                uploads[self._pid(r.metadata.src_node_id)] = r.content[FEATURES]["features"].numpy()
                 del r.content[FEATURES]
         return uploads
 
@@ -103,6 +106,7 @@ class FedCLFStrategy(Tracked, FedAvg):
 
     def validate_reply(self, msg: Message) -> str | None:
         """The model checks of every method, then (feature sharing) the feature upload's."""
+        self._note_partition(msg)
         problem = super().validate_reply(msg)
         if problem is None and self.feature_sharing:
             problem = self.feature_problem(msg)
@@ -117,6 +121,7 @@ class FedCLFStrategy(Tracked, FedAvg):
         good, rejected = [], []
         for r in self.in_order(replies):
             nid = r.metadata.src_node_id
+            self._note_partition(r)
             if r.has_error():
                 log(WARNING, "fedclf: node %d sent no initial features: %s", nid, r.error.reason)
             elif problem := self.feature_problem(r):
@@ -156,7 +161,7 @@ class FedCLFStrategy(Tracked, FedAvg):
         out, received = [], {}
         for msg in sorted(messages, key=lambda m: self.node_order(m.metadata.dst_node_id)):  # rng draws by partition
             nid = msg.metadata.dst_node_id
-            pid = self.recorder.node_partitions.get(nid, -1)
+            pid = self._pid(nid)
             remote = relay_features(self.uploads, pid, rng)
             content = RecordDict({"arrays": msg.content["arrays"], "config": msg.content["config"]})
             if len(remote):
@@ -192,7 +197,7 @@ class FedCLFStrategy(Tracked, FedAvg):
 
     def state_dict(self):
         """The relay bank (each client's latest features) goes into the checkpoint too."""
-        return {**super().state_dict(), "uploads": dict(self.uploads)}
+        return {**super().state_dict(), "uploads": dict(self.uploads)}  # by partition id
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
