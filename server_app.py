@@ -13,6 +13,7 @@ from flwr.serverapp import Grid, ServerApp
 
 import registry
 from records import to_record
+from fedderm.data.checks import check_union
 from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
@@ -31,7 +32,8 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
     infos, failed = {}, []
     for reply in grid.send_and_receive(msgs, timeout=timeout):
         if reply.has_error():
-            failed.append(f"node {reply.metadata.src_node_id}: {short_reason(reply.error.reason, 2000)}")
+            reason = short_reason(reply.error.reason, 2000)  # data errors name the client themselves
+            failed.append(reason if reason.startswith("client ") else f"node {reply.metadata.src_node_id}: {reason}")
         else:
             infos[reply.metadata.src_node_id] = reply.content["info"]
     if failed:
@@ -54,12 +56,32 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
     if len(classes) != 1:
         raise RuntimeError(f"clients disagree on the class list: {sorted(classes)}; set the run-config "
                            "key 'classes' so that every hospital maps labels the same way")
+    counts = {f"client {info['partition-id']}": list(info["class-counts"]) for nid, info in infos.items()
+              if nid not in held and "class-counts" in info}
+    if counts:  # every class must have images somewhere (docs/data-checks.md)
+        check_union(counts, list(next(iter(classes))))
     for nid, info in sorted(infos.items(), key=lambda kv: kv[1]["partition-id"]):
         site = f" {info['site']!r}" if info.get("site") else ""
         log(INFO, "client %d%s (node %d): train %d (labelled %d) · val %d · test %d%s", info["partition-id"], site,
             nid, info["train"], info["labelled"], info["val"], info["test"],
             f" · {info['skipped-files']} bad files skipped" if info["skipped-files"] else "")
     return infos
+
+
+def record_classes(recorder: RunRecorder, cfg, method, classes: list[str], infos: dict) -> None:
+    """Print the class list (label order) with images per class per client and split, and record it
+    in summary.json and the model files' metadata (fedderm.inference reads it)."""
+    splits = ("train", "labelled", "val", "test")
+    counts = {str(info["partition-id"]): {s: [int(v) for v in info[f"counts-{s}"]] for s in splits}
+              for info in infos.values() if f"counts-{splits[0]}" in info}
+    meta = {"method": cfg.method, "model": cfg.model, "image_size": cfg.image_size, "network": method.network}
+    if "flbt.proj-dim" in cfg.options:
+        meta["proj_dim"] = int(cfg.option("flbt.proj-dim"))
+    recorder.set_classes(classes, counts, meta)
+    log(INFO, "classes (label order): %s", ", ".join(f"{i}={name}" for i, name in enumerate(classes)))
+    for pid, per_split in sorted(counts.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else kv[0]):
+        log(INFO, "  client %s images per class: %s", pid,
+            " · ".join(f"{s} {per_split[s]}" for s in ("train", "val", "test")))
 
 
 def run_dir_for(cfg, run_id: int) -> Path:
@@ -133,6 +155,7 @@ def main(grid: Grid, context: Context) -> None:
     if skipped:
         recorder.update_extra({"skipped_files": skipped})
     classes = list(next(info for nid, info in infos.items() if nid not in held)["classes"])
+    record_classes(recorder, cfg, method, classes, infos)
     # A strategy module runs the default plan (federated training, then test) unless it
     # defines its own ``run(grid, cfg, recorder, classes)`` (e.g. pre-train -> fine-tune -> test).
     # A held-out centre is invisible to it (HoldoutGrid) and fine-tunes the result afterwards.

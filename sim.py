@@ -56,9 +56,11 @@ def resolved_run_config(overrides: dict) -> dict:
 
     import registry
 
+    from fedderm.testset import check_test_data_path
+
     registry.load_config(overrides)  # names an unknown or mistyped key before Flower's terser check
     fused = get_fused_config_from_dir(APP_DIR, overrides)
-    registry.load_config(fused)
+    check_test_data_path(registry.load_config(fused))  # local data: a missing test set stops before Ray
     return fused
 
 
@@ -84,6 +86,25 @@ def _simulation_run(overrides: dict):
     return run
 
 
+def check_data(run_config: dict, num_supernodes: int) -> None:
+    """The data checks, once, before Ray starts (the data is local in a simulation): raises
+    DataError (or ConfigError for SiFT's class texts) with one line naming the client and file."""
+    from fedderm.data import check_federation
+    from fedderm.sift import class_texts
+
+    import registry
+
+    cfg = registry.load_config(run_config)
+    if cfg.resume:  # a resumed run continues with its own settings (server_app.resolve_config)
+        saved = Path(cfg.resume).expanduser() / "config.json"
+        if not saved.is_file():
+            return  # the ServerApp names the missing folder
+        cfg = registry.load_config({**json.loads(saved.read_text()), "resume": cfg.resume})
+    clients = check_federation(cfg, num_supernodes)
+    if cfg.method == "sift" and cfg.option("sift.variant") != "trainable-head":
+        class_texts(cfg.option("sift.class-texts"), clients[0].classes)
+
+
 def simulate(overrides: dict, num_supernodes: int = 2, cpus_per_client: int = 1,
              gpus_per_client: float = 0.0, verbose: bool = False, client_app=None) -> Path:
     """Run one simulation with ``num_supernodes`` virtual hospitals; return the run folder.
@@ -99,6 +120,7 @@ def simulate(overrides: dict, num_supernodes: int = 2, cpus_per_client: int = 1,
         from client_app import app as client_app
 
     run_config = resolved_run_config(overrides)
+    check_data(run_config, num_supernodes)
     run = _simulation_run(overrides)
     run_id = run.run_id
     context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
@@ -272,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from fedderm.config import ConfigError
+    from fedderm.data import DataError
 
     if not args.grid and (args.quick or args.out or args.seeds or args.set):
         parser.error("--quick, --out, --seeds and --set go with --grid")
@@ -289,10 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except DataError as err:  # the data checks (docs/data-checks.md), before any round
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print(f"results: {run_dir}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(APP_DIR))
     sys.exit(main())

@@ -28,7 +28,6 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import registry  # noqa: E402  (each method's smallest run: registry.smallest_run, as the audit test)
 

@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from bench.communication import machine  # noqa: E402
 from deploy.loopback import BASE_RUN_CONFIG, Loopback  # noqa: E402

@@ -1,7 +1,7 @@
 """Paper 004 Table XII: communication and computation counts of every 004 method (no training).
 
-    python bench/flbt_costs.py                                   # the model of configs/004-tables-2-4.toml
-    python bench/flbt_costs.py --model resnet18 --image-size 32  # any model and size
+    python -m bench.flbt_costs                                   # the model of configs/004-tables-2-4.toml
+    python -m bench.flbt_costs --model resnet18 --image-size 32  # any model and size
 
 Prints, per method, the communication rounds, the parameters the centres upload per round
 (summed over the centres), the parameters and the multiply-accumulates per image
@@ -17,7 +17,6 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,9 @@
 """Per-method overhead: the time per round that every fedderm method spends outside its local loops
 (issue 9, benchmark 1 for every method; ``bench/overhead.py`` compares FedAvg with a plain loop).
 
-    python bench/methods.py                                  # every method, its smallest run (tiny models, 16 px)
-    python bench/methods.py --methods fedavg,sift --model resnet18 --image-size 64
-    python bench/methods.py --out /tmp/methods.md            # the table as Markdown too
+    python -m bench.methods                                  # every method, its smallest run (tiny models, 16 px)
+    python -m bench.methods --methods fedavg,sift --model resnet18 --image-size 64
+    python -m bench.methods --out /tmp/methods.md            # the table as Markdown too
 
 Each method runs ``sim.simulate`` in a fresh process (its smallest run, ``registry.smallest_run``,
 with ``--rounds`` rounds in every stage and ``--clients`` simulated clients on 2 workers) with the
@@ -33,10 +33,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-import benchlib  # noqa: E402
+from bench import benchlib  # noqa: E402
 import registry  # noqa: E402
 
 
@@ -153,7 +151,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="fedderm-methods-") as tmp:
         for method in methods:
             s = settings_for(method, args, Path(tmp))
-            result, _, wall = benchlib.run_child(["bench/methods.py", "--child", "--clients", str(args.clients),
+            result, _, wall = benchlib.run_child(["-m", "bench.methods", "--child", "--clients", str(args.clients),
                                                   "--settings", json.dumps(s)])
             for stage, m in result["stages"].items():
                 rows.append([method, stage, s["model"], f"{m['round']:.3f}", f"{m['loops']:.3f}",

@@ -1,8 +1,8 @@
 """Overhead of fedderm over a plain PyTorch loop doing the same local work (issue 9, benchmark 1).
 
-    python bench/overhead.py                    # ResNet-18, 64 px, 4 clients x 255 images, 5 rounds, 3 x (A, B)
-    python bench/overhead.py --method fedprox   # any of: fedavg, fedprox, fedbn
-    python bench/overhead.py --quick            # tiny-cnn, 32 px, 2 rounds, 2 x (A, B): a fast check
+    python -m bench.overhead                    # ResNet-18, 64 px, 4 clients x 255 images, 5 rounds, 3 x (A, B)
+    python -m bench.overhead --method fedprox   # any of: fedavg, fedprox, fedbn
+    python -m bench.overhead --quick            # tiny-cnn, 32 px, 2 rounds, 2 x (A, B): a fast check
 
 A (plain): the simulation's layout without Flower: 2 single-threaded worker processes pull
 clients from a queue, the weights cross the process boundary as numpy arrays, the main process
@@ -33,10 +33,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-import benchlib  # noqa: E402
+from bench import benchlib  # noqa: E402
 
 PLAIN_METHODS = ("fedavg", "fedprox", "fedbn")
 METHOD_KEYS = {"fedprox": {"proximal-mu": 0.01}}
@@ -313,12 +311,12 @@ def main(argv=None) -> int:
     print(f"settings: {s.method} · {s.model} · {s.image_size} px · {s.clients} clients · "
           f"{s.per_class} images/class/client · {s.epochs} local epoch · {s.rounds} rounds · {repeats} x (A, B)")
     # generate the data once, outside the timings
-    benchlib.run_child(["bench/overhead.py", "--child", "A", "--settings",
+    benchlib.run_child(["-m", "bench.overhead", "--child", "A", "--settings",
                         json.dumps({**dataclasses.asdict(s), "rounds": 1})])
     runs: dict[str, list] = {"A": [], "B": []}
     for i in range(repeats):
         for which in ("A", "B"):
-            result, peak, wall = benchlib.run_child(["bench/overhead.py", "--child", which, "--settings",
+            result, peak, wall = benchlib.run_child(["-m", "bench.overhead", "--child", which, "--settings",
                                                      json.dumps(dataclasses.asdict(s))])
             result.update(peak=peak, wall=wall)
             runs[which].append(result)

@@ -1,7 +1,7 @@
 """Ring-hop latency of a real deployment on loopback: before and after fedderm's polling changes.
 
-    python bench/ring_latency.py                   # 3 SuperNodes, 9 hops per setting
-    python bench/ring_latency.py --hops 12 --no-fedderm-imports
+    python -m bench.ring_latency                   # 3 SuperNodes, 9 hops per setting
+    python -m bench.ring_latency --hops 12 --no-fedderm-imports
 
 Starts the TLS + node-auth loopback federation of deploy/loopback.py twice:
   * Flower's defaults: SuperExec checks for work every 1 s;
@@ -22,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from deploy.loopback import Loopback  # noqa: E402
 

@@ -1,8 +1,8 @@
 """Scale: 10, 50 and 100 simulated clients with a small model (issue 9, benchmark 3).
 
-    python bench/scale.py                  # tiny-cnn, 32 px, iid, 25 images per client, 3 rounds
-    python bench/scale.py --clients 10,50  # other client counts
-    python bench/scale.py --quick          # 10 and 50 clients, 2 rounds
+    python -m bench.scale                  # tiny-cnn, 32 px, iid, 25 images per client, 3 rounds
+    python -m bench.scale --clients 10,50  # other client counts
+    python -m bench.scale --quick          # 10 and 50 clients, 2 rounds
 
 Every client count runs ``sim.simulate`` (fedavg, every client in every round, ``--num-supernodes N``
 on Flower's Ray backend with 1 CPU per client) in a fresh process, and prints the time per round
@@ -23,11 +23,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-import benchlib  # noqa: E402
-from overhead import Settings  # noqa: E402
+from bench import benchlib  # noqa: E402
+from bench.overhead import Settings  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -54,8 +52,8 @@ def main(argv=None) -> int:
                      extra={"partition": "iid", "synthetic-sites": 1, "keep-checkpoints": 1})
         # the pool is generated (and cached) by a one-round run first, outside the figures
         warm = {**dataclasses.asdict(s), "rounds": 1}
-        benchlib.run_child(["bench/overhead.py", "--child", "B", "--settings", json.dumps(warm)])
-        result, peak, wall = benchlib.run_child(["bench/overhead.py", "--child", "B", "--settings",
+        benchlib.run_child(["-m", "bench.overhead", "--child", "B", "--settings", json.dumps(warm)])
+        result, peak, wall = benchlib.run_child(["-m", "bench.overhead", "--child", "B", "--settings",
                                                  json.dumps(dataclasses.asdict(s))])
         train = round(0.6 * args.per_client) * n
         per_round = result["per_round"]

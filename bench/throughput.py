@@ -1,8 +1,8 @@
 """Local-training throughput: fedderm's loops against a plain PyTorch loop (issue 9, benchmark 4).
 
-    python bench/throughput.py            # ResNet-18 64 px (supervised, MoCo), ViT-tiny 64 px (MAE), 1 thread
-    python bench/throughput.py --quick    # tiny-cnn / vit-micro at 32 px: a fast check
-    python bench/throughput.py --threads 2
+    python -m bench.throughput            # ResNet-18 64 px (supervised, MoCo), ViT-tiny 64 px (MAE), 1 thread
+    python -m bench.throughput --quick    # tiny-cnn / vit-micro at 32 px: a fast check
+    python -m bench.throughput --threads 2
 
 Same model, same uint8 images (generated tensors), same batch size and optimiser; every case
 alternates fedderm / plain (``--repeats`` times, medians of images per second):
@@ -27,13 +27,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import benchlib  # noqa: E402
+from bench import benchlib  # noqa: E402
 
 
 def _data(n: int, size: int, classes: int = 5, seed: int = 0):

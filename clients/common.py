@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
@@ -23,6 +24,7 @@ import records
 import registry
 from fedderm.config import Config
 from fedderm.data import ClientData, DataError, load_client_data
+from fedderm.data.checks import class_counts
 from fedderm.models import create_model
 from fedderm.node import NodeSettings, parse_node_config
 from fedderm.train import evaluate as evaluate_model
@@ -133,6 +135,8 @@ def session(context: Context) -> ClientSession:
             data = load_client_data(cfg, node.partition_id, node.num_partitions,
                                     data_path=node.data_path, dataset=node.dataset)
         except DataError as err:
+            if str(err).startswith(f"client {node.partition_id}"):
+                raise
             raise DataError(f"client {node.partition_id}: {err}") from err
         torch.manual_seed(cfg.seed)
         _SESSIONS[key] = ClientSession(cfg, data, resolve_device(cfg.device), node.partition_id, node)
@@ -156,7 +160,10 @@ def info(msg: Message, context: Context) -> Message:
     sp = s.data.split
     record = ConfigRecord({"classes": list(s.data.classes), "partition-id": s.partition_id, "site": s.node.site,
                            "train": len(sp.train), "labelled": len(sp.labelled), "val": len(sp.val),
-                           "test": len(sp.test), "skipped-files": len(s.data.pool.skipped)})
+                           "test": len(sp.test), "skipped-files": len(s.data.pool.skipped),
+                           "class-counts": class_counts(s.data.pool.labels[np.concatenate([sp.train, sp.val, sp.test])],
+                                                         s.data.num_classes).tolist(),
+                           **{f"counts-{k}": v for k, v in s.data.class_counts().items()}})
     return Message(RecordDict({"info": record}), reply_to=msg)
 
 

@@ -72,7 +72,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     split, local = str(config.get("split", "val")), bool(config.get("local", False))
     state = client_state(context)
     if local:
-        weights = state.tensors(BEST if split == "test" and BEST in state else LOCAL)
+        test = split in ("test", "global-test")
+        weights = state.tensors(BEST if test and BEST in state else LOCAL)
     else:
         weights = msg.content["arrays"]
     metrics = evaluate_split(s, weights, split)

@@ -48,7 +48,7 @@ def evaluate(msg: Message, context: Context, build=None) -> Message:
     config = msg.content["config"]
     split = str(config.get("split", "val"))
     state = client_state(context)
-    if split == "test":
+    if split in ("test", "global-test"):  # the client's own best-on-val model
         model = own_model(msg, context, BEST_MODEL if BEST_MODEL in state else MODEL, build=build)
         out = evaluation_reply(msg, s, model, split)
         out.content["metrics"]["best-round"] = int(state.meta(BEST)["round"]) if BEST in state else 0

@@ -1,8 +1,8 @@
 """A real fedderm federation on this machine: one SuperLink and N SuperNodes as separate processes
 on 127.0.0.1, with TLS and SuperNode authentication, each hospital with its own data folder.
 
-    python deploy/loopback.py                       # 3 hospitals, every method of METHODS present
-    python deploy/loopback.py --method fedavg --rounds 2 --workdir /tmp/loopback --keep
+    python -m deploy.loopback                       # 3 hospitals, every method of METHODS present
+    python -m deploy.loopback --method fedavg --rounds 2 --workdir /tmp/loopback --keep
 
 What it does, in order (the output says each step):
  1. generates a small image folder per hospital (``<class>/<image>.png``, one synthetic site each);
@@ -38,8 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 APP_DIR = Path(__file__).resolve().parents[1]
-if str(APP_DIR) not in sys.path:
-    sys.path.insert(0, str(APP_DIR))
 
 from deploy.make_certs import make_certs  # noqa: E402
 

@@ -24,6 +24,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "finetune": ("none", "local", "federated"),
     "finetune-optimizer": ("sgd", "adam", "adamw"),
     "transport-dtype": ("float32", "float16"),
+    "test-set": ("per-client", "global"),
 }
 
 
@@ -53,6 +54,8 @@ class Config:
     dirichlet_alpha: float = 0.5
     val_fraction: float = 0.2
     test_fraction: float = 0.2
+    test_set: str = "per-client"
+    test_data_path: str = ""
     label_fraction: float = 1.0
     cv_folds: int = 0
     cv_fold: int = 0
@@ -248,7 +251,7 @@ KEY_DOCS: dict[str, str] = {
     "data-path": "the image folder, CSV file or `.npz` file (not needed for `synthetic`)",
     "image-dir": "`csv` only: the folder searched (recursively) for the images; default: the CSV's folder",
     "classes": "comma-separated class list, e.g. `\"akiec,bcc,bkl,df,mel,nv,vasc\"`: fixes the label order; "
-               "empty: inferred from the data",
+               "empty: inferred from the data (a MedMNIST `.npz` named after its data set gets MedMNIST's names)",
     "site-column": "`csv` only: the column naming each image's site; `auto` uses HAM10000's `dataset` column, "
                    "`\"\"` means none",
     "skip-bad-files": "`true` skips unreadable images, missing files and unknown labels (logged) instead of stopping",
@@ -261,6 +264,11 @@ KEY_DOCS: dict[str, str] = {
     "dirichlet-alpha": "α of `partition=\"dirichlet\"`: 100 is near-balanced, 1.0 and 0.5 increasingly skewed",
     "val-fraction": "share of each client's images held out for validation (best-round selection)",
     "test-fraction": "share held out for the final test; the rest is train",
+    "test-set": "`per-client`: each client's own test split, metrics averaged over clients (000, 004); "
+                "`global`: one test set held out before partitioning (a MedMNIST npz's `test_*`, else a "
+                "stratified `test-fraction`), never trained on; `final` reports it (002, 003; docs/test-sets.md)",
+    "test-data-path": "`test-set=\"global\"`: a separate test set (same `dataset` format and classes; an npz's "
+                      "`test_*` arrays) instead of one held out of `data-path`; needed with hospitals' own data",
     "label-fraction": "stratified share of train that is labelled (papers: 0.1, 0.2, 0.4, 0.8); the rest is unlabelled",
     "cv-folds": "`k` >= 3: k stratified folds per client, fold `cv-fold` is test, the next one val, the rest "
                 "train (`val-fraction`/`test-fraction` ignored; 004's cross-centre CV); `0`: off",
@@ -331,8 +339,9 @@ KEY_DOCS: dict[str, str] = {
     "sift.text-model": "the language model for the text head: a local folder, an installed model package "
                        "or a Hugging Face name",
     "sift.text-pooling": "`mean` of the last hidden states (sentence encoders) or `cls` (BERT-style models)",
-    "sift.class-texts": "one text per class, separated by a vertical bar, or a file with one per line; "
-                        "empty: the class names",
+    "sift.class-texts": "one text per class, separated by a vertical bar, or a file with one per line "
+                        "(relative: to the working or the app folder, e.g. `configs/texts/ham10000.txt`); "
+                        "empty: the class names, diagnosis codes spelled out (docs/class-texts.md)",
     "sift.hop-timeout": "seconds to wait for one client's reply before skipping it (keep >= 15 s in simulation)",
     "sift.long-bn": "the long-term model's BatchNorm statistics: `recompute` on the client's images, `ema` or `copy`",
     "feddyn.alpha": "α of FedDyn's dynamic regulariser",

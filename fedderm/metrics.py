@@ -13,7 +13,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["METRIC_NAMES", "NON_METRIC_KEYS", "SELECTION_METRIC", "classification_metrics", "mean_over_clients"]
+__all__ = ["METRIC_NAMES", "NON_METRIC_KEYS", "SELECTION_METRIC", "classification_metrics", "mean_over_clients",
+           "confusion", "per_class_metrics", "CONFUSION_KEY"]
 
 #: Metric names in the fixed order used for tables and CSV columns.
 METRIC_NAMES: tuple[str, ...] = (
@@ -32,8 +33,12 @@ SELECTION_METRIC = "balanced_accuracy"
 
 #: Keys that may appear in a client's metric dict but are not averaged.
 NON_METRIC_KEYS: frozenset[str] = frozenset(
-    {"num-examples", "num_examples", "partition-id", "partition_id", "client", "round", "split"}
+    {"num-examples", "num_examples", "partition-id", "partition_id", "client", "round", "split", "confusion-matrix"}
 )
+
+#: The key of a client's evaluation metrics that carries its confusion matrix, row-major and
+#: flattened (a MetricRecord holds flat lists): ``cm[i * C + j]`` = images of class i predicted j.
+CONFUSION_KEY = "confusion-matrix"
 
 
 def classification_metrics(y_true, y_prob, num_classes: int) -> dict[str, float]:
@@ -52,7 +57,9 @@ def classification_metrics(y_true, y_prob, num_classes: int) -> dict[str, float]
     Label sets (this matters for clients that do not see every class):
 
     * ``balanced_accuracy`` -- sklearn ``balanced_accuracy_score``: mean recall over
-      the classes **present in y_true** (classes only predicted are ignored).
+      the classes **present in y_true** (classes only predicted are ignored).  NaN when
+      y_true holds fewer than 2 classes: a "balanced" accuracy of one class is that class's
+      recall, and reporting it as e.g. 1.000 would pass a one-class test set off as success.
     * ``precision``, ``recall``, ``f1`` -- sklearn macro averages with
       ``zero_division=0`` over ``labels = classes present in y_true ∪ classes
       present in y_pred``.  Classes that appear in neither are left out, as
@@ -102,7 +109,7 @@ def classification_metrics(y_true, y_prob, num_classes: int) -> dict[str, float]
     with warnings.catch_warnings():
         # balanced_accuracy_score warns when y_pred holds classes absent from y_true.
         warnings.simplefilter("ignore", category=UserWarning)
-        bal_acc = balanced_accuracy_score(y_true, y_pred)
+        bal_acc = balanced_accuracy_score(y_true, y_pred) if present.size >= 2 else float("nan")
 
     precision, recall, f1, _ = precision_recall_fscore_support(
         y_true, y_pred, labels=labels, average="macro", zero_division=0
@@ -134,6 +141,41 @@ def classification_metrics(y_true, y_prob, num_classes: int) -> dict[str, float]
         "accuracy": float(accuracy_score(y_true, y_pred)),
         "ap": ap,
     }
+
+
+def confusion(y_true, y_pred, num_classes: int) -> np.ndarray:
+    """The ``num_classes`` × ``num_classes`` confusion matrix over the *full* class list (sklearn
+    ``confusion_matrix`` with ``labels=range(num_classes)``): row = true class, column = predicted."""
+    from sklearn.metrics import confusion_matrix
+
+    return confusion_matrix(np.asarray(y_true).reshape(-1), np.asarray(y_pred).reshape(-1),
+                            labels=np.arange(num_classes)).astype(np.int64)
+
+
+def per_class_metrics(cm, classes: list[str]) -> dict[str, dict[str, float]]:
+    """Recall (sensitivity), precision, specificity and support of every class of ``classes``, in
+    order, from a confusion matrix (rows true, columns predicted).
+
+    Each is computed one-vs-rest for the class: recall = TP/(TP+FN), precision = TP/(TP+FP),
+    specificity = TN/(TN+FP); a ratio whose denominator is 0 is NaN (undefined: e.g. the recall of a
+    class with no test image), never 0 or 1.
+    """
+    cm = np.asarray(cm, dtype=np.float64)
+    c = len(classes)
+    if cm.shape != (c, c):
+        raise ValueError(f"confusion matrix has shape {cm.shape}, expected ({c}, {c}) for classes {classes}")
+    tp = np.diag(cm)
+    fn = cm.sum(axis=1) - tp
+    fp = cm.sum(axis=0) - tp
+    tn = cm.sum() - tp - fn - fp
+
+    def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+        return np.divide(num, den, out=np.full_like(num, np.nan), where=den > 0)
+
+    recall, precision, specificity = ratio(tp, tp + fn), ratio(tp, tp + fp), ratio(tn, tn + fp)
+    return {name: {"recall": float(recall[i]), "precision": float(precision[i]),
+                   "specificity": float(specificity[i]), "support": int(tp[i] + fn[i])}
+            for i, name in enumerate(classes)}
 
 
 def _as_float(value) -> float | None:

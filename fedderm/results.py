@@ -26,11 +26,14 @@ import numbers
 import os
 import re
 import tempfile
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fedderm.metrics import METRIC_NAMES, mean_over_clients
+import numpy as np
+
+from fedderm.metrics import CONFUSION_KEY, METRIC_NAMES, mean_over_clients, per_class_metrics
 
 __all__ = ["RunRecorder", "format_table", "to_json_safe", "CSV_COLUMNS"]
 
@@ -38,7 +41,9 @@ __all__ = ["RunRecorder", "format_table", "to_json_safe", "CSV_COLUMNS"]
 #: rounds where training metrics were given, empty otherwise.
 CSV_COLUMNS: tuple[str, ...] = ("round", "split", "client", "num-examples", "loss", *METRIC_NAMES, "train_loss")
 
-_RESERVED_SUMMARY_KEYS = frozenset({"method", "config", "rounds", "best_round", "final"})
+_RESERVED_SUMMARY_KEYS = frozenset({"method", "config", "rounds", "best_round", "final", "classes"})
+#: model files that carry the class list in their metadata (``state_dict._metadata["fedderm"]``)
+MODEL_FILES = ("model.pt", "model-best.pt")
 _CURVE_METRICS = (
     ("balanced_accuracy", "Balanced accuracy"),
     ("accuracy", "Accuracy"),
@@ -152,6 +157,10 @@ def _total_examples(per_client: Mapping[str, Mapping[str, Any]]) -> int | None:
     return int(sum(int(c) for c in counts)) if counts else None
 
 
+def _row_only(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in metrics.items() if k not in ("confusion_matrix", "per_class")}
+
+
 def _plain(metrics: Mapping[str, Any]) -> dict[str, Any]:
     return {str(k): (int(v) if k == "num-examples" and v is not None else v) for k, v in metrics.items()}
 
@@ -224,6 +233,10 @@ class RunRecorder:
         self.final: dict[str, Any] | None = None
         self.extra: dict[str, Any] = {}
         self.node_partitions: dict[int, int] = {}  # node id -> partition id, from the handshake
+        #: the class list (names in label order) and images per class per client and split
+        self.classes: dict[str, Any] | None = None
+        #: what model.pt is (fedderm.inference): classes, method, model, image size, network
+        self.model_meta: dict[str, Any] = {}
 
         _write_json(self.config_path, self.config, sort_keys=True)
         with open(self.rounds_csv_path, "w", newline="", encoding="utf-8") as fh:
@@ -235,12 +248,13 @@ class RunRecorder:
     def state(self) -> dict[str, Any]:
         """What a checkpoint needs to restore this recorder (JSON-safe copies)."""
         return copy.deepcopy({"rounds": self.rounds, "best_round": self.best_round,
-                              "final": self.final, "extra": self.extra})
+                              "final": self.final, "extra": self.extra, "classes": self.classes})
 
     def restore(self, state: dict[str, Any]) -> None:
         """Restore from :meth:`state` (on resume): rounds.csv is rewritten from the rounds."""
         self.rounds, self.best_round = [], state.get("best_round")
         self.final, self.extra = state.get("final"), dict(state.get("extra") or {})
+        self.classes = state.get("classes") or self.classes
         for entry in state.get("rounds", []):
             self._append(entry)
 
@@ -262,6 +276,35 @@ class RunRecorder:
         return self.run_dir / "model.pt"
 
     # recording ----------------------------------------------------------------
+    def set_classes(self, names: list[str], counts: Mapping[str, Mapping[str, list[int]]] | None = None,
+                    model_meta: Mapping[str, Any] | None = None) -> None:
+        """Record the class list (label order) and, per client, images per class per split
+        (``counts[client][split]`` in ``names`` order): ``summary.json`` ``classes``; the names
+        also go into the metadata of ``model.pt`` / ``model-best.pt`` with ``model_meta``."""
+        names = [str(n) for n in names]
+        self.classes = {"names": names, "counts": {
+            str(cid): {split: dict(zip(names, (int(v) for v in row))) for split, row in per_split.items()}
+            for cid, per_split in (counts or {}).items()}}
+        self.model_meta = {**dict(model_meta or {}), "classes": names}
+        self._write_summary()
+
+    def class_names(self, num_classes: int) -> list[str]:
+        """The recorded class names, or ``"0" … "C-1"`` when none were recorded."""
+        names = (self.classes or {}).get("names")
+        return list(names) if names and len(names) == num_classes else [str(i) for i in range(num_classes)]
+
+    def _with_confusion(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """``metrics`` with a client's flat confusion matrix turned into ``confusion_matrix``
+        (rows true, columns predicted) and ``per_class`` metrics."""
+        flat = metrics.pop(CONFUSION_KEY, None)
+        if flat is None:
+            return metrics
+        c = int(round(math.sqrt(len(flat))))
+        cm = [[int(round(float(v))) for v in flat[i * c:(i + 1) * c]] for i in range(c)]
+        metrics["confusion_matrix"] = cm
+        metrics["per_class"] = per_class_metrics(cm, self.class_names(c))
+        return metrics
+
     def log_round(
         self,
         round: int,  # noqa: A002 - name fixed by the interface
@@ -278,6 +321,11 @@ class RunRecorder:
         (or ``train['loss']``) when ``train`` is given.
         """
         per_client = {str(k): _plain(v) for k, v in per_client.items()}
+        for metrics in per_client.values():  # confusion matrices: test splits only (summary size)
+            if str(split).endswith("test"):
+                self._with_confusion(metrics)
+            else:
+                metrics.pop(CONFUSION_KEY, None)
         mean = mean_over_clients(per_client)
         self._append({
             "round": int(round),
@@ -289,8 +337,9 @@ class RunRecorder:
         self._write_summary()
         return mean
 
-    def _append(self, entry: dict[str, Any]) -> None:
-        """Add one round entry to ``rounds`` and its rows to rounds.csv."""
+    def _append(self, entry: dict[str, Any], keep: bool = True) -> None:
+        """Add one round entry to ``rounds`` (unless not ``keep``: test rows, which live in
+        ``final``) and its rows to rounds.csv."""
         per_client, mean = entry["per_client"], entry["metrics"]
         rows = []
         for cid in _sorted_clients(per_client):
@@ -304,7 +353,8 @@ class RunRecorder:
             for row in rows:
                 writer.writerow([_csv_cell(v) for v in row])
             fh.flush()
-        self.rounds.append(entry)
+        if keep:
+            self.rounds.append(entry)
 
     def set_final(
         self,
@@ -317,14 +367,56 @@ class RunRecorder:
         ``extra`` entries are merged at the top level of summary.json (they may not
         override ``method``, ``config``, ``rounds``, ``best_round`` or ``final``).
         """
-        per_client = {str(k): _plain(v) for k, v in per_client.items()}
+        per_client = {str(k): self._with_confusion(_plain(v)) for k, v in per_client.items()}
         mean = mean_over_clients(per_client)
-        self.final = {**mean, "per_client": per_client}
         self.best_round = None if best_round is None else int(best_round)
+        self.final = {**mean, "num-examples": _total_examples(per_client), "test_set": "per-client",
+                      **self._pooled(per_client), "per_client": per_client}
+        self._append({"round": self.best_round if self.best_round is not None else -1, "split": "test",
+                      "metrics": dict(mean), "per_client": {k: _row_only(v) for k, v in per_client.items()},
+                      "train": {}}, keep=False)
         if extra:
             self.update_extra(extra)
         else:
             self._write_summary()
+        return mean
+
+    def _pooled(self, per_client: Mapping[str, Mapping[str, Any]], same_model: bool = False) -> dict[str, Any]:
+        """The clients' confusion matrices summed (each client's test images counted once) with
+        their per-class metrics; with ``same_model`` (every client evaluated one model on one test
+        set) the first client's matrix instead."""
+        cms = [np.asarray(m["confusion_matrix"]) for m in per_client.values() if "confusion_matrix" in m]
+        if not cms:
+            return {}
+        cm = cms[0] if same_model else np.sum(cms, axis=0)
+        return {"confusion_matrix": cm.tolist(), "per_class": per_class_metrics(cm, self.class_names(len(cm)))}
+
+    def set_global_test(self, per_client: dict[str, dict[str, float]], source: str = "") -> dict[str, float]:
+        """Record the final model's metrics on the global test set (``test-set="global"``): they
+        become ``final``'s metrics, with the test size, ``test_set="global"``, the confusion matrix
+        and per-class metrics; the per-client test means move to ``final["per_client_mean"]``.
+
+        ``per_client`` are the clients' evaluations of the global test set: with one global model
+        they are identical; with per-client models (local fine-tuning, FedBN) the metrics are their
+        mean and the confusion matrix their sum.
+        """
+        per_client = {str(k): self._with_confusion(_plain(v)) for k, v in per_client.items()}
+        mean = mean_over_clients(per_client)
+        sizes = {int(m["num-examples"]) for m in per_client.values() if m.get("num-examples") is not None}
+        if len(sizes) > 1:
+            raise ValueError(f"clients evaluated global test sets of different sizes {sorted(sizes)}")
+        cms = {json.dumps(m.get("confusion_matrix")) for m in per_client.values()}
+        prior = self.final or {}
+        per_client_mean = {k: v for k, v in prior.items()
+                           if k not in ("per_client", "confusion_matrix", "per_class", "test_set")}
+        self.final = {**mean, "num-examples": sizes.pop() if sizes else None, "test_set": "global",
+                      "test_source": source, "per_client_mean": per_client_mean,
+                      **self._pooled(per_client, same_model=len(cms) == 1),
+                      "global_test": {"per_client": per_client}, "per_client": prior.get("per_client", {})}
+        self._append({"round": self.best_round if self.best_round is not None else -1, "split": "global-test",
+                      "metrics": dict(mean), "per_client": {k: _row_only(v) for k, v in per_client.items()},
+                      "train": {}}, keep=False)
+        self._write_summary()
         return mean
 
     def update_extra(self, extra: dict) -> None:
@@ -336,9 +428,18 @@ class RunRecorder:
         self._write_summary()
 
     def save_model(self, state_dict, name: str = "model.pt") -> Path:
-        """torch.save the state_dict to ``run_dir/name`` (atomic); returns the path."""
+        """torch.save the state_dict to ``run_dir/name`` (atomic); returns the path.
+
+        ``model.pt`` and ``model-best.pt`` carry :attr:`model_meta` (the class list, …) in the
+        state dict's ``_metadata["fedderm"]``: ``torch.load`` still returns a plain state dict
+        that ``load_state_dict`` takes, and :mod:`fedderm.inference` reads the names from it."""
         import torch  # local import: the rest of this module does not need torch
 
+        if name in MODEL_FILES and self.model_meta:
+            meta = OrderedDict(getattr(state_dict, "_metadata", None) or {})
+            state_dict = OrderedDict(state_dict)
+            meta["fedderm"] = to_json_safe(self.model_meta)
+            state_dict._metadata = meta
         path = self.run_dir / name
         fd, tmp = _mkstemp(path)
         os.close(fd)
@@ -359,6 +460,7 @@ class RunRecorder:
             "rounds": self.rounds,
             "best_round": self.best_round,
             "final": self.final,
+            "classes": self.classes,
         }
         data.update(self.extra)
         return to_json_safe(data)
@@ -371,6 +473,7 @@ class RunRecorder:
         self._write_summary()
         self._plot_curves()
         self._plot_train_loss()
+        self._write_per_class()
         if self.final is not None:
             _atomic_write_bytes(self.run_dir / "final_table.txt", (self.table() + "\n").encode("utf-8"))
         return self.run_dir
@@ -383,6 +486,67 @@ class RunRecorder:
         if self.best_round is not None:
             title += f" (model from round {self.best_round})"
         return format_table(self.final["per_client"], title)
+
+    def _confusions(self) -> list[tuple[str, str, dict]]:
+        """(set, client, entry with confusion_matrix/per_class) of the final test: the final
+        (global or pooled) one first, then every client's own test split."""
+        final = self.final or {}
+        out = []
+        if "confusion_matrix" in final:
+            out.append((final.get("test_set", "per-client") == "global" and "global-test" or "pooled-test",
+                        "all", final))
+        for cid in _sorted_clients(final.get("per_client") or {}):
+            entry = final["per_client"][cid]
+            if "confusion_matrix" in entry:
+                out.append(("test", cid, entry))
+        return out
+
+    def _write_per_class(self) -> None:
+        """per_class.csv (recall, precision, specificity, support per class) and
+        confusion_matrix.csv (one row per true class) and confusion.png of the final test."""
+        sets = self._confusions()
+        if not sets:
+            return
+        names = self.class_names(len(sets[0][2]["confusion_matrix"]))
+        with open(self.run_dir / "per_class.csv", "w", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh)
+            w.writerow(["set", "client", "class", "recall", "precision", "specificity", "support"])
+            for which, cid, entry in sets:
+                for name, m in entry["per_class"].items():
+                    w.writerow([which, cid, name, *(_csv_cell(m[k]) for k in ("recall", "precision",
+                                                                              "specificity", "support"))])
+        with open(self.run_dir / "confusion_matrix.csv", "w", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh)
+            w.writerow(["set", "client", "true \\ predicted", *names])
+            for which, cid, entry in sets:
+                for name, row in zip(names, entry["confusion_matrix"]):
+                    w.writerow([which, cid, name, *row])
+        self._plot_confusion(sets[:9], names)
+
+    def _plot_confusion(self, sets, names: list[str]) -> Path:
+        from matplotlib.figure import Figure
+
+        cols = min(3, len(sets))
+        rows = -(-len(sets) // cols)
+        side = 1.2 + 0.45 * len(names)
+        fig = Figure(figsize=(side * cols + 1, side * rows + 0.6))
+        axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
+        for ax, (which, cid, entry) in zip(axes, sets):
+            cm = np.asarray(entry["confusion_matrix"])
+            ax.imshow(cm, cmap="Blues")
+            for (i, j), v in np.ndenumerate(cm):
+                ax.text(j, i, str(v), ha="center", va="center", fontsize=8,
+                        color="white" if v > cm.max() / 2 else "black")
+            ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+            ax.set_yticks(range(len(names)), names, fontsize=8)
+            ax.set_xlabel("predicted")
+            ax.set_ylabel("true")
+            ax.set_title({"global-test": "global test set", "pooled-test": "all clients' test splits (summed)"}
+                         .get(which, f"client {cid}, test split") + f" (n={int(cm.sum())})", fontsize=9)
+        for ax in axes[len(sets):]:
+            ax.axis("off")
+        fig.suptitle(f"{self.method}: confusion matrices of the final test")
+        return self._save_figure(fig, "confusion.png")
 
     # plotting -----------------------------------------------------------------
     def _curve_split(self) -> str | None:
@@ -435,19 +599,29 @@ class RunRecorder:
         _style_axis(ax, "Balanced accuracy")
         ax.legend(fontsize="small", ncol=2 if len(clients) > 8 else 1)
         axes[5].axis("off")
-        fig.suptitle(f"{self.method}: {'validation' if split == 'val' else split} metrics per round")
+        stage = " (stage 2: fine-tuning; pre-training in train_loss.png)" if any(
+            r["split"] == "pretrain" for r in self.rounds) else ""
+        fig.suptitle(f"{self.method}: {'validation' if split == 'val' else split} metrics per round{stage}")
         return self._save_figure(fig, "curves.png")
 
     def _plot_train_loss(self) -> Path | None:
-        points = [(r["round"], _train_loss(r["train"])) for r in self.rounds]
+        """train_loss.png; a two-stage method (pre-training rounds, split ``pretrain``) gets two
+        labelled panels: stage 1's self-supervised loss and stage 2's fine-tuning loss."""
+        points = [(r["round"], _train_loss(r["train"])) for r in self.rounds if r["split"] != "pretrain"]
         points = sorted({x: y for x, y in points if y is not None}.items())
-        if not points:
+        pre = sorted({r["round"]: _num(r["metrics"].get("loss")) for r in self.rounds
+                      if r["split"] == "pretrain"}.items())
+        if not points and not pre:
             return None
         from matplotlib.figure import Figure
 
-        fig = Figure(figsize=(6, 4))
-        ax = fig.subplots()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color="tab:red")
-        ax.set_title(f"{self.method}: mean training loss per round")
-        _style_axis(ax, "training loss", unit_interval=False)
+        panels = ([("stage 1: self-supervised pre-training\nmean SSL loss per round", pre, "tab:purple")]
+                  if pre else []) + ([(("stage 2: fine-tuning\n" if pre else "") + "mean training loss per round",
+                                       points, "tab:red")] if points else [])
+        fig = Figure(figsize=(6 * len(panels), 4))
+        axes = np.atleast_1d(fig.subplots(1, len(panels)))
+        for ax, (title, pts, colour) in zip(axes, panels):
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=colour)
+            ax.set_title(f"{self.method}: {title}")
+            _style_axis(ax, "loss", unit_interval=False)
         return self._save_figure(fig, "train_loss.png")

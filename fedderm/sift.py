@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import ConfigError
 from .models import create_model
 
 log = logging.getLogger("fedderm.sift")
@@ -199,26 +200,57 @@ def update_long_term(long_term: Mapping[str, torch.Tensor], short_model: SiftCla
 
 
 # --------------------------------------------------------------------------- text embeddings
-def class_texts(option: str, classes: Sequence[str]) -> list[str]:
-    """The texts t_c of the C classes: ``sift.class-texts`` if set, else the class names.
+#: Where a relative ``sift.class-texts`` path is also looked for: the app folder (``configs/texts/``).
+APP_DIR = Path(__file__).resolve().parents[1]
+_KEY = "sift.class-texts"
 
-    ``option`` is empty (class names, the paper's default), a path to a UTF-8 file with one
-    description per line, or descriptions separated by ``|`` (descriptions may contain commas);
-    either way one per class, in the order of the class list.
+
+def class_texts_file(option: str) -> Path | None:
+    """The file ``sift.class-texts`` names, or ``None`` when it holds the texts themselves.
+
+    A value without ``|`` naming an existing file is a file (a relative path is looked up in the
+    working directory, then in the app folder); one that ends in ``.txt`` or contains a path
+    separator but names no file is an error naming the key and the file.
     """
     option = option.strip()
-    if not option:
-        return [str(c).replace("_", " ") for c in classes]
+    if not option or "|" in option:
+        return None
     path = Path(option).expanduser()
-    if path.is_file():
-        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        where = f"file {path}"
+    candidates = [path] if path.is_absolute() else [Path.cwd() / path, APP_DIR / path]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    if option.endswith(".txt") or "/" in option or "\\" in option:
+        raise ConfigError(f"run-config key '{_KEY}': file {option!r} not found (looked for "
+                          f"{' and '.join(str(c) for c in candidates)})")
+    return None
+
+
+def class_texts(option: str, classes: Sequence[str]) -> list[str]:
+    """The texts t_c of the C classes (002 §2.2): ``sift.class-texts`` if set, else the class names
+    as words (a known diagnosis code spelled out, ``mel`` -> ``melanoma``: 002 §3 embeds "the
+    textual class names").
+
+    ``option`` is empty, a UTF-8 file with one text per line (blank lines and lines starting with
+    ``#`` skipped), or texts separated by ``|`` (texts may contain commas); either way one per
+    class, in the order of the class list.
+    """
+    from .data.names import readable_names
+
+    option = option.strip()
+    if not option:
+        return readable_names(classes)
+    path = class_texts_file(option)
+    if path is not None:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        texts = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+        where = f"run-config key '{_KEY}': file {path} has"
     else:
         texts = [t.strip() for t in option.split("|") if t.strip()]
-        where = "run-config key 'sift.class-texts'"
+        where = f"run-config key '{_KEY}' gives"
     if len(texts) != len(classes):
-        raise ValueError(f"{where} gives {len(texts)} class texts but there are {len(classes)} classes "
-                         f"({', '.join(classes)}); give one text per class, in that order")
+        raise ConfigError(f"{where} {len(texts)} class texts but there are {len(classes)} classes "
+                          f"({', '.join(classes)}); give one text per class, in that order")
     return texts
 
 

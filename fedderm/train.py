@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import TensorBatches
-from .metrics import classification_metrics
+from .metrics import CONFUSION_KEY, classification_metrics, confusion
 
 MEAN, STD = 0.5, 0.5
 
@@ -154,9 +154,11 @@ def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 256,
 
 def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, num_classes: int, *,
              batch_size: int = 256, device: torch.device | str = "cpu") -> dict[str, float]:
-    """Loss and every metric of :func:`fedderm.metrics.classification_metrics` on one split."""
+    """Loss and every metric of :func:`fedderm.metrics.classification_metrics` on one split, and
+    the confusion matrix over all ``num_classes`` classes (flattened row-major, ``CONFUSION_KEY``)."""
     probs = predict(model, images, batch_size, device)
     y = labels.numpy()
     loss = F.nll_loss(torch.log(probs.clamp_min(1e-12)), labels).item()
+    cm = confusion(y, probs.numpy().argmax(axis=1), num_classes) if len(y) else np.zeros((num_classes,) * 2)
     return {"loss": loss, **classification_metrics(y, probs.numpy(), num_classes),
-            "num-examples": int(len(y))}
+            "num-examples": int(len(y)), CONFUSION_KEY: [int(v) for v in cm.reshape(-1)]}

@@ -570,6 +570,9 @@ def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) ->
     log(INFO, "testing the best model on val (round %s) on every client's test split", strategy.best_round)
     view = NodeView(grid, wait_for_nodes(grid, strategy.cfg.min_clients, strategy.cfg.round_timeout))
     strategy.evaluate_round(view, strategy.num_rounds, best, "test", strategy.cfg.round_timeout)
+    # -- test-set="global": the same model on the global test set (strategies/globaltest.py) --
+    from .globaltest import global_test
+    global_test(strategy, view, best, strategy.num_rounds)
     reached = rounds_to_target(strategy.recorder.rounds, strategy.cfg.target_list)
     strategy.recorder.update_extra({"rounds_to_target": reached})
     log(INFO, "rounds to reach mean val %s %s: %s", SELECTION_METRIC,

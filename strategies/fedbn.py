@@ -21,7 +21,7 @@ class FedBNStrategy(PRCurves, Tracked, FedAvg):
     partial_replies = True  # the BatchNorm layers stay on the clients
 
     def configure_evaluate(self, server_round, arrays, config, grid):
-        if str(config.get("split", "val")) == "test" and self.best_round is not None:
+        if str(config.get("split", "val")) in ("test", "global-test") and self.best_round is not None:
             config["model-round"] = int(self.best_round)
         return super().configure_evaluate(server_round, arrays, config, grid)
 

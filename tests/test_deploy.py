@@ -193,13 +193,10 @@ def test_fast_poll_grid_delegates_and_polls_fast():
 
 # -- Docker ---------------------------------------------------------------------------------
 def test_docker_images_install_exactly_the_declared_dependencies():
+    import runpy
     import tomllib
 
-    sys.path.insert(0, str(ROOT / "docker"))
-    try:
-        from requirements import requirements
-    finally:
-        sys.path.remove(str(ROOT / "docker"))
+    requirements = runpy.run_path(str(ROOT / "docker" / "requirements.py"))["requirements"]
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     reqs = requirements(ROOT / "pyproject.toml")
     assert len(reqs) == len(declared)

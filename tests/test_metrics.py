@@ -77,8 +77,43 @@ def test_auc_nan_with_single_class():
     y_true = np.array([1, 1, 1])
     m = classification_metrics(y_true, probs_from_pred(np.array([1, 1, 0]), 3), num_classes=3)
     assert math.isnan(m["auc"])
-    assert m["balanced_accuracy"] == pytest.approx(2 / 3)
+    # one class in y_true: a balanced accuracy is undefined (NaN), not that class's recall
+    assert math.isnan(m["balanced_accuracy"])
     assert m["accuracy"] == pytest.approx(2 / 3)
+
+
+def test_one_class_all_correct_is_not_a_perfect_balanced_accuracy():
+    y_true = np.array([0, 0, 0, 0])
+    m = classification_metrics(y_true, probs_from_pred(y_true, 3), num_classes=3)
+    assert math.isnan(m["balanced_accuracy"])
+    assert m["accuracy"] == 1.0
+
+
+def test_confusion_and_per_class_metrics_match_sklearn():
+    from sklearn.metrics import confusion_matrix as sk_cm
+    from sklearn.metrics import precision_score, recall_score
+
+    from fedderm.metrics import confusion, per_class_metrics
+
+    y_true = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 0])
+    y_pred = np.array([0, 1, 0, 1, 2, 2, 2, 0, 2, 0])
+    cm = confusion(y_true, y_pred, 4)  # class 3 never occurs: a row and a column of zeros
+    assert cm.shape == (4, 4)
+    assert (cm == sk_cm(y_true, y_pred, labels=[0, 1, 2, 3])).all()
+    assert cm.tolist() == [[3, 1, 0, 0], [0, 1, 1, 0], [1, 0, 3, 0], [0, 0, 0, 0]]
+    per = per_class_metrics(cm, ["a", "b", "c", "d"])
+    assert list(per) == ["a", "b", "c", "d"]
+    recall = recall_score(y_true, y_pred, labels=[0, 1, 2], average=None)
+    precision = precision_score(y_true, y_pred, labels=[0, 1, 2], average=None)
+    for i, name in enumerate("abc"):
+        assert per[name]["recall"] == pytest.approx(recall[i])
+        assert per[name]["precision"] == pytest.approx(precision[i])
+    # class c: 4 true c, FP 1 (a b predicted c), TN = 10 - 4 - 1 = 5 -> 5/6; class a likewise (one c -> a)
+    assert per["c"]["specificity"] == pytest.approx(5 / 6)
+    assert per["a"]["specificity"] == pytest.approx(5 / 6)
+    assert [per[n]["support"] for n in "abcd"] == [4, 2, 4, 0]
+    assert math.isnan(per["d"]["recall"]) and math.isnan(per["d"]["precision"])
+    assert per["d"]["specificity"] == 1.0
 
 
 def test_class_missing_from_y_true_but_predicted():

@@ -101,3 +101,37 @@ def test_cv_folds_cut_each_client_into_stratified_groups():
         registry.load_config({"cv-folds": 5, "cv-fold": 5})
     with pytest.raises(Exception, match="cv-folds"):
         registry.load_config({"cv-folds": 2})
+
+
+def _ordered_pool(n_per_class=200, classes=4):
+    """A pool in 'file order': classes interleaved, and a hidden attribute (e.g. the sub-source
+    an ISIC id range or a MedMNIST train/val/test stack tracks) that is 0 in the first half of
+    the file and 1 in the second."""
+    labels = np.tile(np.arange(classes), n_per_class)
+    hidden = (np.arange(len(labels)) >= len(labels) // 2).astype(int)
+    return labels, hidden
+
+
+@pytest.mark.parametrize("alpha", [0.5, 100.0])
+def test_dirichlet_deals_no_contiguous_run_of_any_class(alpha):
+    """Issue 15 item 1: the partitioner gets each class's indices shuffled (by the seed), not
+    in file order, so no client holds a consecutive block of a class's indices."""
+    labels, _ = _ordered_pool()
+    parts = partition_indices("dirichlet", labels, 4, seed=0, alpha=alpha)
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)  # the class's indices in file order
+        for part in parts:
+            ranks = np.flatnonzero(np.isin(members, part))  # positions within the class
+            if len(ranks) >= 5:
+                assert ranks[-1] - ranks[0] + 1 > len(ranks), (c, ranks[:10])
+
+
+def test_dirichlet_near_iid_at_alpha_100_also_in_the_hidden_attribute():
+    labels, hidden = _ordered_pool()
+    parts = partition_indices("dirichlet", labels, 4, seed=0, alpha=100.0)
+    for part in parts:
+        shares = np.bincount(labels[part], minlength=4) / len(part)
+        np.testing.assert_allclose(shares, 0.25, atol=0.06)
+        assert 0.38 < hidden[part].mean() < 0.62  # unshuffled: clients 0-1 would hold only 0s
+    again = partition_indices("dirichlet", labels, 4, seed=0, alpha=100.0)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))

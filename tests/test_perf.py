@@ -40,11 +40,7 @@ def test_every_client_of_a_process_reuses_one_partition_of_the_pool(tmp_path, mo
 
 def test_methods_bench_counts_overlapping_loops_once_and_splits_rounds_by_stage():
     """bench/methods.py: 'in local loops' is the union of the clients' loop intervals inside a round."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from methods import per_stage, union
+    from bench.methods import per_stage, union
 
     assert union([(0, 2), (1, 3), (5, 6)], 0, 10) == 4  # two parallel clients overlap in [1, 2)
     assert union([(0, 2), (1, 3), (5, 6)], 1.5, 5.5) == 2  # clipped to the window

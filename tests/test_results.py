@@ -79,10 +79,14 @@ def test_rounds_csv(finished_run):
         rows = list(reader)
     assert reader.fieldnames == ["round", "split", "client", "num-examples", "loss",
                                  *METRIC_NAMES, "train_loss"]
-    assert len(rows) == 3 * (3 + 1)
+    assert len(rows) == 3 * (3 + 1) + (3 + 1)  # three val rounds, then the test rows
     assert [r["client"] for r in rows[:4]] == ["0", "1", "10", "mean"]
+    test_rows = rows[-4:]
+    assert [(r["round"], r["split"], r["client"]) for r in test_rows] == [
+        ("3", "test", "0"), ("3", "test", "1"), ("3", "test", "10"), ("3", "test", "mean")]
+    assert float(test_rows[1]["balanced_accuracy"]) == FINAL["1"]["balanced_accuracy"]
     for r in (1, 2, 3):
-        block = [row for row in rows if row["round"] == str(r)]
+        block = [row for row in rows if row["round"] == str(r) and row["split"] == "val"]
         per_client = val_round(r)
         for row in block:
             assert row["split"] == "val"

@@ -7,18 +7,22 @@ cached on disk (``cache-dir``) and in memory, so epochs read tensors, never file
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from .checks import check_pool, check_split
 from .partition import ClientSplit, partition_indices, split_client
 from .pool import DataError, ImagePool
 from .sources import load_source
 from .synthetic import load_synthetic
+from ..testset import GLOBAL_SPLIT, global_split, test_pool
 
-__all__ = ["ClientData", "DataError", "ImagePool", "TensorBatches", "load_client_data", "load_pool"]
+__all__ = ["ClientData", "DataError", "ImagePool", "TensorBatches", "check_federation", "load_client_data",
+           "load_pool"]
 
 log = logging.getLogger("fedderm.data")
 
@@ -53,6 +57,9 @@ class ClientData:
     pool: ImagePool
     split: ClientSplit
     partition_id: int
+    #: ``test-set="global"``: () -> (pool, indices) of the global test set (fedderm.testset), loaded
+    #: on first use; it is evaluated only, never trained on
+    global_test: Callable[[], tuple[ImagePool, np.ndarray]] | None = None
 
     @property
     def classes(self) -> list[str]:
@@ -63,9 +70,22 @@ class ClientData:
         return len(self.pool.classes)
 
     def tensors(self, which: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(uint8 images N×3×S×S, int64 labels N) of split ``train``|``val``|``test``|``labelled``."""
+        """(uint8 images N×3×S×S, int64 labels N) of split ``train``|``val``|``test``|``labelled``, or
+        ``global-test`` (the global test set of ``test-set="global"``)."""
+        if which == GLOBAL_SPLIT:
+            if self.global_test is None:
+                raise DataError(f"client {self.partition_id} was asked for the global test set, but the "
+                                "run has test-set='per-client'")
+            pool, idx = self.global_test()
+            return pool.images[torch.from_numpy(idx)], torch.from_numpy(pool.labels[idx])
         idx = getattr(self.split, which)
         return self.pool.images[idx], torch.from_numpy(self.pool.labels[idx])
+
+    def class_counts(self) -> dict[str, list[int]]:
+        """Images per class (in ``classes`` order) of every split of this client."""
+        return {which: np.bincount(self.pool.labels[getattr(self.split, which)],
+                                   minlength=self.num_classes).tolist()
+                for which in ("train", "labelled", "val", "test")}
 
     def __repr__(self) -> str:
         s = self.split
@@ -82,33 +102,83 @@ def load_client_data(cfg, partition_id: int, num_partitions: int, *, data_path: 
     partitioned.
     """
     own = data_path is not None
+    path = data_path if own else cfg.data_path
     pool = load_pool(
-        dataset or cfg.dataset, data_path if own else cfg.data_path,
+        dataset or cfg.dataset, path,
         image_size=cfg.image_size, seed=cfg.seed, num_partitions=1 if own else num_partitions,
         synthetic_sites=cfg.synthetic_sites, synthetic_per_class=cfg.synthetic_per_class,
         cache_dir=cfg.cache_path, classes=cfg.class_list, image_dir=cfg.image_dir,
         site_column=cfg.site_column, skip_bad_files=cfg.skip_bad_files,
     )
+    source = data_path if own else cfg.data_path
+    kind = dataset or cfg.dataset
+    check_pool(pool, dataset=kind, data_path=source, classes_given=bool(cfg.class_list) or kind == "synthetic",
+               whole=not own, who=f"client {partition_id}: " if own else "")
+    test_set = getattr(cfg, "test_set", "per-client")
+    held = None
+    if test_set == "global":
+        if own and not cfg.test_data_path:
+            raise DataError("test-set='global' with a hospital's own data (node-config data-path) needs the "
+                            "run-config key 'test-data-path': a test set every client can read")
+        held = global_split(pool, cfg, path) if not own else None
     if own:
         idx = np.arange(len(pool))
     else:
-        key = (id(pool), cfg.partition, num_partitions, cfg.seed, cfg.dirichlet_alpha)  # pools live on in _POOLS
+        rest = held.rest if held is not None else np.arange(len(pool))
+        key = (id(pool), cfg.partition, num_partitions, cfg.seed, cfg.dirichlet_alpha,  # pools live on in _POOLS
+               test_set, cfg.test_fraction if held is not None else None, getattr(cfg, "test_data_path", ""))
         if key not in _PARTITIONS:
-            _PARTITIONS[key] = partition_indices(cfg.partition, pool.labels, num_partitions, seed=cfg.seed,
-                                                 alpha=cfg.dirichlet_alpha, sites=pool.sites,
-                                                 site_names=pool.site_names)
+            parts = partition_indices(cfg.partition, pool.labels[rest], num_partitions, seed=cfg.seed,
+                                      alpha=cfg.dirichlet_alpha,
+                                      sites=None if pool.sites is None else pool.sites[rest],
+                                      site_names=pool.site_names)
+            _PARTITIONS[key] = [rest[p] for p in parts]
         parts = _PARTITIONS[key]
         idx = parts[partition_id]
     if len(idx) == 0:
         raise DataError(f"client {partition_id} has an empty partition "
                         f"(partition={cfg.partition!r}, {len(pool)} images in the pool)")
+    fixed_val = None
+    if held is not None and held.official_val is not None and not cfg.cv_folds:
+        fixed_val = np.intersect1d(idx, held.official_val)  # MedMNIST's val_*: this client's share
     split = split_client(idx, pool.labels, seed=cfg.seed * 1000 + partition_id,
                          val_fraction=cfg.val_fraction, test_fraction=cfg.test_fraction,
                          label_fraction=cfg.label_fraction, groups=pool.groups,
-                         cv_folds=cfg.cv_folds, cv_fold=cfg.cv_fold)
-    data = ClientData(pool=pool, split=split, partition_id=partition_id)
+                         cv_folds=cfg.cv_folds, cv_fold=cfg.cv_fold, fixed_val=fixed_val)
+    share = ("its own data " if own else f"partition={cfg.partition!r} of {len(pool)} images in ") + (
+        "the synthetic data" if kind == "synthetic" else str(source))
+    check_split(split, who=f"client {partition_id}", num_images=len(idx), val_fraction=cfg.val_fraction,
+                test_fraction=cfg.test_fraction, cv_folds=cfg.cv_folds, source=share,
+                needs_test=test_set != "global")
+    loader = None
+    if test_set == "global":
+        def load_test(test_path: str, classes: list[str]) -> ImagePool:
+            return load_pool(cfg.dataset, test_path, image_size=cfg.image_size, seed=cfg.seed,
+                             cache_dir=cfg.cache_path, classes=classes, image_dir=cfg.image_dir,
+                             site_column=cfg.site_column, skip_bad_files=cfg.skip_bad_files)
+
+        def loader(pool=pool, held=held):
+            if held is not None and not cfg.test_data_path:
+                return pool, held.test
+            return test_pool(pool, cfg, load_test)
+    data = ClientData(pool=pool, split=split, partition_id=partition_id, global_test=loader)
     log.info("%r", data)
     return data
+
+
+def check_federation(cfg, num_partitions: int) -> list[ClientData]:
+    """Load every client's share of a simulation's pool once, running the data checks
+    (:mod:`fedderm.data.checks`) on the pool and on each client's split; raise :class:`DataError`
+    (one line naming the client, the file or folder, and the numbers) on the first problem.
+
+    The decoded pool stays cached on disk (``cache-dir``) for the clients; the in-process copies
+    are dropped, so that the driver of a simulation does not hold a second copy of the images.
+    """
+    try:
+        return [load_client_data(cfg, p, num_partitions) for p in range(num_partitions)]
+    finally:
+        _POOLS.clear()
+        _PARTITIONS.clear()
 
 
 class TensorBatches:

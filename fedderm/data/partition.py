@@ -15,12 +15,13 @@ from .pool import DataError
 PARTITIONS = ("iid", "dirichlet", "source")
 
 
-def _label_table(labels: np.ndarray):
+def _label_table(labels: np.ndarray, order: np.ndarray | None = None):
+    """A (pool index, label) table, rows in ``order`` (default: pool order)."""
     import datasets  # heavy import, needed only when a partition is computed
 
-    return datasets.Dataset.from_dict(
-        {"idx": np.arange(len(labels)), "label": np.asarray(labels, dtype=np.int64)}
-    )
+    labels = np.asarray(labels, dtype=np.int64)
+    order = np.arange(len(labels)) if order is None else np.asarray(order, dtype=np.int64)
+    return datasets.Dataset.from_dict({"idx": order, "label": labels[order]})
 
 
 def iid_partition(labels: np.ndarray, num_partitions: int, seed: int) -> list[np.ndarray]:
@@ -36,6 +37,9 @@ def dirichlet_partition(labels: np.ndarray, num_partitions: int, alpha: float, s
                         min_partition_size: int | None = None) -> list[np.ndarray]:
     """Per class, split its samples across clients with proportions ~ Dir(alpha) (003 §IV-B).
 
+    The pool is first put in a random order seeded by ``seed``, so each class's samples are dealt
+    at random, not in file order; the same seed gives the same partition.
+
     Large alpha gives near-balanced label distributions, small alpha skewed ones.  Sampling is
     repeated until every client holds at least ``min_partition_size`` samples.
     """
@@ -47,7 +51,11 @@ def dirichlet_partition(labels: np.ndarray, num_partitions: int, alpha: float, s
         num_partitions=num_partitions, partition_by="label", alpha=alpha,
         min_partition_size=min_partition_size, self_balancing=False, seed=seed,
     )
-    partitioner.dataset = _label_table(labels)
+    # DirichletPartitioner cuts each class's indices, in table order, into consecutive blocks:
+    # hand it the pool in a seeded random order, so that no client gets a run of the file order
+    # (which may track a site, a scanner or MedMNIST's train/val/test stacking), as 003's
+    # reference code does with np.random.shuffle of each class's indices.
+    partitioner.dataset = _label_table(labels, order=np.random.default_rng(seed).permutation(len(labels)))
     return [np.sort(partitioner.load_partition(p)["idx"]) for p in range(num_partitions)]
 
 
@@ -129,7 +137,8 @@ def fold_groups(idx: np.ndarray, labels: np.ndarray, folds: int, rng: np.random.
 
 def split_client(idx: np.ndarray, labels: np.ndarray, *, seed: int, val_fraction: float = 0.2,
                  test_fraction: float = 0.2, label_fraction: float = 1.0,
-                 groups: np.ndarray | None = None, cv_folds: int = 0, cv_fold: int = 0) -> ClientSplit:
+                 groups: np.ndarray | None = None, cv_folds: int = 0, cv_fold: int = 0,
+                 fixed_val: np.ndarray | None = None) -> ClientSplit:
     """Stratified train/val/test split of one client's indices, then the labelled fraction.
 
     With ``groups`` (HAM10000 ``lesion_id``) whole groups go to one split so that images of
@@ -141,6 +150,9 @@ def split_client(idx: np.ndarray, labels: np.ndarray, *, seed: int, val_fraction
     stratified groups (same cut for every ``cv_fold``, it depends on ``seed`` only); group
     ``cv_fold`` is test, group ``cv_fold + 1`` (mod k) is val, the rest is train.  Taking group f
     of every client forms the cross-centre fold of paper 004 §IV-B.
+
+    With ``fixed_val`` (a data set's own validation images among ``idx``, e.g. MedMNIST's ``val_*``
+    under ``test-set="global"``) val is those images and only test is cut from the rest.
     """
     rng = np.random.default_rng(seed)
     idx = np.sort(np.asarray(idx, dtype=np.int64))
@@ -148,6 +160,11 @@ def split_client(idx: np.ndarray, labels: np.ndarray, *, seed: int, val_fraction
         parts = fold_groups(idx, labels, cv_folds, rng, groups)
         test, val = parts[cv_fold % cv_folds], parts[(cv_fold + 1) % cv_folds]
         train = np.setdiff1d(idx, np.concatenate([test, val]))
+    elif fixed_val is not None:
+        val = np.sort(np.asarray(fixed_val, dtype=np.int64))
+        rest = np.setdiff1d(idx, val)
+        cut = _group_cut if groups is not None else _stratified_cut
+        train, test = cut(rest, groups if groups is not None else labels, test_fraction, rng)
     elif groups is not None:
         rest, test = _group_cut(idx, groups, test_fraction, rng)
         train, val = _group_cut(rest, groups, val_fraction / (1 - test_fraction), rng)

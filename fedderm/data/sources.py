@@ -17,6 +17,7 @@ so an unchanged data set is decoded once and any changed file triggers a fresh d
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -33,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from fedderm.data.names import medmnist_names
 from fedderm.data.pool import DataError, ImagePool, resize_square
 
 if TYPE_CHECKING:  # pandas is imported where a CSV is read: most processes never need it
@@ -193,7 +195,9 @@ def load_npz(
         skip_bad_files: skip (and list in ``pool.skipped``) samples whose label is outside
             ``classes`` instead of raising :class:`DataError`.
         cache_dir: where to keep the resized pool between runs; ``None`` disables caching.
-        classes: class names for labels ``0..len(classes)-1``; default ``"0", "1", ...``.
+        classes: class names for labels ``0..len(classes)-1``; default: MedMNIST's names when
+            the file is named after a MedMNIST data set (:mod:`fedderm.data.names`), else
+            ``"0", "1", ...``.
 
     Raises:
         DataError: not an ``.npz``, missing key, bad shape or dtype, label out of range.
@@ -203,7 +207,18 @@ def load_npz(
     path = _existing_path(path, ".npz file")
     key = _cache_key("npz", path, image_size, skip_bad_files, wanted,
                      files=_fingerprint([path], path.parent))
-    return _cached(cache_dir, key, lambda: _build_npz(path, image_size, wanted, skip_bad_files))
+    pool = _cached(cache_dir, key, lambda: _build_npz(path, image_size, wanted, skip_bad_files))
+    return _medmnist_named(pool, path) if wanted is None else pool
+
+
+def _medmnist_named(pool: ImagePool, path: Path) -> ImagePool:
+    """``pool`` with MedMNIST's class names when ``path`` is named after a MedMNIST data set
+    (``dermamnist.npz`` -> ``"actinic keratoses and intraepithelial carcinoma", ...``)."""
+    names = medmnist_names(path)
+    if names is None or len(pool.classes) > len(names):
+        return pool
+    logger.info("%s: MedMNIST class names %s", path.name, names[:len(pool.classes)])
+    return dataclasses.replace(pool, classes=names[:len(pool.classes)])
 
 
 #: Loader per dataset-type name, as used by :func:`load_source`.
