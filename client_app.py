@@ -6,9 +6,9 @@ from flwr.clientapp import ClientApp
 import registry
 from clients import holdout
 from clients.audit import audit_mod
+from clients.common import info, session
 from clients.state import state_mod
 from clients.transport import transport_mod
-from clients.common import info, session
 
 # audit_mod wraps transport_mod: the audit log shows the arrays exactly as they leave the hospital
 MODS = [state_mod, audit_mod, transport_mod]

@@ -34,8 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from bench import benchlib  # noqa: E402
 import registry  # noqa: E402
+from bench import benchlib  # noqa: E402
 
 
 def union(spans: list[tuple[float, float]], lo: float, hi: float) -> float:

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-import records
 import registry
+import wire
 from fedderm.config import Config
 from fedderm.data import ClientData, DataError, load_client_data
 from fedderm.data.checks import class_counts
@@ -30,7 +30,7 @@ from fedderm.node import NodeSettings, parse_node_config
 from fedderm.train import evaluate as evaluate_model
 from fedderm.train import resolve_device, round_lr
 
-_SESSIONS: dict[tuple, "ClientSession"] = {}
+_SESSIONS: dict[tuple, ClientSession] = {}
 #: The default classifier, one per (model, classes, image size) and process: every client session
 #: of a simulation worker shares it (it is always loaded with a full state before use), so a
 #: worker serving 50 clients holds one ResNet, not 50.
@@ -67,7 +67,7 @@ class ClientSession:
                     self.cfg.model, self.data.num_classes, self.cfg.image_size)))()
         model = self._models[key]
         if arrays is not None:  # read-only views of the message's bytes; load_state_dict copies
-            model.load_state_dict(records.to_state_dict(arrays), strict=True)
+            model.load_state_dict(wire.to_state_dict(arrays), strict=True)
         elif state is not None:
             model.load_state_dict(state, strict=True)
         return model.to(self.device)
@@ -143,9 +143,9 @@ def session(context: Context) -> ClientSession:
     return _SESSIONS[key]
 
 
-def reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None, **records) -> Message:
+def reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None, **extra) -> Message:
     """A reply with ``arrays`` (optional), ``metrics`` (tagged with the partition id) and extras."""
-    content = RecordDict({"metrics": MetricRecord(metrics), **records})
+    content = RecordDict({"metrics": MetricRecord(metrics), **extra})
     if arrays is not None:
         content["arrays"] = arrays
     return Message(content, reply_to=msg)

@@ -15,7 +15,7 @@ from flwr.app import Context, Message
 
 from fedderm.flbt import batchnorm_keys, split_state
 from fedderm.train import train_supervised
-from records import to_record, to_state_dict
+from wire import to_record, to_state_dict
 
 from .common import reply, session
 from .flbt import evaluation_reply

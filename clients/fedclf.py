@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.moco import FEATURE_DIM, FeatureQueue, MoCo, build_moco, encode_keys, moco_round
-from records import to_record
+from wire import FEATURES, REMOTE, to_array, to_record, values
 
 from . import finetune
 from .common import ClientSession, reply, session
@@ -35,8 +35,6 @@ from .state import client_state
 
 BANK = "fedclf-local-bank"  # client state: Q_l
 OWN_MODEL = "fedclf-model"  # client state: Local CL's model
-FEATURES = "features"  # reply record: this client's Q_l
-REMOTE = "remote-features"  # instruction record: Q_r, the other clients' features (de-identified)
 
 
 @dataclass(frozen=True)
@@ -49,7 +47,7 @@ class MocoOptions:
     feature_dtype: str
 
     @classmethod
-    def from_config(cls, cfg, feature_sharing: bool | None = None) -> "MocoOptions":
+    def from_config(cls, cfg, feature_sharing: bool | None = None) -> MocoOptions:
         """The ``fedclf.*`` keys; ``feature_sharing`` fixed by FedMoCo / Local CL (False)."""
         return cls(queue_size=cfg.option("fedclf.queue-size"), temperature=cfg.option("fedclf.temperature"),
                    momentum=cfg.option("fedclf.momentum"),
@@ -80,7 +78,7 @@ def save_bank(context: Context, bank: FeatureQueue) -> None:
 
 def upload(bank: FeatureQueue, dtype: str) -> ArrayRecord:
     """The features this client shares: Q_l in ``fedclf.feature-dtype``."""
-    return ArrayRecord({"features": Array(np.ascontiguousarray(bank.features().cpu().numpy().astype(dtype)))})
+    return ArrayRecord({"features": to_array(np.ascontiguousarray(bank.features().cpu().numpy().astype(dtype)))})
 
 
 def features(msg: Message, context: Context, feature_sharing: bool | None = None) -> Message:
@@ -108,7 +106,7 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     bank = local_bank(context, s, model, opts.queue_size)
     remote = None
     if opts.feature_sharing and REMOTE in msg.content:
-        remote = torch.from_numpy(msg.content[REMOTE]["features"].numpy().astype(np.float32))
+        remote = torch.from_numpy(values(msg.content[REMOTE]["features"]).astype(np.float32))
     images, _ = s.data.tensors("train")
     metrics = moco_round(
         model, images, bank, remote=remote, feature_sharing=opts.feature_sharing,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 
 from fedderm.drift import feddyn_train
-from records import to_record
+from wire import to_record
 
 from .common import reply, session
 from .fedavg import evaluate

@@ -16,7 +16,7 @@ from flwr.app import Context, Message
 
 from fedderm.metrics import SELECTION_METRIC
 from fedderm.train import train_supervised
-from records import to_record
+from wire import to_record
 
 from .common import ClientSession, evaluate_split, reply, session
 from .state import client_state

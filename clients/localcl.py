@@ -14,7 +14,7 @@ import hashlib
 
 from flwr.app import ArrayRecord, Context, Message
 
-from records import to_array
+from wire import to_array, values
 
 from . import fedclf, finetune
 from .state import client_state
@@ -26,7 +26,7 @@ def backbone_digest(arrays: ArrayRecord) -> str:
     h = hashlib.sha256()
     for key in sorted(k for k in arrays.keys() if k.startswith("backbone.")):
         h.update(key.encode())
-        h.update(arrays[key].numpy().tobytes())
+        h.update(values(arrays[key]).tobytes())
     return h.hexdigest()
 
 

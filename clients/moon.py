@@ -8,7 +8,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 
 from fedderm.flbt import frozen_copy, train_moon
-from records import to_record
+from wire import to_record
 
 from .common import reply, session
 from .flbt import evaluate, projected

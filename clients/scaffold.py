@@ -11,7 +11,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 
 from fedderm.drift import scaffold_train
-from records import to_record, to_state_dict
+from wire import to_record, to_state_dict
 
 from .common import reply, session
 from .fedavg import evaluate

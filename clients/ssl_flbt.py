@@ -8,26 +8,23 @@ is FL-BT (``clients.flbt``) from the backbone the server pre-trained on everyone
 
 from __future__ import annotations
 
+import hashlib
 import time
 
-import hashlib
-
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.fid import load_feature_extractor, select_pseudo_images
 from fedderm.msggan import generate_images, snapshot_steps, train_msggan
 from fedderm.simclr import simclr_round
 from fedderm.ssl_pseudo import backbone_arrays, encoder_prefix, original_ssl_network, train_multitask
-from records import to_array, to_record
+from wire import PSEUDO, to_array, to_record, values
 
 from . import local
 from .common import reply, session
-from .state import client_state
 from .flbt import HANDLERS as FLBT_HANDLERS
-from .flbt import projected
-
-PSEUDO = "pseudo-images"
+from .flbt_family import projected
+from .state import client_state
 
 
 def train_gan(msg: Message, context: Context) -> Message:
@@ -55,7 +52,7 @@ def train_gan(msg: Message, context: Context) -> Message:
         pseudo = generate_images(generator, n, seed=seed + 1)
     metrics.update({"partition-id": s.partition_id, "num-examples": int(len(pseudo)),
                     "real-images": int(len(images))})
-    return reply(msg, metrics, **{PSEUDO: ArrayRecord({PSEUDO: Array(pseudo.numpy())})})
+    return reply(msg, metrics, **{PSEUDO: ArrayRecord({PSEUDO: to_array(pseudo)})})
 
 
 # --------------------------------------------------------------- SSL on the original images
@@ -74,7 +71,7 @@ def digest(arrays: dict) -> str:
     h = hashlib.sha256()
     for key in sorted(arrays):
         h.update(key.encode())
-        h.update(arrays[key].numpy().tobytes())
+        h.update(values(arrays[key]).tobytes())
     return h.hexdigest()
 
 

@@ -26,8 +26,8 @@ from flwr.common import log
 
 from fedderm.node import parse_node_config
 from fedderm.state_store import Snapshot, StateStore
+from wire import STAMP  # the ConfigRecord every server message carries
 
-STAMP = "fedderm-state"  # the ConfigRecord every server message carries
 _OPEN: dict[tuple[int, int], Snapshot] = {}  # the snapshot of the message being handled
 _MEMORY: dict[tuple[int, int], Snapshot] = {}  # handlers called without the mod (unit tests)
 

@@ -53,7 +53,7 @@ def _atomic_write(path: Path, write) -> None:
 class Snapshot:
     """A client's state as of one step: read entries (memory-mapped), change some, commit."""
 
-    def __init__(self, store: "StateStore | None", step: int, base_step: int | None, entries: dict):
+    def __init__(self, store: StateStore | None, step: int, base_step: int | None, entries: dict):
         self.store, self.step, self.base_step = store, step, base_step
         self._entries = entries  # name -> {"file": str | None, "bytes": int, "meta": dict | None}
         self._loaded: dict[str, dict[str, torch.Tensor]] = {}

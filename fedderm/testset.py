@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .data.partition import _group_cut, _stratified_cut
 from .config import ConfigError
+from .data.partition import _group_cut, _stratified_cut
 from .data.pool import DataError, ImagePool
 
 TEST_SETS = ("per-client", "global")

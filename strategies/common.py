@@ -12,8 +12,8 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,11 +22,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-import records
-
-from clients.state import STAMP
-from clients.transport import decode_message, encode_message
-
+import wire
 from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, resume_step, save_checkpoint
 from fedderm.config import Config
 from fedderm.metrics import SELECTION_METRIC
@@ -118,7 +114,7 @@ class StateClock:
         self.token = uuid.uuid4().hex  # new for every server process: clients roll back once per token
 
     @classmethod
-    def for_run(cls, run_dir, cfg, simulation: bool) -> "StateClock":
+    def for_run(cls, run_dir, cfg, simulation: bool) -> StateClock:
         """The clock of a run; resumed (``resume``) at the step of the newest checkpoint."""
         return cls(run_dir, cfg.keep_checkpoints, simulation, resume_step(run_dir) if cfg.resume else 0)
 
@@ -161,11 +157,11 @@ class FastPollGrid(WrappedGrid):
         if self.state_clock is not None:
             for m in messages:
                 if m.metadata.message_type != "query.info":
-                    m.content[STAMP] = self.state_clock.stamp()
-        return self.inner.push_messages([encode_message(m, self.transport) for m in messages])
+                    m.content[wire.STAMP] = self.state_clock.stamp()
+        return self.inner.push_messages([wire.encode_message(m, self.transport) for m in messages])
 
     def pull_messages(self, message_ids):
-        return [decode_message(m, self.transport) for m in self.inner.pull_messages(message_ids)]
+        return [wire.decode_message(m, self.transport) for m in self.inner.pull_messages(message_ids)]
 
     def send_and_receive(self, messages, *, timeout=None):
         return send_and_receive_fast(self, messages, timeout, self.poll_interval)
@@ -178,12 +174,12 @@ def record_bytes(record: ArrayRecord, transport: str = "float32") -> int:
     if transport == "float32":
         return total
     return total - sum(values.nbytes - wire_nbytes(values, transport)
-                       for values in (records.values(array) for array in record.values()))
+                       for values in (wire.values(array) for array in record.values()))
 
 
 def array_bytes(content: RecordDict, transport: str = "float32") -> int:
     """Bytes of every ArrayRecord in a message's content on the wire under ``transport``."""
-    return sum(record_bytes(record, transport) for record in content.array_records.values())
+    return sum(record_bytes(record, transport) for record in content.array_wire.values())
 
 
 def rounds_to_target(rounds: list[dict], targets: list[float], split: str = "val",
@@ -257,7 +253,7 @@ def reply_problem(reply: ArrayRecord | None, template: ArrayRecord) -> str | Non
         got = reply[key]
         if tuple(got.shape) != tuple(sent.shape) or got.dtype != sent.dtype:
             return f"{key!r} is {got.dtype}{list(got.shape)}, expected {sent.dtype}{list(sent.shape)}"
-        values = records.values(got)  # a view: no decoding copy
+        values = wire.values(got)  # a view: no decoding copy
         if values.dtype.kind == "f" and not np.isfinite(values).all():
             return f"{key!r} holds non-finite values (NaN or inf)"
     return None
@@ -280,10 +276,10 @@ def cast_like(arrays: ArrayRecord, template: ArrayRecord) -> ArrayRecord:
         if array.dtype == want:
             out[key] = array
         else:
-            values = records.values(array)
+            values = wire.values(array)
             dtype = np.dtype(want)
             cast = np.rint(values).astype(dtype) if dtype.kind in "iu" else values.astype(dtype)
-            out[key] = records.to_array(np.asarray(cast))
+            out[key] = wire.to_array(np.asarray(cast))
     return ArrayRecord(out)
 
 
@@ -344,7 +340,7 @@ class Tracked:
         keys it holds) in shape and dtype, and be finite."""
         if self.sent is None:
             return None
-        reply = msg.content.array_records.get("arrays")
+        reply = msg.content.array_wire.get("arrays")
         if reply is not None and self.partial_replies:
             extra = sorted(set(reply.keys()) - set(self.sent.keys()))
             if extra:
@@ -427,7 +423,7 @@ class Tracked:
 
     def _aggregate(self, server_round: int, replies: list[Message]):
         """The next strategy's ``aggregate_train``; Flower's own FedAvg one is replaced by the same
-        checks and metric aggregation with :func:`records.weighted_mean` (same bits, no decoding
+        checks and metric aggregation with :func:`wire.weighted_mean` (same bits, no decoding
         copies: 0.1 s instead of 0.4-0.7 s for 4 ResNet-18 replies on 2 loaded cores)."""
         following = super().aggregate_train
         if getattr(following, "__func__", None) is not FedAvg.aggregate_train:
@@ -436,9 +432,9 @@ class Tracked:
         if not valid:
             return None, None
         contents = [msg.content for msg in valid]
-        weights = [float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents]
+        weights = [float(next(iter(c.metric_wire.values()))[self.weighted_by_key]) for c in contents]
         # Flower's checks above leave exactly one ArrayRecord per reply
-        arrays = records.weighted_mean([next(iter(c.array_records.values())) for c in contents], weights)
+        arrays = wire.weighted_mean([next(iter(c.array_wire.values())) for c in contents], weights)
         return arrays, self.train_metrics_aggr_fn(contents, self.weighted_by_key)
 
     def count_traffic(self, *, down: int = 0, up: int = 0, messages: int = 0) -> None:
@@ -485,7 +481,7 @@ class Tracked:
         score = self.last_mean.get(SELECTION_METRIC, float("nan"))
         if score == score and score > self.best_score:
             self.best_round, self.best_score = server_round, score
-            self.best_arrays = records.copy_record(arrays)  # Arrays are immutable: no data copy
+            self.best_arrays = wire.copy_record(arrays)  # Arrays are immutable: no data copy
         train = _mean_train_loss(self.train_per_client)
         if self.traffic is not None and server_round > 0:
             t = self.traffic
@@ -506,13 +502,13 @@ class Tracked:
     def state_dict(self) -> dict[str, Any]:
         """Server-side state a checkpoint must hold to continue exactly (extend in subclasses)."""
         return {"best_round": self.best_round, "best_score": self.best_score,
-                "best_arrays": None if self.best_arrays is None else records.to_state_dict(self.best_arrays),
+                "best_arrays": None if self.best_arrays is None else wire.to_state_dict(self.best_arrays),
                 "last_mean": dict(self.last_mean), "traffic_log": list(self.traffic_log),
                 "time_log": list(self.time_log)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best_round, self.best_score = state["best_round"], state["best_score"]
-        self.best_arrays = None if state["best_arrays"] is None else ArrayRecord(state["best_arrays"])
+        self.best_arrays = None if state["best_arrays"] is None else wire.to_record(state["best_arrays"])
         self.last_mean = dict(state["last_mean"])
         self.traffic_log = list(state.get("traffic_log", []))
         self.time_log = list(state.get("time_log", []))
@@ -536,7 +532,7 @@ def run_rounds(strategy: Tracked, grid: Grid, arrays: ArrayRecord, *, evaluate: 
     start = 1
     ckpt = latest_checkpoint(recorder.run_dir, strategy.stage) if cfg.resume else None
     if ckpt is not None:
-        arrays = ArrayRecord(ckpt["arrays"])
+        arrays = wire.to_record(ckpt["arrays"])
         strategy.load_state_dict(ckpt["strategy"])
         recorder.restore(ckpt["recorder"])
         start = ckpt["round"] + 1
@@ -556,7 +552,7 @@ def run_rounds(strategy: Tracked, grid: Grid, arrays: ArrayRecord, *, evaluate: 
             strategy.evaluate_round(view, server_round, arrays, "val", cfg.round_timeout)
         (on_round or strategy.after_round)(server_round, arrays)
         save_round(grid, recorder, strategy.stage, server_round,
-                   {"arrays": records.to_state_dict(arrays), "strategy": strategy.state_dict(),
+                   {"arrays": wire.to_state_dict(arrays), "strategy": strategy.state_dict(),
                     "recorder": recorder.state()}, keep=cfg.keep_checkpoints)
     return arrays
 
@@ -577,7 +573,7 @@ def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) ->
     strategy.recorder.update_extra({"rounds_to_target": reached})
     log(INFO, "rounds to reach mean val %s %s: %s", SELECTION_METRIC,
         ", ".join(reached) or "(no targets)", ", ".join(str(v) for v in reached.values()) or "-")
-    strategy.recorder.save_model(records.to_state_dict(final))
-    strategy.recorder.save_model(records.to_state_dict(best), name="model-best.pt")
+    strategy.recorder.save_model(wire.to_state_dict(final))
+    strategy.recorder.save_model(wire.to_state_dict(best), name="model-best.pt")
     return final
 

@@ -16,18 +16,18 @@ With ``fedclf.feature-sharing=false`` nothing is uploaded or relayed: FedMoCo.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp.strategy import FedAvg
 
-import records
-from clients.fedclf import FEATURES, REMOTE
+import wire
 from fedderm.moco import FEATURE_DIM, build_moco
+from wire import FEATURES, REMOTE, to_array, to_record
 
 from .common import Tracked
 from .finetune import pretrain_strategy, pretrain_then_finetune
@@ -54,7 +54,7 @@ def feature_problem(record: ArrayRecord | None, queue_size: int, dtype: str) -> 
         return f"no {FEATURES!r} record (feature sharing is on)"
     if list(record.keys()) != ["features"]:
         return f"the {FEATURES!r} record holds {sorted(record.keys())[:3]}, expected ['features']"
-    values = records.values(record["features"])
+    values = wire.values(record["features"])
     if values.ndim != 2 or values.shape[1] != FEATURE_DIM or not 1 <= values.shape[0] <= queue_size:
         return (f"features of shape {list(values.shape)}, expected [1..{queue_size}, {FEATURE_DIM}] "
                 "(fedclf.queue-size, the MoCo feature dimension)")
@@ -101,7 +101,7 @@ class FedCLFStrategy(Tracked, FedAvg):
         return uploads
 
     def feature_problem(self, msg: Message) -> str | None:
-        return feature_problem(msg.content.array_records.get(FEATURES), int(self.cfg.option("fedclf.queue-size")),
+        return feature_problem(msg.content.array_wire.get(FEATURES), int(self.cfg.option("fedclf.queue-size")),
                                str(self.cfg.option("fedclf.feature-dtype")))
 
     def validate_reply(self, msg: Message) -> str | None:
@@ -165,7 +165,7 @@ class FedCLFStrategy(Tracked, FedAvg):
             remote = relay_features(self.uploads, pid, rng)
             content = RecordDict({"arrays": msg.content["arrays"], "config": msg.content["config"]})
             if len(remote):
-                content[REMOTE] = ArrayRecord({"features": Array(np.ascontiguousarray(remote))})
+                content[REMOTE] = ArrayRecord({"features": to_array(np.ascontiguousarray(remote))})
             out.append(Message(content=content, dst_node_id=nid, message_type=msg.metadata.message_type,
                                group_id=msg.metadata.group_id or None))
             received[f"client {pid}"] = int(remote.nbytes)
@@ -218,7 +218,7 @@ def build_strategy(cfg, recorder, feature_sharing: bool | None = None) -> FedCLF
 def initial_moco(cfg) -> ArrayRecord:
     """The seeded initial MoCo model (momentum encoder = main encoder)."""
     torch.manual_seed(cfg.seed)
-    return ArrayRecord(build_moco(cfg.model, cfg.image_size).state_dict())
+    return to_record(build_moco(cfg.model, cfg.image_size).state_dict())
 
 
 def run(grid, cfg, recorder, classes, feature_sharing: bool | None = None) -> None:

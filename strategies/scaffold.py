@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from flwr.app import ArrayRecord, Message
 from flwr.serverapp.strategy import FedAvg
 
-import records
+import wire
 from fedderm.drift import scaffold_server_control
 
 from .common import Tracked
@@ -43,21 +43,21 @@ class ScaffoldStrategy(Tracked, FedAvg):
         for r in replies:
             if r.has_content() and DELTA in r.content:
                 self.count_traffic(up=self.wire_bytes(r.content[DELTA]))
-                deltas[id(r)] = records.to_state_dict(r.content[DELTA])  # views, no copy
+                deltas[id(r)] = wire.to_state_dict(r.content[DELTA])  # views, no copy
                 del r.content[DELTA]  # FedAvg wants exactly one ArrayRecord per reply
         result = super().aggregate_train(server_round, replies)
         accepted = [deltas[id(r)] for r in self.accepted if id(r) in deltas]
         if accepted and result[0] is not None:  # Δc of rejected or too few replies is not applied
-            self.control = records.to_record(scaffold_server_control(
-                records.to_state_dict(self.control), accepted, max(self.num_sampled, len(accepted))))
+            self.control = wire.to_record(scaffold_server_control(
+                wire.to_state_dict(self.control), accepted, max(self.num_sampled, len(accepted))))
         return result
 
     def state_dict(self):
-        return {**super().state_dict(), "control": records.to_state_dict(self.control)}
+        return {**super().state_dict(), "control": wire.to_state_dict(self.control)}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.control = ArrayRecord(state["control"])
+        self.control = wire.to_record(state["control"])
 
 
 def build_strategy(cfg, recorder) -> ScaffoldStrategy:

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import logging
-import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 import torch
 
 import registry

@@ -10,11 +10,11 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord
 from flwr.clientapp import ClientApp
+from loop_grid import run_app
 
 import client_app as real
 import strategies.common as common
 from fedderm.state_store import StateStore
-from loop_grid import run_app
 
 TINY = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 6, "local-epochs": 1, "batch-size": 8,
         "optimizer": "sgd", "lr": 0.03, "finetune-rounds": 1, "finetune-epochs": 1, "num-server-rounds": 3}

@@ -16,18 +16,19 @@ from fake_grid import FakeGrid
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 import registry
-from clients.state import client_state
 import sim
-from clients.fedclf import BANK, FEATURES, REMOTE
+from clients.fedclf import BANK
+from clients.state import client_state
 from fedderm import moco as moco_module
 from fedderm.augment import ContrastiveAugment
-from fedderm.models import create_model
 from fedderm.moco import FeatureQueue, build_moco, info_nce, moco_round
+from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.simclr import nt_xent
 from strategies import fedclf as fedclf_strategy
-from strategies.fedclf import FedCLFStrategy, relay_features
+from strategies.fedclf import relay_features
 from strategies.finetune import pretrain
+from wire import FEATURES, REMOTE
 
 CLASSES = ["a", "b", "c", "d", "e"]
 TINY = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 6, "num-server-rounds": 2,
@@ -395,11 +396,11 @@ def test_fedclf_pretrain_then_federated_finetune_with_sim(tmp_path):
 
 
 def test_presets_and_table_grids_are_valid_run_configs():
-    """Every preset resolves; the grids of 000's tables (configs/000-fedclf-*.toml) use the
+    """Every preset resolves; the grids of 000's tables (sweeps/000-fedclf-*.toml) use the
     paper-scale presets' settings, and every row of them is a valid run config."""
     from pathlib import Path
 
-    from fedderm.grid import load_grid
+    from fedderm.sweep import load_sweep
 
     root = Path(__file__).resolve().parents[1]
     presets = sorted((root / "presets").glob("fedclf-*.toml"))
@@ -414,11 +415,11 @@ def test_presets_and_table_grids_are_valid_run_configs():
                     cfg.local_epochs, cfg.model, cfg.image_size) == (10, 100, 128, 0.03, "cosine", 1, "resnet18", 72)
         assert cfg.finetune == ("local" if "table1" in preset.stem else "federated")
         if paper_scale:
-            grid = load_grid(root / "configs" / f"000-{preset.stem}.toml", load_config=registry.load_config)
+            grid = load_sweep(root / "sweeps" / f"000-{preset.stem}.toml", load_config=registry.load_config)
             assert grid.num_supernodes == cfg.min_clients
             shared = {k: v for k, v in base.items() if k not in ("method", "label-fraction") and not
                       k.startswith("fedclf.feature") and not k.startswith("fedclf.local")}
             for run in grid.runs():
                 assert {k: run.overrides[k] for k in shared} == shared
-    fig6 = load_grid(root / "configs" / "000-fedclf-fig6.toml")
+    fig6 = load_sweep(root / "sweeps" / "000-fedclf-fig6.toml")
     assert [r.labels["method"] for r in fig6.rows()] == ["W/o FE", "FE", "FE+Neg"]

@@ -12,14 +12,26 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.serverapp.strategy import FedAvg
 
 import registry
-from clients.state import client_state
 import sim
 from clients import fedmae as mae_client
+from clients.state import client_state
 from fedderm.config import ConfigError
-from fedderm.mae import (EXCLUDE_PRESETS, MaskedAutoencoderViT, build_mae, excluded_keys, load_mae_checkpoint,
-                         masked_patch_mse, patchify, random_masking, sincos_2d, unpatchify, vit_backbone_state)
+from fedderm.mae import (
+    EXCLUDE_PRESETS,
+    MaskedAutoencoderViT,
+    build_mae,
+    excluded_keys,
+    load_mae_checkpoint,
+    masked_patch_mse,
+    patchify,
+    random_masking,
+    sincos_2d,
+    unpatchify,
+    vit_backbone_state,
+)
 from fedderm.models import create_model
-from strategies.fedmae import LOCAL_RECORD, FedMAEStrategy, mae_backbone_state
+from strategies.fedmae import FedMAEStrategy, mae_backbone_state
+from wire import LOCAL_RECORD
 
 MICRO = {"model": "vit-micro", "image-size": 32, "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1,
          "fedmae.decoder-num-heads": 2}

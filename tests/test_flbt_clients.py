@@ -10,9 +10,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 import registry
-from clients.state import client_state
 from clients import fedbn, flbt, local, moon, ssl_flbt
 from clients.common import session
+from clients.state import client_state
 from fedderm.flbt import batchnorm_keys, build_projected_net
 from fedderm.models import create_model
 from fedderm.msggan import Generator, generate_images, scales_for

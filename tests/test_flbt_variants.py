@@ -1,15 +1,14 @@
 """The SSL variants of 004 Tables V-X as ``ssl.*`` keys of ``ssl-flbt``, driven through the real
 strategy and client handlers on an in-process grid (tests/fake_grid.py)."""
 
-import numpy as np
 import pytest
 import torch
+from fake_grid import FakeGrid
 from flwr.app import ArrayRecord, Message, RecordDict
 
 import registry
-from clients.state import client_state
 from clients import ssl_flbt as ssl_client
-from fake_grid import FakeGrid
+from clients.state import client_state
 from fedderm.config import ConfigError
 from fedderm.flbt import build_projected_net
 from fedderm.results import RunRecorder

@@ -28,7 +28,10 @@ def _exchange(mode: str):
     if mode == "flower":
         return lambda grid, msgs, timeout: list(grid.send_and_receive(msgs, timeout=timeout))
     if mode == "fast":
+        from fedderm.launcher import fast_object_pulls
         from strategies.common import send_and_receive_fast  # fedderm's helper (PYTHONPATH = repo root)
+
+        fast_object_pulls()  # as fedderm's ServerApp does in a deployment
 
         return send_and_receive_fast
     raise ValueError(f"unknown mode {mode!r}: use flower or fast")

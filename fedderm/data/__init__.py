@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..testset import GLOBAL_SPLIT, global_split, test_pool
 from .checks import check_pool, check_split
 from .partition import ClientSplit, partition_indices, split_client
 from .pool import DataError, ImagePool
 from .sources import load_source
 from .synthetic import load_synthetic
-from ..testset import GLOBAL_SPLIT, global_split, test_pool
 
 __all__ = ["ClientData", "DataError", "ImagePool", "TensorBatches", "check_federation", "load_client_data",
            "load_pool"]

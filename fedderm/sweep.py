@@ -1,30 +1,30 @@
-"""Experiment grids: one TOML file -> the runs of a paper table -> one Markdown table.
+"""Experiment sweeps: one TOML file -> the runs of a paper table -> one Markdown table.
 
-The pure parts of ``python sim.py --grid configs/<name>.toml`` (README, "Experiment grids"):
-parse and validate a grid file, expand it into runs (the product of ``[grid.axes]`` × seeds ×
+The pure parts of ``python sim.py --sweep sweeps/<name>.toml`` (README, "Experiment sweeps"):
+parse and validate a sweep file, expand it into runs (the product of ``[sweep.axes]`` × seeds ×
 cross-validation folds), read each run's ``summary.json`` and aggregate the replicates of a row
 into mean ± SD.  No Flower import: ``sim.py`` runs the simulations.
 
-A grid file::
+A sweep file::
 
-    [grid]
+    [sweep]
     title = "..."                  # heading of the table (cite the paper table)
     num-supernodes = 4             # simulated clients
     seeds = [0, 1, 2]              # replicates of every row (mean ± SD over them)
     cv-folds = 0                   # k >= 3: every seed also runs folds 0..k-1 (cv-folds=k cv-fold=f)
     table = "final"                # "final": one table; "per-client": a table per client + the mean (GTA)
     metrics = ["balanced_accuracy", "auc"]    # columns; see Metric
-    [grid.axes]                    # rows = product of the axes, in file order
+    [sweep.axes]                    # rows = product of the axes, in file order
     method = ["fedavg", "fedprox"] #   a run-config key with its values
     row = [{ name = "W/o FE", method = "fedclf", "fedclf.feature-sharing" = false }]
                                    #   or any name with labelled sets of run-config keys
     [run-config]                   # base flat run-config keys (as in a preset)
-    [quick]                        # --quick: run-config keys, and grid.<key> / grid.axes.<axis>
+    [quick]                        # --quick: run-config keys, and sweep.<key> / sweep.axes.<axis>
 
 A run's config is ``[run-config]``, then its row's axis values, then ``[quick]`` (with --quick),
 then ``--set``, then ``seed`` (and ``cv-folds``/``cv-fold``).  So ``[quick]`` shrinks every row
 (``num-server-rounds`` wins over a row's own); setting a key that *every* entry of an axis sets
-is an error (that axis would vanish): replace the axis with ``grid.axes.<axis>`` instead.
+is an error (that axis would vanish): replace the axis with ``sweep.axes.<axis>`` instead.
 """
 
 from __future__ import annotations
@@ -35,27 +35,29 @@ import json
 import math
 import re
 import statistics
-import tomllib
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
 from fedderm.config import ConfigError
 from fedderm.metrics import METRIC_NAMES
 
-SECTIONS = ("grid", "run-config", "quick")
-GRID_KEYS = ("title", "num-supernodes", "seeds", "cv-folds", "table", "metrics", "axes")
+SECTIONS = ("sweep", "run-config", "quick")
+SWEEP_KEYS = ("title", "num-supernodes", "seeds", "cv-folds", "table", "metrics", "axes")
 TABLE_MODES = ("final", "per-client")
 #: summary.json "final" entries a plain metric name may take (rates, shown in %)
 FINAL_METRICS = (*METRIC_NAMES, "loss")
-#: keys a grid sets per run itself; they cannot be axes or --set
+#: keys a sweep sets per run itself; they cannot be axes or --set
 REPLICATE_KEYS = ("seed", "cv-folds", "cv-fold", "run-name", "output-dir", "resume")
 METRIC_FIELDS = ("key", "label", "scale", "digits")
 
 
-class GridError(ConfigError):
-    """A grid file is malformed; the message names the file and the key at fault."""
+class SweepError(ConfigError):
+    """A sweep file is malformed; the message names the file and the key at fault."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ class Run:
 
 
 @dataclass
-class Grid:
+class Sweep:
     name: str
     source: str
     title: str
@@ -127,7 +129,7 @@ class Grid:
         rows = []
         for i, combo in enumerate(itertools.product(*(self.axes[a] for a in names))):
             overrides: dict[str, Any] = {}
-            for label, values in combo:
+            for _label, values in combo:
                 overrides.update(values)
             rows.append(Row(i, {a: label for a, (label, _) in zip(names, combo)}, overrides))
         return rows
@@ -186,102 +188,116 @@ def _metric(entry: Any, where: str) -> Metric:
     if isinstance(entry, str):
         entry = {"key": entry}
     if not isinstance(entry, dict) or not isinstance(entry.get("key"), str):
-        raise GridError(f"{where}: a metric is a string or a table with a string 'key', got {entry!r}")
+        raise SweepError(f"{where}: a metric is a string or a table with a string 'key', got {entry!r}")
     for k in entry:
         if k not in METRIC_FIELDS:
-            raise GridError(f"{where}: " + _unknown("metric field", k, list(METRIC_FIELDS)))
+            raise SweepError(f"{where}: " + _unknown("metric field", k, list(METRIC_FIELDS)))
     key = entry["key"]
     if "." not in key and key not in FINAL_METRICS and key != "best_round":
-        raise GridError(f"{where}: " + _unknown(
+        raise SweepError(f"{where}: " + _unknown(
             "metric", key, [*FINAL_METRICS, "best_round", "<path into summary.json, e.g. rounds_to_target.0.55>"]))
     final = "." not in key and key in FINAL_METRICS and key != "loss"
     scale, digits = entry.get("scale", 100.0 if final else 1.0), entry.get("digits", 2)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise GridError(f"{where}: metric {key!r} scale must be a number, got {scale!r}")
+        raise SweepError(f"{where}: metric {key!r} scale must be a number, got {scale!r}")
     if isinstance(digits, bool) or not isinstance(digits, int) or digits < 0:
-        raise GridError(f"{where}: metric {key!r} digits must be an int >= 0, got {digits!r}")
+        raise SweepError(f"{where}: metric {key!r} digits must be an int >= 0, got {digits!r}")
     return Metric(key, str(entry.get("label", key)), float(scale), digits)
 
 
 def _axis(name: str, values: Any, where: str, valid_keys: list[str] | None) -> list[tuple[str, dict]]:
     if not isinstance(values, list) or not values:
-        raise GridError(f"{where}: axis {name!r} must be a non-empty list, got {values!r}")
+        raise SweepError(f"{where}: axis {name!r} must be a non-empty list, got {values!r}")
     if name in REPLICATE_KEYS:
-        raise GridError(f"{where}: {name!r} cannot be an axis; the grid sets it per run "
-                        f"(use grid.seeds / grid.cv-folds)")
+        raise SweepError(f"{where}: {name!r} cannot be an axis; the sweep sets it per run "
+                        f"(use sweep.seeds / sweep.cv-folds)")
     if all(isinstance(v, dict) for v in values):  # labelled variants: {name = "...", key = value, ...}
         out = []
         for v in values:
             label = v.get("name")
             if not isinstance(label, str):
-                raise GridError(f"{where}: every entry of axis {name!r} needs a string 'name', got {v!r}")
+                raise SweepError(f"{where}: every entry of axis {name!r} needs a string 'name', got {v!r}")
             keys = _flatten({k: x for k, x in v.items() if k != "name"})
             bad = [k for k in keys if k in REPLICATE_KEYS]
             if bad:
-                raise GridError(f"{where}: axis {name!r} entry {label!r} sets {bad[0]!r}, which the grid sets per run")
+                raise SweepError(f"{where}: axis {name!r} entry {label!r} sets {bad[0]!r}, which the sweep sets per run")
             out.append((label, keys))
         labels = [label for label, _ in out]
         if len(set(labels)) != len(labels):
-            raise GridError(f"{where}: axis {name!r} has repeated names {labels}")
+            raise SweepError(f"{where}: axis {name!r} has repeated names {labels}")
         return out
     if any(isinstance(v, (dict, list)) for v in values):
-        raise GridError(f"{where}: axis {name!r} mixes tables and values; use one kind")
+        raise SweepError(f"{where}: axis {name!r} mixes tables and values; use one kind")
     if valid_keys is not None and name not in valid_keys:
         close = difflib.get_close_matches(name, valid_keys, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise GridError(f"{where}: axis {name!r} is not a run-config key.{hint} An axis of values names a "
+        raise SweepError(f"{where}: axis {name!r} is not a run-config key.{hint} An axis of values names a "
                         f"run-config key (or give labelled tables: [{{ name = \"...\", key = value }}]). "
                         f"Valid keys: {', '.join(valid_keys)}")
     return [(_label(v), {name: v}) for v in values]
 
 
-def parse_grid(data: Mapping[str, Any], name: str, source: str = "<grid>", quick: bool = False,
-               overrides: Mapping[str, Any] | None = None, seeds: list[int] | None = None,
-               load_config: Callable[[dict], Any] | None = None, valid_keys: list[str] | None = None) -> Grid:
-    """Validate a parsed grid file and build the :class:`Grid`.
+def _renamed(table: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """``table`` with the names of the previous release (``[grid]``, ``grid.<key>``, also inside
+    ``[quick]``) read as ``[sweep]`` / ``sweep.<key>``, each with a deprecation warning."""
+    out = {}
+    for key, value in table.items():
+        new = "sweep" + key[4:] if key == "grid" or key.startswith("grid.") else key
+        if new != key:
+            warnings.warn(f"{source}: {key!r} is the old name of {new!r}; the old name will be removed",
+                          FutureWarning, stacklevel=3)
+        out[new] = _renamed(value, source) if key == "quick" and isinstance(value, Mapping) else value
+    return out
 
-    ``overrides`` (``--set``) are run-config keys or ``grid.<key>``; they apply after ``[quick]``.
+
+def parse_sweep(data: Mapping[str, Any], name: str, source: str = "<sweep>", quick: bool = False,
+               overrides: Mapping[str, Any] | None = None, seeds: list[int] | None = None,
+               load_config: Callable[[dict], Any] | None = None, valid_keys: list[str] | None = None) -> Sweep:
+    """Validate a parsed sweep file and build the :class:`Sweep`.
+
+    ``overrides`` (``--set``) are run-config keys or ``sweep.<key>``; they apply after ``[quick]``.
     ``load_config`` (``registry.load_config``) validates every row's run config (and ``valid_keys``
     the axis names), so a bad key fails before the first run, naming the file and the row.
     """
+    data, overrides = _renamed(data, source), _renamed(overrides or {}, "--set")
     for key in data:
         if key not in SECTIONS:
-            raise GridError(f"{source}: " + _unknown("section", key, list(SECTIONS)))
-    if "grid" not in data:
-        raise GridError(f"{source}: missing [grid] section")
-    spec = dict(data["grid"])
+            raise SweepError(f"{source}: " + _unknown("section", key, list(SECTIONS)))
+    if "sweep" not in data:
+        raise SweepError(f"{source}: missing [sweep] section")
+    spec = dict(data["sweep"])
     base = _flatten(data.get("run-config", {}))
     bad = [k for k in base if k in REPLICATE_KEYS and k != "output-dir"]
     if bad:
-        raise GridError(f"{source} [run-config]: {bad[0]!r} is set per run by the grid (grid.seeds, grid.cv-folds)")
+        raise SweepError(f"{source} [run-config]: {bad[0]!r} is set per run by the sweep (sweep.seeds, sweep.cv-folds)")
     late: dict[str, Any] = {}
     layers = [("[quick]", _flatten(data.get("quick", {}))) if quick else None,
               ("--set", dict(overrides or {}))]
     for where, layer in filter(None, layers):
         for key, value in layer.items():
-            if key.startswith("grid.axes."):
+            if key.startswith("sweep.axes."):
                 spec.setdefault("axes", {})
-                spec["axes"] = {**spec["axes"], key[len("grid.axes."):]: value}
-            elif key.startswith("grid."):
-                sub = key[len("grid."):]
-                if sub not in GRID_KEYS:
-                    raise GridError(f"{source} {where}: " + _unknown("grid key", key, [f"grid.{k}" for k in GRID_KEYS]))
+                spec["axes"] = {**spec["axes"], key[len("sweep.axes."):]: value}
+            elif key.startswith("sweep."):
+                sub = key[len("sweep."):]
+                if sub not in SWEEP_KEYS:
+                    raise SweepError(f"{source} {where}: " + _unknown("sweep key", key, [f"sweep.{k}" for k in SWEEP_KEYS]))
                 spec[sub] = value
             elif key in REPLICATE_KEYS and key != "output-dir":
-                raise GridError(f"{source} {where}: {key!r} is set per run by the grid (grid.seeds, grid.cv-folds)")
+                raise SweepError(f"{source} {where}: {key!r} is set per run by the sweep (sweep.seeds, sweep.cv-folds)")
             else:
                 late[key] = value
     if seeds is not None:
         spec["seeds"] = list(seeds)
     for key in spec:
-        if key not in GRID_KEYS:
-            raise GridError(f"{source} [grid]: " + _unknown("grid key", key, list(GRID_KEYS)))
-    where = f"{source} [grid]"
+        if key not in SWEEP_KEYS:
+            raise SweepError(f"{source} [sweep]: " + _unknown("sweep key", key, list(SWEEP_KEYS)))
+    where = f"{source} [sweep]"
 
     def get(key: str, kind: type, default: Any) -> Any:
         value = spec.get(key, default)
         if isinstance(value, bool) or not isinstance(value, kind):
-            raise GridError(f"{where}: {key!r} must be {kind.__name__}, got {value!r}")
+            raise SweepError(f"{where}: {key!r} must be {kind.__name__}, got {value!r}")
         return value
 
     title = get("title", str, name)
@@ -290,60 +306,60 @@ def parse_grid(data: Mapping[str, Any], name: str, source: str = "<grid>", quick
     table = get("table", str, "final")
     seed_list = get("seeds", list, [0])
     if num_supernodes < 1:
-        raise GridError(f"{where}: 'num-supernodes' must be >= 1, got {num_supernodes}")
+        raise SweepError(f"{where}: 'num-supernodes' must be >= 1, got {num_supernodes}")
     if cv_folds and cv_folds < 3:
-        raise GridError(f"{where}: 'cv-folds' must be 0 (off) or >= 3, got {cv_folds}")
+        raise SweepError(f"{where}: 'cv-folds' must be 0 (off) or >= 3, got {cv_folds}")
     if table not in TABLE_MODES:
-        raise GridError(f"{where}: 'table' must be one of {list(TABLE_MODES)}, got {table!r}")
+        raise SweepError(f"{where}: 'table' must be one of {list(TABLE_MODES)}, got {table!r}")
     if not seed_list or not all(isinstance(s, int) and not isinstance(s, bool) for s in seed_list):
-        raise GridError(f"{where}: 'seeds' must be a non-empty list of ints, got {seed_list!r}")
+        raise SweepError(f"{where}: 'seeds' must be a non-empty list of ints, got {seed_list!r}")
     if len(set(seed_list)) != len(seed_list):
-        raise GridError(f"{where}: 'seeds' repeats a seed: {seed_list}")
+        raise SweepError(f"{where}: 'seeds' repeats a seed: {seed_list}")
     metrics = [_metric(m, where) for m in get("metrics", list, ["balanced_accuracy"])]
     if not metrics:
-        raise GridError(f"{where}: 'metrics' is empty")
+        raise SweepError(f"{where}: 'metrics' is empty")
     if table == "per-client":
         bad = [m.key for m in metrics if not m.is_final]
         if bad:
-            raise GridError(f"{where}: table = \"per-client\" takes final metrics only "
+            raise SweepError(f"{where}: table = \"per-client\" takes final metrics only "
                             f"({', '.join(FINAL_METRICS)}), got {bad}")
     raw_axes = get("axes", dict, {})
-    axes = {a: _axis(a, v, f"{source} [grid.axes]", valid_keys) for a, v in raw_axes.items()}
+    axes = {a: _axis(a, v, f"{source} [sweep.axes]", valid_keys) for a, v in raw_axes.items()}
     for where, layer in filter(None, layers):  # a key every entry of an axis sets would be ignored
         for key in layer:
             for a, entries in axes.items():
-                if not key.startswith("grid.") and all(key in values for _, values in entries):
-                    raise GridError(f"{source} {where}: {key!r} is set by every entry of axis {a!r}, so this "
-                                    f"value would never be used; set 'grid.axes.{a}' instead")
-    grid = Grid(name, source, title, num_supernodes, [int(s) for s in seed_list], cv_folds, table, metrics,
+                if not key.startswith("sweep.") and all(key in values for _, values in entries):
+                    raise SweepError(f"{source} {where}: {key!r} is set by every entry of axis {a!r}, so this "
+                                    f"value would never be used; set 'sweep.axes.{a}' instead")
+    sweep = Sweep(name, source, title, num_supernodes, [int(s) for s in seed_list], cv_folds, table, metrics,
                 axes, base, late, quick)
     if load_config is not None:
-        for row in grid.rows():
-            config = {**grid.base, **row.overrides, **grid.late, "seed": grid.seeds[0]}
-            if grid.cv_folds:
-                config.update({"cv-folds": grid.cv_folds, "cv-fold": 0})
+        for row in sweep.rows():
+            config = {**sweep.base, **row.overrides, **sweep.late, "seed": sweep.seeds[0]}
+            if sweep.cv_folds:
+                config.update({"cv-folds": sweep.cv_folds, "cv-fold": 0})
             try:
                 cfg = load_config(config)
             except ConfigError as err:
-                raise GridError(f"{source}{' (--quick)' if quick else ''}, row {row.describe() or '(base)'}: {err}") from None
+                raise SweepError(f"{source}{' (--quick)' if quick else ''}, row {row.describe() or '(base)'}: {err}") from None
             if getattr(cfg, "min_clients", 1) > num_supernodes:
-                raise GridError(f"{source}, row {row.describe()}: min-clients={cfg.min_clients} > "
+                raise SweepError(f"{source}, row {row.describe()}: min-clients={cfg.min_clients} > "
                                 f"num-supernodes={num_supernodes}; the run would wait for clients that never come")
-    return grid
+    return sweep
 
 
-def load_grid(path: str | Path, quick: bool = False, overrides: Mapping[str, Any] | None = None,
+def load_sweep(path: str | Path, quick: bool = False, overrides: Mapping[str, Any] | None = None,
               seeds: list[int] | None = None, load_config: Callable[[dict], Any] | None = None,
-              valid_keys: list[str] | None = None) -> Grid:
-    """Read and validate a grid file (see :func:`parse_grid`)."""
+              valid_keys: list[str] | None = None) -> Sweep:
+    """Read and validate a sweep file (see :func:`parse_sweep`)."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise GridError(f"grid file {str(path)!r} not found") from None
+        raise SweepError(f"sweep file {str(path)!r} not found") from None
     except tomllib.TOMLDecodeError as err:
-        raise GridError(f"{path}: not valid TOML: {err}") from None
-    return parse_grid(data, path.stem, str(path), quick, overrides, seeds, load_config, valid_keys)
+        raise SweepError(f"{path}: not valid TOML: {err}") from None
+    return parse_sweep(data, path.stem, str(path), quick, overrides, seeds, load_config, valid_keys)
 
 
 # --------------------------------------------------------------------------- results
@@ -418,35 +434,35 @@ def format_cell(cell: Mapping[str, Any], metric: Metric) -> str:
     return text
 
 
-def aggregate(grid: Grid, results: list[Mapping[str, Any]]) -> dict[str, Any]:
+def aggregate(sweep: Sweep, results: list[Mapping[str, Any]]) -> dict[str, Any]:
     """table.json content from the runs' results.
 
-    ``results``: one per run of ``grid.runs()``, each ``{"run": index, "dir": str | None,
+    ``results``: one per run of ``sweep.runs()``, each ``{"run": index, "dir": str | None,
     "status": "done" | "failed", "reason": str, "seconds": float, "summary": dict | None}``.
     Every row gets, per metric (and per client in ``per-client`` mode), the mean ± SD over its
     completed replicates; failed runs are listed with their reason and left out of the numbers.
     """
-    runs = grid.runs()
+    runs = sweep.runs()
     by_row: dict[int, list[tuple[Run, Mapping[str, Any]]]] = {}
     for result in results:
         run = runs[result["run"]]
         by_row.setdefault(run.row.index, []).append((run, result))
     clients: list[str] = []
-    if grid.table == "per-client":
+    if sweep.table == "per-client":
         ids = {c for r in results if is_complete(r.get("summary"))
                for c in (r["summary"]["final"].get("per_client") or {})}
         clients = sorted(ids, key=lambda c: (0, int(c), "") if c.isdigit() else (1, 0, c))
 
     def cells(done: list[Mapping[str, Any]], client: str | None) -> dict[str, dict]:
         out = {}
-        for m in grid.metrics:
+        for m in sweep.metrics:
             values = [v for r in done if (v := metric_value(r["summary"], m, client)) is not None]
             mean, sd = mean_sd(values)
             out[m.label] = {"mean": mean, "sd": sd, "n": len(values), "runs": len(done), "values": values}
         return out
 
     rows = []
-    for row in grid.rows():
+    for row in sweep.rows():
         entries = by_row.get(row.index, [])
         done = [r for _, r in entries if r["status"] == "done" and is_complete(r.get("summary"))]
         rows.append({
@@ -454,14 +470,14 @@ def aggregate(grid: Grid, results: list[Mapping[str, Any]]) -> dict[str, Any]:
             "runs": [{"name": run.name, "seed": run.seed, "fold": run.fold, "dir": r.get("dir"),
                       "status": r["status"], "reason": r.get("reason", ""), "seconds": r.get("seconds")}
                      for run, r in entries],
-            "done": len(done), "planned": len(grid.seeds) * max(grid.cv_folds, 1),
+            "done": len(done), "planned": len(sweep.seeds) * max(sweep.cv_folds, 1),
             "metrics": cells(done, None),
             "per_client": {c: cells(done, c) for c in clients},
         })
-    return {"title": grid.title, "grid": grid.source, "quick": grid.quick, "table": grid.table,
-            "num-supernodes": grid.num_supernodes, "seeds": grid.seeds, "cv-folds": grid.cv_folds,
-            "axes": list(grid.axes), "clients": clients,
-            "metrics": [{"key": m.key, "label": m.label, "scale": m.scale, "digits": m.digits} for m in grid.metrics],
+    return {"title": sweep.title, "sweep": sweep.source, "quick": sweep.quick, "table": sweep.table,
+            "num-supernodes": sweep.num_supernodes, "seeds": sweep.seeds, "cv-folds": sweep.cv_folds,
+            "axes": list(sweep.axes), "clients": clients,
+            "metrics": [{"key": m.key, "label": m.label, "scale": m.scale, "digits": m.digits} for m in sweep.metrics],
             "rows": rows}
 
 
