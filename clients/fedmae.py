@@ -11,8 +11,7 @@ from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.mae import MAEOptions, build_mae, excluded_keys
 from fedderm.train import random_flips, to_input, train_epochs
-from strategies.fedmae import LOCAL_RECORD
-from wire import to_record
+from wire import LOCAL_RECORD, to_record
 
 from . import finetune
 from .common import reply, session
