@@ -179,7 +179,7 @@ def record_bytes(record: ArrayRecord, transport: str = "float32") -> int:
 
 def array_bytes(content: RecordDict, transport: str = "float32") -> int:
     """Bytes of every ArrayRecord in a message's content on the wire under ``transport``."""
-    return sum(record_bytes(record, transport) for record in content.array_wire.values())
+    return sum(record_bytes(record, transport) for record in content.array_records.values())
 
 
 def rounds_to_target(rounds: list[dict], targets: list[float], split: str = "val",
@@ -340,7 +340,7 @@ class Tracked:
         keys it holds) in shape and dtype, and be finite."""
         if self.sent is None:
             return None
-        reply = msg.content.array_wire.get("arrays")
+        reply = msg.content.array_records.get("arrays")
         if reply is not None and self.partial_replies:
             extra = sorted(set(reply.keys()) - set(self.sent.keys()))
             if extra:
@@ -432,9 +432,9 @@ class Tracked:
         if not valid:
             return None, None
         contents = [msg.content for msg in valid]
-        weights = [float(next(iter(c.metric_wire.values()))[self.weighted_by_key]) for c in contents]
+        weights = [float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents]
         # Flower's checks above leave exactly one ArrayRecord per reply
-        arrays = wire.weighted_mean([next(iter(c.array_wire.values())) for c in contents], weights)
+        arrays = wire.weighted_mean([next(iter(c.array_records.values())) for c in contents], weights)
         return arrays, self.train_metrics_aggr_fn(contents, self.weighted_by_key)
 
     def count_traffic(self, *, down: int = 0, up: int = 0, messages: int = 0) -> None:

@@ -101,7 +101,7 @@ class FedCLFStrategy(Tracked, FedAvg):
         return uploads
 
     def feature_problem(self, msg: Message) -> str | None:
-        return feature_problem(msg.content.array_wire.get(FEATURES), int(self.cfg.option("fedclf.queue-size")),
+        return feature_problem(msg.content.array_records.get(FEATURES), int(self.cfg.option("fedclf.queue-size")),
                                str(self.cfg.option("fedclf.feature-dtype")))
 
     def validate_reply(self, msg: Message) -> str | None:
