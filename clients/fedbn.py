@@ -18,7 +18,7 @@ from fedderm.train import train_supervised
 from wire import to_record, to_state_dict
 
 from .common import reply, session
-from .flbt import evaluation_reply
+from .flbt_family import evaluation_reply
 from .state import client_state
 
 PREFIX = "fedbn-bn-r"

@@ -13,7 +13,7 @@ from flwr.app import Context, Message
 from fedderm.train import train_supervised
 
 from .common import reply, session
-from .flbt import evaluation_reply
+from .flbt_family import evaluation_reply
 from .state import client_state
 
 MODEL, BEST_MODEL, BEST = "local-model", "local-best-model", "local-best"

@@ -11,7 +11,8 @@ from fedderm.flbt import frozen_copy, train_moon
 from wire import to_record
 
 from .common import reply, session
-from .flbt import evaluate, projected
+from .flbt import evaluate
+from .flbt_family import projected
 from .state import client_state
 
 PREVIOUS = "moon-previous"

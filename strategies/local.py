@@ -19,7 +19,7 @@ from fedderm.metrics import mean_over_clients
 from fedderm.models import create_model
 
 from .common import save_round
-from .flbt import save_pr_curves
+from .flbt_family import save_pr_curves
 
 
 def _ask(grid: Grid, node_ids: list[int], kind: str, server_round: int, split: str | None = None,
