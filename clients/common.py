@@ -48,14 +48,12 @@ class ClientSession:
 
     def model(self, arrays: ArrayRecord | None = None, key: str = "classifier",
               factory: Callable[[], torch.nn.Module] | None = None,
-              build: Callable[[], torch.nn.Module] | None = None,
               state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
-        """The client's model ``key`` (built once per process by ``factory``, alias ``build``;
+        """The client's model ``key`` (built once per process by ``factory``;
         default: the classifier ``cfg.model``, shared by the clients of a process: load it with
         ``arrays`` or a full state before use), loaded with ``arrays`` if given, on the client's
         device.  ``state`` (a state dict, e.g. from :func:`clients.state.client_state`) instead of
         ``arrays``."""
-        factory = factory or build
         if key not in self._models:
             if factory is None and key == "classifier":
                 shared = (self.cfg.model, self.data.num_classes, self.cfg.image_size, str(self.device))

@@ -26,9 +26,9 @@ def own_model(msg: Message, context: Context, key: str = MODEL, build=None):
     s = session(context)
     own = client_state(context).tensors(key)
     if own is not None:
-        return s.model(state=own, build=build)
+        return s.model(state=own, factory=build)
     if "arrays" in msg.content and len(msg.content["arrays"]):
-        return s.model(msg.content["arrays"], build=build)
+        return s.model(msg.content["arrays"], factory=build)
     raise RuntimeError(f"local client {s.partition_id}: no model yet and the server sent none")
 
 

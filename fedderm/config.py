@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedderm.transport import TRANSPORT_DTYPES
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "dataset": ("synthetic", "folder", "csv", "npz"),
     "partition": ("iid", "dirichlet", "source"),
@@ -23,7 +25,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "device": ("auto", "cpu", "cuda"),
     "finetune": ("none", "local", "federated"),
     "finetune-optimizer": ("sgd", "adam", "adamw"),
-    "transport-dtype": ("float32", "float16"),
+    "transport-dtype": TRANSPORT_DTYPES,
     "test-set": ("per-client", "global"),
 }
 
