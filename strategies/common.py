@@ -224,6 +224,9 @@ class Tracked:
         self.count_traffic(down=sum(self.wire_bytes(m.content) for m in messages), messages=len(messages))
         return messages
 
+    #: ``True``: the model is the unweighted mean of the accepted replies (not weighted by ``num-examples``)
+    uniform_mean: bool = False
+
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
         ok = [r for r in replies if not r.has_error()]
@@ -258,6 +261,8 @@ class Tracked:
             return None, None
         contents = [msg.content for msg in valid]
         weights = [float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents]
+        if self.uniform_mean:  # e.g. SCAFFOLD Alg. 1: x ← x + (1/|S|) Σ Δy_i
+            weights = [1.0] * len(contents)
         # Flower's checks above leave exactly one ArrayRecord per reply
         arrays = wire.weighted_mean([next(iter(c.array_records.values())) for c in contents], weights)
         return arrays, self.train_metrics_aggr_fn(contents, self.weighted_by_key)
