@@ -7,11 +7,11 @@ import registry
 from clients import holdout
 from clients.audit import audit_mod
 from clients.common import info, session
-from clients.persist import persist_mod
+from clients.state import state_mod
 from clients.transport import transport_mod
 
 # audit_mod wraps transport_mod: the audit log shows the arrays exactly as they leave the hospital
-MODS = [persist_mod, audit_mod, transport_mod]
+MODS = [state_mod, audit_mod, transport_mod]
 app = ClientApp(mods=MODS)
 
 

@@ -17,7 +17,7 @@ from fedderm.launcher import fast_object_pulls
 from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
-from strategies.common import run_federated
+from strategies.common import StateClock, run_federated
 from strategies.fastpoll import FastPollGrid
 from strategies.holdout import HoldoutGrid, finetune_holdout, holdout_nodes
 from strategies.nodes import wait_for_nodes
@@ -183,6 +183,11 @@ def main(grid: Grid, context: Context) -> None:
     context.state["fedderm"] = ConfigRecord({"run-dir": str(recorder.run_dir)})
     CURRENT["recorder"] = recorder
     recorder.update_extra({"status": "running", "error": ""})
+    # client state (fedderm.state_store): keyed by the run folder's name, rolled back on resume
+    grid.state_clock = StateClock.for_run(recorder.run_dir, cfg, type(grid.inner).__name__ == "InMemoryGrid")
+    if cfg.resume:
+        log(INFO, "resume: clients continue from their state at step %d (the newest checkpoint)",
+            grid.state_clock.resume)
     log(INFO, "fedderm: method %s · model %s · %s", cfg.method, cfg.model, method.description)
     log(INFO, "results %s %s (on the host running the ServerApp)", "continue in" if cfg.resume else
         "will be written to", recorder.run_dir)

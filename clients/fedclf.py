@@ -8,9 +8,10 @@ Messages handled:
   with the remote features of the instruction's ``remote-features`` record (Q_r, Eq. 2);
   replies ``arrays`` (the MoCo model) + ``features`` (Q_l, ``fedclf.feature-dtype``) +
   ``metrics``.  With ``config["local"]`` (Local CL) the model stays on the client
-  (``context.state``) and only metrics are sent.
+  (its state store) and only metrics are sent.
 
-Client-only state in ``context.state``, never sent and never averaged: the local bank Q_l
+Client-only state in the client's state store (:func:`clients.state.client_state`), never sent
+and never averaged: the local bank Q_l
 (``fedclf-local-bank``, oldest feature first, so the FIFO pointer is implied) and, for Local CL,
 the client's own model (``fedclf-model``).  The MoCo module has no queue buffers, so
 ``state_dict()`` — the ``arrays`` that FedAvg averages — holds weights and BatchNorm statistics only.
@@ -30,9 +31,10 @@ from wire import FEATURES, REMOTE, to_array, to_record, values
 
 from . import finetune
 from .common import ClientSession, reply, session
+from .state import client_state
 
-BANK = "fedclf-local-bank"  # context.state: Q_l
-OWN_MODEL = "fedclf-model"  # context.state: Local CL's model
+BANK = "fedclf-local-bank"  # client state: Q_l
+OWN_MODEL = "fedclf-model"  # client state: Local CL's model
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,11 @@ def moco_model(s: ClientSession, arrays: ArrayRecord | None) -> MoCo:
 
 
 def local_bank(context: Context, s: ClientSession, model: MoCo, queue_size: int) -> FeatureQueue:
-    """Q_l from ``context.state``; the first time, the momentum-encoder features of up to K own
+    """Q_l from the client's state; the first time, the momentum-encoder features of up to K own
     images (encoded on a copy, so the model's BatchNorm statistics are untouched)."""
-    if BANK in context.state:
-        saved = torch.from_numpy(values(context.state[BANK]["features"]).copy())
-        return FeatureQueue(queue_size, FEATURE_DIM, saved, device=s.device)
+    saved = client_state(context).tensors(BANK)
+    if saved is not None:
+        return FeatureQueue(queue_size, FEATURE_DIM, saved["features"], device=s.device)
     images, _ = s.data.tensors("train")
     keys = encode_keys(copy.deepcopy(model), images, queue_size, batch_size=s.cfg.batch_size,
                        seed=s.seed(0, salt=11), device=s.device)
@@ -71,7 +73,7 @@ def local_bank(context: Context, s: ClientSession, model: MoCo, queue_size: int)
 
 
 def save_bank(context: Context, bank: FeatureQueue) -> None:
-    context.state[BANK] = ArrayRecord({"features": to_array(bank.ordered())})
+    client_state(context).put(BANK, {"features": bank.ordered()})
 
 
 def upload(bank: FeatureQueue, dtype: str) -> ArrayRecord:
@@ -95,7 +97,12 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     cfg, config = s.cfg, msg.content["config"]
     opts = MocoOptions.from_config(cfg, feature_sharing)
     server_round, local = int(config["server-round"]), bool(config.get("local", False))
-    model = moco_model(s, context.state[OWN_MODEL] if local and server_round > 1 else msg.content["arrays"])
+    state = client_state(context)
+    if local and server_round > 1:
+        model = s.model(key="moco", factory=lambda: build_moco(s.cfg.model, s.cfg.image_size),
+                        state=state.tensors(OWN_MODEL))
+    else:
+        model = moco_model(s, msg.content["arrays"])
     bank = local_bank(context, s, model, opts.queue_size)
     remote = None
     if opts.feature_sharing and REMOTE in msg.content:
@@ -108,10 +115,10 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     metrics["partition-id"] = s.partition_id
     metrics["remote-features"] = 0 if remote is None else len(remote)
     save_bank(context, bank)
-    weights = to_record(model.state_dict())
     if local:
-        context.state[OWN_MODEL] = weights
+        state.put(OWN_MODEL, model.state_dict())
         return reply(msg, metrics)
+    weights = to_record(model.state_dict())
     extra = {FEATURES: upload(bank, opts.feature_dtype)} if opts.feature_sharing else {}
     return reply(msg, metrics, weights, **extra)
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +27,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 import wire
-from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, save_checkpoint
+from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, resume_step, save_checkpoint
 from fedderm.config import Config
 from fedderm.metrics import SELECTION_METRIC
 from fedderm.results import RunRecorder, client_sort_key
@@ -33,6 +35,39 @@ from fedderm.results import RunRecorder, client_sort_key
 from .nodes import NodeView, send_and_receive, wait_for_nodes
 from .screening import reply_problem, short_reason
 from .traffic import array_bytes, record_bytes
+
+
+class StateClock:
+    """The server's side of the client-state store (:mod:`fedderm.state_store`): numbers the
+    intervals between checkpoints (``step``) and stamps every message with the ``fedderm-state``
+    record the clients key and roll back their state by (:mod:`clients.state`)."""
+
+    def __init__(self, run_dir, keep: int, simulation: bool, resume: int = 0):
+        run_dir = Path(run_dir).expanduser().resolve()
+        self.run, self.run_dir = run_dir.name, str(run_dir) if simulation else ""
+        self.keep, self.resume, self.step = int(keep), int(resume), int(resume)
+        self.token = uuid.uuid4().hex  # new for every server process: clients roll back once per token
+
+    @classmethod
+    def for_run(cls, run_dir, cfg, simulation: bool) -> StateClock:
+        """The clock of a run; resumed (``resume``) at the step of the newest checkpoint."""
+        return cls(run_dir, cfg.keep_checkpoints, simulation, resume_step(run_dir) if cfg.resume else 0)
+
+    def stamp(self) -> ConfigRecord:
+        return ConfigRecord({"run": self.run, "run-dir": self.run_dir, "step": self.step + 1,
+                             "resume": self.resume, "token": self.token, "keep": self.keep})
+
+
+def save_round(grid: Grid, recorder: RunRecorder, stage: str, server_round: int, payload: dict[str, Any],
+               keep: int) -> None:
+    """The checkpoint of (``stage``, ``server_round``), with the client-state step it closes."""
+    clock = getattr(grid, "state_clock", None)
+    step = clock.step + 1 if clock is not None else 0
+    save_checkpoint(recorder.run_dir, stage, server_round, {**payload, "state-step": step}, keep=keep)
+    if clock is not None:
+        clock.step = step
+
+
 
 
 def rounds_to_target(rounds: list[dict], targets: list[float], split: str = "val",
@@ -346,9 +381,9 @@ def run_rounds(strategy: Tracked, grid: Grid, arrays: ArrayRecord, *, evaluate: 
         if evaluate:
             strategy.evaluate_round(view, server_round, arrays, "val", cfg.round_timeout)
         (on_round or strategy.after_round)(server_round, arrays)
-        save_checkpoint(recorder.run_dir, strategy.stage, server_round,
-                        {"arrays": wire.to_state_dict(arrays), "strategy": strategy.state_dict(),
-                         "recorder": recorder.state()}, keep=cfg.keep_checkpoints)
+        save_round(grid, recorder, strategy.stage, server_round,
+                   {"arrays": wire.to_state_dict(arrays), "strategy": strategy.state_dict(),
+                    "recorder": recorder.state()}, keep=cfg.keep_checkpoints)
     return arrays
 
 
