@@ -120,7 +120,7 @@ def load_client_data(cfg, partition_id: int, num_partitions: int, *, data_path: 
         if own and not cfg.test_data_path:
             raise DataError("test-set='global' with a hospital's own data (node-config data-path) needs the "
                             "run-config key 'test-data-path': a test set every client can read")
-        held = global_split(pool, cfg, path) if not own else None
+        held = global_split(pool, cfg) if not own else None
     if own:
         idx = np.arange(len(pool))
     else:

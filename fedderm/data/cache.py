@@ -24,7 +24,7 @@ from fedderm.data.pool import ImagePool
 logger = logging.getLogger("fedderm.data")
 
 #: Bump whenever decoding or the cache layout changes, to invalidate old cache files.
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 def _fingerprint(paths: Iterable[Path], base: Path) -> list[tuple[str, int, int]]:
@@ -71,7 +71,7 @@ def _read_cache(cache_file: Path) -> ImagePool | None:
         return ImagePool(images=data["images"], labels=as_numpy(data["labels"]),
                          classes=data["classes"], sites=as_numpy(data["sites"]),
                          site_names=data["site_names"], groups=as_numpy(data["groups"]),
-                         skipped=data["skipped"])
+                         skipped=data["skipped"], splits=as_numpy(data["splits"]))
     except Exception as exc:  # a truncated or foreign file: decode again and overwrite it
         logger.warning("ignoring unreadable cache file %s (%s: %s)", cache_file,
                        type(exc).__name__, exc)
@@ -87,7 +87,7 @@ def _write_cache(pool: ImagePool, cache_file: Path) -> None:
     data = {"version": CACHE_VERSION, "images": images, "labels": as_tensor(pool.labels),
             "classes": list(pool.classes), "sites": as_tensor(pool.sites),
             "site_names": list(pool.site_names), "groups": as_tensor(pool.groups),
-            "skipped": list(pool.skipped)}
+            "skipped": list(pool.skipped), "splits": as_tensor(pool.splits)}
     tmp = None
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,9 @@ logger = logging.getLogger("fedderm.data")
 _IGNORED_NAMES = frozenset({"__MACOSX"})  # macOS zip debris, never a class or a site
 _LOG_EVERY = 1000  # decoded images between progress messages
 _MAX_LISTED = 5  # problems spelled out in one error message
+#: Names of the data's own splits (a CSV ``split`` value, a top-level folder; compared
+#: case-insensitively) -> their code in :data:`fedderm.data.pool.SPLIT_NAMES`.
+SPLIT_ALIASES = {"train": 0, "training": 0, "val": 1, "valid": 1, "validation": 1, "test": 2, "testing": 2}
 
 
 # --------------------------------------------------------------------------------------
@@ -64,6 +67,11 @@ def _existing_path(path: str | Path, what: str, want_dir: bool = False) -> Path:
     return path
 
 
+def _split_code(name: str | None) -> int | None:
+    """Code of a split name (``"Test"`` -> 2), ``None`` for anything else."""
+    return None if name is None else SPLIT_ALIASES.get(name.strip().lower())
+
+
 def _visible(name: str) -> bool:
     return not name.startswith(".") and name not in _IGNORED_NAMES
 
@@ -93,7 +101,7 @@ def _walk_images(root: Path, extensions: Sequence[str]) -> list[Path]:
 
 @dataclass
 class _Listing:
-    """Image files to decode, with their labels and optional site / group codes."""
+    """Image files to decode, with their labels and optional site / group / split codes."""
 
     paths: list[Path]
     labels: np.ndarray
@@ -102,6 +110,7 @@ class _Listing:
     site_names: list[str] = field(default_factory=list)
     groups: np.ndarray | None = None
     skipped: list[str] = field(default_factory=list)
+    splits: np.ndarray | None = None  # the data's own split of each file (pool.SPLIT_NAMES codes)
 
 
 def _read_image(path: Path, size: int) -> np.ndarray:
@@ -171,6 +180,7 @@ def _decode_listing(listing: _Listing, size: int, skip_bad: bool, source: Path) 
         site_names=listing.site_names,
         groups=None if listing.groups is None else _renumber(listing.groups[idx]),
         skipped=listing.skipped + skipped,
+        splits=None if listing.splits is None else listing.splits[idx],
     )
 
 

@@ -15,12 +15,12 @@ import torch.nn.functional as F
 from fedderm.data.cache import _cache_key, _cached, _fingerprint
 from fedderm.data.decode import _check_classes, _check_image_size, _existing_path, _raise_or_skip
 from fedderm.data.names import medmnist_names
-from fedderm.data.pool import DataError, ImagePool
+from fedderm.data.pool import SPLIT_NAMES, DataError, ImagePool
 
 logger = logging.getLogger("fedderm.data")
 
-#: MedMNIST split names, pooled in this order.
-NPZ_SPLITS = ("train", "val", "test")
+#: MedMNIST split names, pooled in this order (``pool.splits`` codes, :data:`~fedderm.data.pool.SPLIT_NAMES`).
+NPZ_SPLITS = SPLIT_NAMES
 _NPZ_CHUNK = 256  # images resized per interpolate call
 
 
@@ -32,7 +32,8 @@ def load_npz(
     cache_dir: str | Path | None = None,
     classes: Sequence[str] | None = None,
 ) -> ImagePool:
-    """Load a MedMNIST ``.npz``: the train, val and test splits pooled in that order.
+    """Load a MedMNIST ``.npz``: the train, val and test splits pooled in that order (``pool.splits``
+    says which split each image came from).
 
     Images are ``uint8`` ``(N, H, W)`` grayscale or ``(N, H, W, 3)`` RGB; they are resized
     like :func:`~fedderm.data.pool.resize_square` (shorter edge, bilinear with antialiasing,
@@ -99,7 +100,9 @@ def _build_npz(path: Path, size: int, wanted: list[str] | None, skip_bad: bool) 
         offset += len(split_images)
     if keep.size < labels.size:
         images = images[torch.from_numpy(keep)]
-    return ImagePool(images=images, labels=labels[keep], classes=classes, skipped=skipped)
+    split_codes = np.concatenate([np.full(len(lab), i, dtype=np.int64) for i, (_, lab) in enumerate(splits)])
+    return ImagePool(images=images, labels=labels[keep], classes=classes, skipped=skipped,
+                     splits=split_codes[keep])
 
 
 def _read_npz(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:

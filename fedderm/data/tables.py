@@ -23,6 +23,7 @@ from fedderm.data.decode import (
     _label_indices,
     _Listing,
     _raise_or_skip,
+    _split_code,
     _walk_images,
 )
 from fedderm.data.pool import DataError, ImagePool
@@ -36,6 +37,8 @@ logger = logging.getLogger("fedderm.data")
 CSV_IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 _ISIC_ID, _HAM_ID, _HAM_LABEL, _GROUP_COLUMN, _AUTO_SITE_COLUMN = (
     "image", "image_id", "dx", "lesion_id", "dataset")
+#: Column holding the data's own train/val/test split (header compared case-insensitively).
+_SPLIT_COLUMN = "split"
 
 
 def load_csv(
@@ -57,6 +60,10 @@ def load_csv(
       column); each row must hold exactly one ``1`` and zeros elsewhere.
     * HAM10000: ``image_id`` + ``dx``; classes are the sorted ``dx`` values. ``lesion_id``
       (either layout) gives ``pool.groups``.
+
+    A ``split`` column (either layout, header in any case) is the data's own split: each value
+    ``train``, ``val`` or ``test`` (any case; also ``validation``/``valid``, ``training``,
+    ``testing``) goes into ``pool.splits``; any other value, or none, is a bad row.
 
     Image ids have no extension: ``<id>.jpg|.jpeg|.png`` (any case) is looked up among all
     files under ``image_dir``, searched recursively once.
@@ -106,6 +113,7 @@ class _Rows:
     problems: dict[int, str]  # row position -> why its label is invalid
     sites: list[str | None] | None
     groups: list[str | None] | None
+    splits: list[int | None] | None = None  # the ``split`` column's code of each row
 
 
 def _line(row: int) -> int:
@@ -154,7 +162,8 @@ def _parse_rows(table: pd.DataFrame, csv_path: Path, site_column: str | None) ->
     import pandas as pd
 
     columns = list(table.columns)
-    reserved = {_ISIC_ID, _GROUP_COLUMN, site_column}
+    split_column = next((c for c in columns if c.lower() == _SPLIT_COLUMN), None)
+    reserved = {_ISIC_ID, _GROUP_COLUMN, site_column, split_column}
     one_hot = [c for c in columns if c not in reserved and not c.startswith("Unnamed: ")]
     if _ISIC_ID in columns and one_hot and all(
             pd.api.types.is_numeric_dtype(table[c]) for c in one_hot):
@@ -175,8 +184,14 @@ def _parse_rows(table: pd.DataFrame, csv_path: Path, site_column: str | None) ->
         if v is None:
             problems.setdefault(i, f"empty site column {site_column!r}")
     groups = _text(table, _GROUP_COLUMN) if _GROUP_COLUMN in columns else None
+    splits = None
+    if split_column is not None:
+        values = _text(table, split_column)
+        splits = [_split_code(v) for v in values]
+        for i in (i for i, code in enumerate(splits) if code is None):
+            problems.setdefault(i, f"{split_column!r} is {values[i]!r}, expected train, val or test")
     return _Rows(csv_classes=csv_classes, ids=ids, labels=labels, problems=problems,
-                 sites=sites, groups=groups)
+                 sites=sites, groups=groups, splits=splits)
 
 
 def _one_hot_labels(table: pd.DataFrame, columns: list[str]) -> tuple[list[str | None], dict[int, str]]:
@@ -266,5 +281,6 @@ def _csv_listing(rows: _Rows, wanted: list[str] | None, index: dict[str, Path], 
     groups = None
     if rows.groups is not None:
         groups = _group_codes([rows.groups[i] for i in keep])
+    splits = None if rows.splits is None else np.asarray([rows.splits[i] for i in keep], dtype=np.int64)
     return _Listing(paths=[paths[i] for i in keep], labels=labels[keep], classes=classes,
-                    sites=sites, site_names=site_names, groups=groups, skipped=skipped)
+                    sites=sites, site_names=site_names, groups=groups, skipped=skipped, splits=splits)
