@@ -17,8 +17,11 @@ from fedderm.launcher import fast_object_pulls
 from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
-from strategies.common import FastPollGrid, run_federated, short_reason, wait_for_nodes
+from strategies.common import run_federated
+from strategies.fastpoll import FastPollGrid
 from strategies.holdout import HoldoutGrid, finetune_holdout, holdout_nodes
+from strategies.nodes import wait_for_nodes
+from strategies.screening import short_reason
 from wire import to_record
 
 app = ServerApp()

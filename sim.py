@@ -191,6 +191,7 @@ def run_sweep(path: str, quick: bool = False, out: str | None = None, seeds: lis
     """
     import registry
     from fedderm import sweep as fs
+    from fedderm import sweep_tables as ft
     from fedderm.config import default_config
 
     valid = sorted([*default_config(), *registry.method_options()])
@@ -212,8 +213,8 @@ def run_sweep(path: str, quick: bool = False, out: str | None = None, seeds: lis
         head = f"run {run.index + 1}/{len(runs)}: {run.describe()}"
         run_dir = folder / run.name
         wanted = resolved_run_config({**run.overrides, "output-dir": str(folder), "run-name": run.name})
-        summary = fs.read_summary(run_dir)
-        if fs.is_complete(summary):
+        summary = ft.read_summary(run_dir)
+        if ft.is_complete(summary):
             mismatch = _config_mismatch(summary.get("config") or {}, wanted)
             if mismatch:
                 raise fs.SweepError(f"{run_dir} holds a finished run with other settings ({'; '.join(mismatch)}); "
@@ -238,11 +239,11 @@ def run_sweep(path: str, quick: bool = False, out: str | None = None, seeds: lis
         try:
             with contextlib.nullcontext() if verbose else _output_to(log):
                 done_dir = simulate(overrides, spec.num_supernodes, cpus_per_client, gpus_per_client, verbose)
-            summary = fs.read_summary(done_dir)
+            summary = ft.read_summary(done_dir)
         except Exception as err:  # noqa: BLE001 - a failed run is recorded and the sweep goes on
             done_dir, summary, reason = run_dir if run_dir.exists() else None, None, f"{type(err).__name__}: {err}"
         seconds = time.monotonic() - t0
-        ok = fs.is_complete(summary)
+        ok = ft.is_complete(summary)
         if not ok:
             reason = " ".join((reason or _reason_from_log(log) or "no final metrics (see the log)").split())
         results.append({"run": run.index, "dir": str(done_dir) if done_dir else None, "seconds": round(seconds, 1),
@@ -257,16 +258,16 @@ def run_sweep(path: str, quick: bool = False, out: str | None = None, seeds: lis
 
 
 def _write_tables(spec, results, folder: Path, seconds: float, path: str, quick: bool) -> tuple[str, Path]:
-    from fedderm import sweep as fs
+    from fedderm import sweep_tables as ft
 
-    table = fs.aggregate(spec, results)
+    table = ft.aggregate(spec, results)
     ran = [r for r in results if r.get("seconds") is not None]
     failed = sum(r["status"] != "done" for r in results)
     footer = (f"`python sim.py --sweep {path}{' --quick' if quick else ''} --out {folder}`: "
               f"{len(results)} runs ({len(results) - len(ran)} done before, {failed} failed); "
               f"wall time {seconds:.0f} s. Run folders: {folder}/")
     table["wall_time_s"] = round(seconds, 1)
-    text = fs.render_markdown(table, footer)
+    text = ft.render_markdown(table, footer)
     (folder / "table.json").write_text(json.dumps(table, indent=2, allow_nan=False) + "\n")
     (folder / "table.md").write_text(text)
     return text, folder / "table.md"

@@ -10,7 +10,7 @@ Starts the TLS + node-auth loopback federation of deploy/loopback.py twice:
     ClientApps, every idle wait ``FEDDERM_POLL_INTERVAL`` (0.05 s);
 and in each runs bench/ringprobe, which passes an array around the ring one node at a time with
 Flower's ``Grid.send_and_receive`` (3 s between pulls) and with fedderm's
-``strategies.common.send_and_receive_fast`` (0.1 s, object pulls as fedderm's ServerApp).
+``strategies.fastpoll.send_and_receive_fast`` (0.1 s, object pulls as fedderm's ServerApp).
 Prints the hop times of the four settings.
 """
 

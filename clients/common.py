@@ -28,7 +28,7 @@ from fedderm.data.checks import class_counts
 from fedderm.models import create_model
 from fedderm.node import NodeSettings, parse_node_config
 from fedderm.train import evaluate as evaluate_model
-from fedderm.train import resolve_device, round_lr
+from fedderm.train import mim_schedule, resolve_device, round_lr
 
 _SESSIONS: dict[tuple, ClientSession] = {}
 #: The default classifier, one per (model, classes, image size) and process: every client session
@@ -47,13 +47,11 @@ class ClientSession:
     _models: dict = field(default_factory=dict)
 
     def model(self, arrays: ArrayRecord | None = None, key: str = "classifier",
-              factory: Callable[[], torch.nn.Module] | None = None,
-              build: Callable[[], torch.nn.Module] | None = None) -> torch.nn.Module:
-        """The client's model ``key`` (built once per process by ``factory``, alias ``build``;
+              factory: Callable[[], torch.nn.Module] | None = None) -> torch.nn.Module:
+        """The client's model ``key`` (built once per process by ``factory``;
         default: the classifier ``cfg.model``, shared by the clients of a process: load it with
         ``arrays`` or a full state before use), loaded with ``arrays`` if given, on the client's
         device."""
-        factory = factory or build
         if key not in self._models:
             if factory is None and key == "classifier":
                 shared = (self.cfg.model, self.data.num_classes, self.cfg.image_size, str(self.device))
@@ -89,6 +87,16 @@ class ClientSession:
         return dict(epochs=epochs, batch_size=cfg.batch_size, lr=self.lr_at(base_lr, server_round, rounds),
                     optimizer=optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                     seed=self.seed(server_round, salt), device=self.device)
+
+    def mim_kwargs(self, server_round: int, num_rounds: int) -> dict:
+        """:meth:`local_kwargs` of an MAE/BEiT pre-training round with the ``mim.*`` schedule
+        (:func:`fedderm.train.mim_schedule`: warm-up, cosine per iteration, AdamW β2, blr scaling)."""
+        cfg, o = self.cfg, self.cfg.option
+        return {**self.local_kwargs(server_round, num_rounds), **mim_schedule(
+            cfg.lr, server_round=server_round, num_rounds=num_rounds, local_epochs=cfg.local_epochs,
+            batch_size=cfg.batch_size, lr_step=o("mim.lr-step"), warmup_epochs=o("mim.warmup-epochs"),
+            adam_beta2=o("mim.adam-beta2"), lr_scaling=o("mim.lr-scaling"), schedule=cfg.lr_schedule,
+            decay=cfg.lr_decay)}
 
     def seed(self, server_round: int, salt: int = 0) -> int:
         """A seed unique to (run seed, round, client): same seed, same numbers."""

@@ -27,11 +27,12 @@ PretrainLoop = Callable[..., dict]
 
 
 def pretrain_handler(key: str, factory: Callable[[ClientSession], torch.nn.Module],
-                     loop: PretrainLoop) -> Callable[[Message, Context], Message]:
+                     loop: PretrainLoop, mim: bool = False) -> Callable[[Message, Context], Message]:
     """The ``train.pretrain`` handler of an SSL method whose clients train the whole global model:
     load the server's weights into the client's model ``key`` (built once per client session by
     ``factory(session)``), run ``loop`` on all training images (labels unused) with the round's
-    local-training settings, reply with the metrics and the trained weights."""
+    local-training settings (with ``mim``: the ``mim.*`` schedule of MAE/BEiT), reply with the
+    metrics and the trained weights."""
 
     def pretrain(msg: Message, context: Context) -> Message:
         s = session(context)
@@ -39,7 +40,8 @@ def pretrain_handler(key: str, factory: Callable[[ClientSession], torch.nn.Modul
         server_round = int(config["server-round"])
         model = s.model(msg.content["arrays"], key=key, factory=lambda: factory(s))
         images, labels = s.data.tensors("train")
-        metrics = loop(s, model, images, labels, **s.local_kwargs(server_round, int(config["num-rounds"])))
+        kwargs = s.mim_kwargs if mim else s.local_kwargs
+        metrics = loop(s, model, images, labels, **kwargs(server_round, int(config["num-rounds"])))
         metrics["partition-id"] = s.partition_id
         return reply(msg, metrics, to_record(model.state_dict()))
 

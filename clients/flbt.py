@@ -22,7 +22,7 @@ def train(msg: Message, context: Context) -> Message:
     s = session(context)
     cfg, config = s.cfg, msg.content["config"]
     server_round = int(config["server-round"])
-    model = s.model(msg.content["arrays"], build=projected(s))
+    model = s.model(msg.content["arrays"], factory=projected(s))
     mu = float(config.get("flbt-mu", cfg.option("flbt.mu")))
     images, labels = s.data.tensors("labelled")
     kwargs = s.local_kwargs(server_round)
@@ -37,7 +37,7 @@ def train(msg: Message, context: Context) -> Message:
 
 def evaluate(msg: Message, context: Context) -> Message:
     s = session(context)
-    model = s.model(msg.content["arrays"], build=projected(s))
+    model = s.model(msg.content["arrays"], factory=projected(s))
     return evaluation_reply(msg, s, model, str(msg.content["config"].get("split", "val")))
 
 

@@ -25,9 +25,9 @@ def own_model(msg: Message, context: Context, key: str = MODEL, build=None):
     ``build`` makes the network (default: the classifier ``cfg.model``)."""
     s = session(context)
     if key in context.state:
-        return s.model(context.state[key], build=build)
+        return s.model(context.state[key], factory=build)
     if "arrays" in msg.content and len(msg.content["arrays"]):
-        return s.model(msg.content["arrays"], build=build)
+        return s.model(msg.content["arrays"], factory=build)
     raise RuntimeError(f"local client {s.partition_id}: no model yet and the server sent none")
 
 

@@ -21,7 +21,7 @@ def train(msg: Message, context: Context) -> Message:
     s = session(context)
     cfg = s.cfg
     server_round = int(msg.content["config"]["server-round"])
-    model = s.model(msg.content["arrays"], build=projected(s))
+    model = s.model(msg.content["arrays"], factory=projected(s))
     global_model = frozen_copy(model)  # the round's global model (positive)
     previous = None
     if PREVIOUS in context.state:  # this client's model of its previous round (negative)

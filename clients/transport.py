@@ -1,7 +1,7 @@
 """Transport precision on the wire (``transport-dtype``): the client mod (the codec is in :mod:`wire`).
 
 With ``transport-dtype="float16"`` every floating-point array leaves a client as float16 and
-arrives back as float32, on the server (:class:`strategies.common.FastPollGrid`) and on the
+arrives back as float32, on the server (:class:`strategies.fastpoll.FastPollGrid`) and on the
 client (:func:`transport_mod`): handlers and strategies never see float16.  The numbers are in
 :mod:`fedderm.transport`.
 """

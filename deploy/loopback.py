@@ -45,7 +45,7 @@ from deploy.make_certs import make_certs  # noqa: E402
 # this build's registry are skipped with a note, so a new method is one line here.
 METHODS: dict[str, dict] = {
     "fedavg": {},
-    "sift": {},  # the ring method (issue 5); runs as soon as registry.py has it
+    "sift": {},  # the ring method (paper 002): messages hop from hospital to hospital
 }
 # Small and fast: a tiny CNN on 32 px images, one local epoch.
 BASE_RUN_CONFIG = {"model": "tiny-cnn", "image-size": 32, "local-epochs": 1, "batch-size": 16,

@@ -4,6 +4,10 @@ round-0 / per-round / final-test evaluation plan.
 
 A method's strategy is a Flower strategy with :class:`Tracked` mixed in front of it, e.g.
 ``class FedAvgStrategy(Tracked, FedAvg)``; its rounds are driven by :func:`run_rounds`.
+
+The helpers it uses live by job: :mod:`strategies.fastpoll` (the Grid with 0.1 s polling and the
+transport codec), :mod:`strategies.nodes` (waiting for clients), :mod:`strategies.screening`
+(reply checks), :mod:`strategies.traffic` (bytes on the wire).
 """
 
 from __future__ import annotations
@@ -24,122 +28,11 @@ import wire
 from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, save_checkpoint
 from fedderm.config import Config
 from fedderm.metrics import SELECTION_METRIC
-from fedderm.results import RunRecorder
-from fedderm.transport import wire_nbytes
+from fedderm.results import RunRecorder, client_sort_key
 
-POLL_INTERVAL = 0.1  # seconds between pulls in send_and_receive_fast
-#: between pulls on the simulation's in-memory grid, where a pull costs ~0.3 ms: every wave of
-#: messages (train, evaluate, ring hop) ends within 20 ms of its last reply instead of 100 ms
-IN_MEMORY_POLL_INTERVAL = 0.02
-
-
-def send_and_receive_fast(grid: Grid, messages: Iterable[Message], timeout: float | None = None,
-                          poll_interval: float = POLL_INTERVAL) -> list[Message]:
-    """``grid.send_and_receive`` that checks for replies every ``poll_interval`` seconds.
-
-    Flower's deployment grid (``HttpGrid``) sleeps 3 s between pulls, so every message
-    exchange (a round's train or evaluate wave, every hop of a ring) ends up to 3 s after the
-    last reply arrived.  This pushes ``messages``, then pulls every ``poll_interval`` s until each
-    has a reply or ``timeout`` (s; None waits forever) has passed, and returns the replies
-    received (like Flower: missing replies are simply absent).  Works on any Grid (simulation's
-    ``InMemoryGrid`` too).
-    """
-    pushed = list(grid.push_messages(list(messages)))
-    pending = {mid for mid in pushed if mid}
-    if len(pending) < len(pushed):
-        log(WARNING, "send_and_receive_fast: %d of %d messages could not be pushed",
-            len(pushed) - len(pending), len(pushed))
-    end = None if timeout is None else time.monotonic() + timeout
-    replies: list[Message] = []
-    while pending:
-        got = list(grid.pull_messages(pending))
-        replies.extend(got)
-        pending.difference_update(m.metadata.reply_to_message_id for m in got)
-        if not pending:
-            break
-        if end is not None and time.monotonic() >= end:
-            break
-        time.sleep(poll_interval if end is None else max(0.0, min(poll_interval, end - time.monotonic())))
-    return replies
-
-
-class WrappedGrid(Grid):
-    """A Grid that hands everything to the grid it wraps (``inner``); subclasses change a part."""
-
-    def __init__(self, grid: Grid):
-        self.inner = grid
-
-    def set_run(self, run):
-        return self.inner.set_run(run)
-
-    @property
-    def run(self):
-        return self.inner.run
-
-    def create_message(self, *args, **kwargs):
-        return self.inner.create_message(*args, **kwargs)
-
-    def get_node_ids(self):
-        return self.inner.get_node_ids()
-
-    def get_nodes(self):
-        return self.inner.get_nodes()
-
-    def push_messages(self, messages):
-        return self.inner.push_messages(messages)
-
-    def pull_messages(self, message_ids):
-        return self.inner.pull_messages(message_ids)
-
-    def send_and_receive(self, messages, *, timeout=None):
-        return self.inner.send_and_receive(messages, timeout=timeout)
-
-    def __getattr__(self, name):  # anything else a concrete grid offers
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-
-class FastPollGrid(WrappedGrid):
-    """A Grid whose ``send_and_receive`` is :func:`send_and_receive_fast`, and whose messages
-    carry their arrays in ``transport-dtype``; all else delegated.
-
-    The ServerApp wraps Flower's grid in it once, so every strategy (and Flower's own
-    ``Strategy.start``) gets replies within ``poll_interval`` of their arrival.
-    """
-
-    def __init__(self, grid: Grid, poll_interval: float | None = None, transport: str = "float32"):
-        super().__init__(grid)
-        if poll_interval is None:  # in memory (simulation): pulls are cheap, poll more often
-            in_memory = type(grid).__name__ == "InMemoryGrid"
-            poll_interval = IN_MEMORY_POLL_INTERVAL if in_memory else POLL_INTERVAL
-        self.poll_interval = poll_interval
-        #: ``transport-dtype``: outgoing arrays are encoded in it, replies decoded back to float32
-        self.transport = transport
-
-    def push_messages(self, messages):
-        return self.inner.push_messages([wire.encode_message(m, self.transport) for m in messages])
-
-    def pull_messages(self, message_ids):
-        return [wire.decode_message(m, self.transport) for m in self.inner.pull_messages(message_ids)]
-
-    def send_and_receive(self, messages, *, timeout=None):
-        return send_and_receive_fast(self, messages, timeout, self.poll_interval)
-
-
-def record_bytes(record: ArrayRecord, transport: str = "float32") -> int:
-    """Flower's ``ArrayRecord.count_bytes()`` (serialised arrays and their key names), with
-    the arrays that travel as float16 under ``transport-dtype`` counted at their float16 size."""
-    total = record.count_bytes()
-    if transport == "float32":
-        return total
-    return total - sum(values.nbytes - wire_nbytes(values, transport)
-                       for values in (wire.values(array) for array in record.values()))
-
-
-def array_bytes(content: RecordDict, transport: str = "float32") -> int:
-    """Bytes of every ArrayRecord in a message's content on the wire under ``transport``."""
-    return sum(record_bytes(record, transport) for record in content.array_records.values())
+from .nodes import NodeView, send_and_receive, wait_for_nodes
+from .screening import reply_problem, short_reason
+from .traffic import array_bytes, record_bytes
 
 
 def rounds_to_target(rounds: list[dict], targets: list[float], split: str = "val",
@@ -160,69 +53,6 @@ def rounds_to_target(rounds: list[dict], targets: list[float], split: str = "val
 def _finite(metrics: dict[str, float]) -> dict[str, float]:
     """MetricRecord-safe copy: NaN (e.g. AUC with one class present) is left out."""
     return {k: float(v) for k, v in metrics.items() if v == v}
-
-
-def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) -> list[Message]:
-    """Send ``messages`` and return the replies that arrived within ``timeout`` seconds."""
-    messages = list(messages)
-    return list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
-
-
-def wait_for_nodes(grid: Grid, n: int, timeout: float | None = None, poll: float = 1.0) -> list[int]:
-    """Connected node ids once at least ``n`` are connected; raises after ``timeout`` seconds."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    last = -1
-    while len(ids := sorted(grid.get_node_ids())) < n:
-        if deadline is not None and time.monotonic() > deadline:
-            raise RuntimeError(f"only {len(ids)} clients connected after {timeout:.0f} s; "
-                               f"min-clients={n}. The results so far are in the run folder; "
-                               "resume with resume=\"<run folder>\" once the hospitals are back")
-        if len(ids) != last:
-            log(INFO, "waiting for clients: %d connected, %d needed (min-clients)", len(ids), n)
-            last = len(ids)
-        time.sleep(poll)
-    return ids
-
-
-class NodeView:
-    """The grid as a strategy sees it during one round: the nodes connected at its start.
-
-    Flower's node sampling waits forever while fewer than ``min_available_nodes`` are
-    connected; sampling from this fixed list never blocks on a node that vanished mid-round.
-    """
-
-    def __init__(self, grid: Grid, node_ids: list[int]):
-        self._grid, self._ids = grid, list(node_ids)
-
-    def get_node_ids(self) -> list[int]:
-        return list(self._ids)
-
-    def __getattr__(self, name: str):
-        return getattr(self._grid, name)
-
-
-def reply_problem(reply: ArrayRecord | None, template: ArrayRecord) -> str | None:
-    """Why a client's returned weights cannot be aggregated, or None when they can:
-    missing or extra keys, another shape or dtype than what was sent, non-finite values."""
-    if reply is None:
-        return "no 'arrays' record in the reply"
-    missing, extra = sorted(set(template) - set(reply)), sorted(set(reply) - set(template))
-    if missing or extra:
-        return f"keys differ from the global model (missing {missing[:3]}, extra {extra[:3]})"
-    for key, sent in template.items():
-        got = reply[key]
-        if tuple(got.shape) != tuple(sent.shape) or got.dtype != sent.dtype:
-            return f"{key!r} is {got.dtype}{list(got.shape)}, expected {sent.dtype}{list(sent.shape)}"
-        values = wire.values(got)  # a view: no decoding copy
-        if values.dtype.kind == "f" and not np.isfinite(values).all():
-            return f"{key!r} holds non-finite values (NaN or inf)"
-    return None
-
-
-def short_reason(reason: str, limit: int = 300) -> str:
-    """The useful end of a client's error (Ray wraps it in a long traceback)."""
-    tail = reason.rsplit("Message:", 1)[-1].strip().strip("'>").strip()
-    return tail if len(tail) <= limit else tail[:limit] + "…"
 
 
 def cast_like(arrays: ArrayRecord, template: ArrayRecord) -> ArrayRecord:
@@ -344,7 +174,7 @@ class Tracked:
             metrics = msg.content["metrics"]
             pid = str(metrics.pop("partition-id", msg.metadata.src_node_id))
             per_client[pid] = dict(metrics)
-        return dict(sorted(per_client.items(), key=lambda kv: (len(kv[0]), kv[0])))
+        return dict(sorted(per_client.items(), key=lambda kv: client_sort_key(kv[0])))
 
     # -- Flower strategy hooks ------------------------------------------------------------
     def configure_train(self, server_round, arrays, config, grid):
@@ -358,6 +188,9 @@ class Tracked:
         self._sent_to = [m.metadata.dst_node_id for m in messages]
         self.count_traffic(down=sum(self.wire_bytes(m.content) for m in messages), messages=len(messages))
         return messages
+
+    #: ``True``: the model is the unweighted mean of the accepted replies (not weighted by ``num-examples``)
+    uniform_mean: bool = False
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
@@ -393,6 +226,8 @@ class Tracked:
             return None, None
         contents = [msg.content for msg in valid]
         weights = [float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents]
+        if self.uniform_mean:  # e.g. SCAFFOLD Alg. 1: x ← x + (1/|S|) Σ Δy_i
+            weights = [1.0] * len(contents)
         # Flower's checks above leave exactly one ArrayRecord per reply
         arrays = wire.weighted_mean([next(iter(c.array_records.values())) for c in contents], weights)
         return arrays, self.train_metrics_aggr_fn(contents, self.weighted_by_key)

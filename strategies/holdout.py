@@ -23,7 +23,7 @@ from fedderm.config import ConfigError
 from fedderm.results import format_table
 from wire import to_record
 
-from .common import WrappedGrid
+from .fastpoll import WrappedGrid
 from .flbt_family import save_pr_curves
 
 HOLDOUT = "train.holdout"

@@ -2,8 +2,9 @@
 
 The server keeps c and sends it with the model (``control`` record); each client keeps its c_i
 across rounds (``context.state``) and replies with Δc_i.  The server updates
-c ← c + (1/N) Σ Δc_i and averages the models as FedAvg does (weighted by ``num-examples``, global
-step size 1).  Variates cover trainable parameters only; BatchNorm buffers are averaged plainly.
+c ← c + (1/N) Σ Δc_i and sets the model to the *uniform* mean of the clients' models,
+x ← x + (1/|S|) Σ Δy_i with global step size 1 (Alg. 1 of Karimireddy et al.; not weighted by
+``num-examples``).  Variates cover trainable parameters only; BatchNorm buffers are averaged plainly.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ DELTA = "control-delta"
 
 
 class ScaffoldStrategy(Tracked, FedAvg):
-    """Flower's FedAvg carrying the server control variate c to and from the clients."""
+    """Flower's FedAvg carrying the server control variate c to and from the clients; uniform model mean."""
+
+    uniform_mean = True
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

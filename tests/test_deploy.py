@@ -20,7 +20,7 @@ from flwr.serverapp import Grid
 
 from deploy.make_certs import make_certs
 from fedderm.node import NodeConfigError, parse_node_config
-from strategies.common import FastPollGrid, send_and_receive_fast
+from strategies.fastpoll import FastPollGrid, send_and_receive_fast
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,6 +10,7 @@ import pytest
 import registry
 import sim
 from fedderm import sweep as fs
+from fedderm import sweep_tables as ft
 from fedderm.config import default_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,14 +111,14 @@ def test_aggregate_mean_sd_over_seeds_missing_and_failed_runs():
                {"run": 1, "status": "done", "summary": s[1], "dir": "b"},
                {"run": 2, "status": "failed", "reason": "RuntimeError: boom | pipe", "summary": None},
                {"run": 3, "status": "done", "summary": fake_summary(0.25)}]
-    table = fs.aggregate(g, results)
+    table = ft.aggregate(g, results)
     r0, r1 = table["rows"]
     cell = r0["metrics"]["balanced_accuracy"]
     assert cell["mean"] == pytest.approx(0.6) and cell["sd"] == pytest.approx(0.1414213562)  # sample SD
     assert r0["metrics"]["auc"]["n"] == 1 and r0["metrics"]["rounds_to_target.0.55"]["values"] == [3.0]
     assert r0["metrics"]["MB"]["values"] == [2 * 2 ** 20, 2 ** 20]  # mean over each run's rounds (bytes; scaled when shown)
     assert r1["done"] == 1 and r1["runs"][0]["status"] == "failed"
-    md = fs.render_markdown(table)
+    md = ft.render_markdown(table)
     assert "| fedavg | 60.00 ± 14.14 | 90.00 (1/2) | 3.00 (1/2) | 1.50 ± 0.71 | 2/2 |" in md
     assert "| fedprox | 25.00 | n/a | n/a | n/a | 1/2; failed: r01-fedprox-s0: RuntimeError: boom \\| pipe |" in md
     json.dumps(table, allow_nan=False)
@@ -125,9 +126,9 @@ def test_aggregate_mean_sd_over_seeds_missing_and_failed_runs():
 
 def test_all_runs_failed_row_says_failed():
     g = fs.parse_sweep(spec(seeds=[0]), "g")
-    table = fs.aggregate(g, [{"run": 0, "status": "failed", "reason": "x"},
+    table = ft.aggregate(g, [{"run": 0, "status": "failed", "reason": "x"},
                              {"run": 1, "status": "done", "summary": fake_summary(1.0)}])
-    md = fs.render_markdown(table)
+    md = ft.render_markdown(table)
     assert "| fedavg | failed | 0/1; failed: r00-fedavg-s0: x |" in md and "| fedprox | 100.00 | 1/1 |" in md
 
 
@@ -138,10 +139,10 @@ def test_per_client_tables_and_gta():
     def s(a0, a1):
         return {"final": {"accuracy": (a0 + a1) / 2, "per_client": {"0": {"accuracy": a0}, "1": {"accuracy": a1}}}}
 
-    table = fs.aggregate(g, [{"run": 0, "status": "done", "summary": s(0.8, 0.6)},
+    table = ft.aggregate(g, [{"run": 0, "status": "done", "summary": s(0.8, 0.6)},
                              {"run": 1, "status": "done", "summary": s(1.0, 0.6)}])
     assert table["clients"] == ["0", "1"]
-    md = fs.render_markdown(table)
+    md = ft.render_markdown(table)
     c1, c2, gta = md.split("**C1**")[1], md.split("**C2**")[1], md.split("**GTA**")[1]
     assert "| flbt | 90.00 ± 14.14 | 2/2 |" in c1.split("**C2**")[0]
     assert "| flbt | 60.00 ± 0.00 | 2/2 |" in c2.split("**GTA**")[0]
@@ -150,9 +151,9 @@ def test_per_client_tables_and_gta():
 
 def test_lookup_is_greedy_on_keys_with_dots():
     summary = {"rounds_to_target": {"0.55": 4}, "config": {"num-server-rounds": 9}, "a": {"b.c": {"d": 1}}}
-    assert fs.lookup(summary, "rounds_to_target.0.55") == 4
-    assert fs.lookup(summary, "config.num-server-rounds") == 9
-    assert fs.lookup(summary, "a.b.c.d") == 1 and fs.lookup(summary, "a.x") is None
+    assert ft.lookup(summary, "rounds_to_target.0.55") == 4
+    assert ft.lookup(summary, "config.num-server-rounds") == 9
+    assert ft.lookup(summary, "a.b.c.d") == 1 and ft.lookup(summary, "a.x") is None
 
 
 # --------------------------------------------------------------------------- runner: resume, failures
