@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import testset  # module, not names: fedderm.testset imports fedderm.data (either may load first)
 from .checks import check_pool, check_split
 from .partition import ClientSplit, partition_indices, split_client
 from .pool import DataError, ImagePool
@@ -119,7 +120,7 @@ def load_client_data(cfg, partition_id: int, num_partitions: int, *, data_path: 
         if own and not cfg.test_data_path:
             raise DataError("test-set='global' with a hospital's own data (node-config data-path) needs the "
                             "run-config key 'test-data-path': a test set every client can read")
-        held = testset.global_split(pool, cfg, path) if not own else None
+        held = testset.global_split(pool, cfg) if not own else None
     if own:
         idx = np.arange(len(pool))
     else:
@@ -199,7 +200,3 @@ class TensorBatches:
         for b in range(len(self)):
             sel = order[b * self.batch_size:(b + 1) * self.batch_size]
             yield self.images[sel], self.labels[sel]
-
-
-# at the end: fedderm.testset itself imports this package's submodules (partition, pool)
-from .. import testset  # noqa: E402
