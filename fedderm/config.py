@@ -91,6 +91,7 @@ class Config:
     round_timeout: float = 3600.0
     targets: str = "0.55,0.65,0.75,0.85"
     transport_dtype: str = "float32"
+    tensorboard: bool = True
     # method-specific keys ("<method>.<key>"), validated against the registry's declarations
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -310,6 +311,8 @@ KEY_DOCS: dict[str, str] = {
                "whose mean val balanced accuracy reaches each (002 Table 2)",
     "transport-dtype": "`float16` sends every floating-point array as float16 (half the traffic); "
                        "the server keeps and averages float32; integer buffers travel unchanged",
+    "tensorboard": "`true`: the server writes TensorBoard event files into the run folder (scalars per round, "
+                   "per client and mean; the final table as text); `tensorboard --logdir <output-dir>`",
     # -- method options (registry.py) --
     "fedclf.feature-sharing": "upload and relay features; `false` = FedMoCo",
     "fedclf.local-negatives": "`false`: remote negatives only (000 Eq. 5); `true`: local and remote negatives (Eq. 4)",
