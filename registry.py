@@ -31,6 +31,9 @@ class Method:
     network of :mod:`fedderm.flbt`), or ``""`` (not supported).
     ``smallest`` are the settings its smallest run needs on top of :data:`SMALLEST_RUN` (a ViT,
     a short GAN stage): see :func:`smallest_run`.
+    ``probe`` (self-supervised methods only) names the function ``"module:function"`` that maps
+    its pre-training model's state dict to ``cfg.model``'s backbone, for the encoder probes of
+    ``probe-every`` (:mod:`fedderm.probes`); ``""``: the method has no encoder to probe.
     """
 
     name: str
@@ -43,6 +46,7 @@ class Method:
     messages: tuple[str, ...] = ("train", "evaluate")
     network: str = "classifier"
     smallest: Mapping[str, Any] = field(default_factory=dict)
+    probe: str = ""
 
     def strategy_module(self) -> ModuleType:
         return importlib.import_module(self.strategy)
@@ -129,6 +133,8 @@ def check_flbt(cfg: Config) -> None:
 SMALLEST_RUN = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 8, "num-server-rounds": 1,
                 "local-epochs": 1, "batch-size": 8, "finetune-rounds": 1, "finetune-epochs": 1}
 _SMALL_VIT = {"model": "vit-micro", "image-size": 16}
+#: ``Method.probe`` of the self-supervised methods (fedderm.probes)
+_PREFIX_PROBE, _VIT_PROBE = "fedderm.probes:backbone_from_prefix", "fedderm.probes:backbone_from_vit"
 
 METHODS: dict[str, Method] = {
     m.name: m
@@ -142,20 +148,25 @@ METHODS: dict[str, Method] = {
         Method("fedclf", "strategies.fedclf", "clients.fedclf",
                "FedCLF (000 §III): MoCo pre-training + FedAvg with de-identified feature relay "
                "(remote negatives), then fine-tuning.",
-               options=FEDCLF_OPTIONS, sends=("arrays", "metrics", "features"), check=check_fedclf),
+               options=FEDCLF_OPTIONS, sends=("arrays", "metrics", "features"), check=check_fedclf,
+               probe=_PREFIX_PROBE),
         Method("fedmoco", "strategies.fedmoco", "clients.fedmoco",
                "FedMoCo (000 baseline, Fig. 6 'W/o FE'): MoCo pre-training + FedAvg, no feature "
-               "relay, then fine-tuning."),
+               "relay, then fine-tuning.",
+               probe=_PREFIX_PROBE),
         Method("fedsimclr", "strategies.fedsimclr", "clients.fedsimclr",
                "FedSimCLR (000 baseline): SimCLR pre-training (in-batch negatives) + FedAvg, "
-               "then fine-tuning.", options={"fedsimclr.temperature": 0.5}),
+               "then fine-tuning.", options={"fedsimclr.temperature": 0.5},
+               probe=_PREFIX_PROBE),
         Method("localcl", "strategies.localcl", "clients.localcl",
                "Local CL (000 baseline): MoCo pre-training on each client alone (no aggregation), "
-               "then fine-tuning from each client's own backbone."),
+               "then fine-tuning from each client's own backbone.",
+               probe=_PREFIX_PROBE),
         Method("random-init", "strategies.random_init", "clients.finetune",
                "Random init (000 baseline): no pre-training, fine-tuning of a randomly initialised model."),
         Method("fedrotation", "strategies.fedrotation", "clients.fedrotation",
-               "FedRotation (000 baseline): rotation-prediction pre-training + FedAvg, then fine-tuning."),
+               "FedRotation (000 baseline): rotation-prediction pre-training + FedAvg, then fine-tuning.",
+               probe=_PREFIX_PROBE),
         # -- FedMAE, Fed-MAE, Fed-BEiT (issue 4) --
         Method("fedmae", "strategies.fedmae", "clients.fedmae",
                "FedMAE (000 §IV): MAE pre-training, FedAvg over all but fedmae.exclude (kept on the clients, "
@@ -165,11 +176,13 @@ METHODS: dict[str, Method] = {
                         "fedmae.decoder-num-heads": 16, "fedmae.init-checkpoint": "", "fedmae.pretrain": True},
                sends=("arrays", "metrics", "local-arrays"),
                smallest={**_SMALL_VIT, "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1,
-                         "fedmae.decoder-num-heads": 2}),
+                         "fedmae.decoder-num-heads": 2},
+               probe=_VIT_PROBE),
         Method("fedbeit", "strategies.fedbeit", "clients.fedbeit",
                "Fed-BEiT (003 §III-C): block-wise masked visual-token prediction + FedAvg, then fine-tuning.",
                options={"fedbeit.mask-ratio": 0.4, "fedbeit.vocab-size": 8192, "fedbeit.tokenizer": ""},
-               smallest={**_SMALL_VIT, "fedbeit.vocab-size": 64}),
+               smallest={**_SMALL_VIT, "fedbeit.vocab-size": 64},
+               probe=_VIT_PROBE),
         # -- SiFT, SCAFFOLD, FedDyn (issue 5) --
         Method("sift", "strategies.sift", "clients.sift",
                "SiFT (Li et al., MICCAI; paper 002): serial ring training, no averaging; short-term model with a "
@@ -199,7 +212,8 @@ METHODS: dict[str, Method] = {
                options=SSL_OPTIONS,
                sends=("arrays", "metrics", "pr-curve", "pseudo-images"),
                messages=("train.gan", "train.pretrain", "train", "evaluate"), network="projected",
-               smallest={"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1}),
+               smallest={"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1},
+               probe="fedderm.probes:backbone_from_ssl_flbt"),
         Method("fedbn", "strategies.fedbn", "clients.fedbn",
                "FedBN (Li et al. 2021): FedAvg of everything but BatchNorm parameters and running statistics, "
                "which stay on each client.", sends=("arrays", "metrics", "pr-curve")),
@@ -244,6 +258,10 @@ def load_config(run_config: Mapping[str, Any]) -> Config:
     for m in METHODS.values():
         if m.check is not None:
             m.check(cfg)
+    if cfg.probe_every and not METHODS[cfg.method].probe:
+        raise ConfigError(f"run-config key 'probe-every' is {cfg.probe_every} but method {cfg.method!r} has no "
+                          "self-supervised pre-training whose encoder could be probed; methods that have one: "
+                          + ", ".join(sorted(n for n, m in METHODS.items() if m.probe)) + " (set probe-every=0)")
     if cfg.holdout_centre and not METHODS[cfg.method].network:
         raise ConfigError(f"run-config key 'holdout-centre' is set but method {cfg.method!r} has no global model "
                           "a held-out centre could fine-tune; methods that support it: "

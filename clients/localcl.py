@@ -14,6 +14,8 @@ import hashlib
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
+from records import to_state_dict
+
 from . import fedclf, finetune
 
 INITIAL = "localcl-initial-backbone"  # context.state: digest of the initial backbone
@@ -46,6 +48,13 @@ def with_own_backbone(msg: Message, context: Context) -> Message:
     own = state[fedclf.OWN_MODEL]
     msg.content["arrays"] = ArrayRecord({k: own[k] if k.startswith("backbone.") else v for k, v in arrays.items()})
     return msg
+
+
+def probe_state(msg: Message, context: Context) -> dict:
+    """The encoder a probe scores (``probe-every``): this client's own pre-trained model (the
+    server only has the initial one)."""
+    own = context.state[fedclf.OWN_MODEL] if fedclf.OWN_MODEL in context.state else msg.content["arrays"]
+    return to_state_dict(own)
 
 
 def train(msg: Message, context: Context) -> Message:

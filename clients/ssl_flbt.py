@@ -19,7 +19,7 @@ from fedderm.fid import load_feature_extractor, select_pseudo_images
 from fedderm.msggan import generate_images, snapshot_steps, train_msggan
 from fedderm.simclr import simclr_round
 from fedderm.ssl_pseudo import backbone_arrays, encoder_prefix, original_ssl_network, train_multitask
-from records import to_record
+from records import to_record, to_state_dict
 
 from . import local
 from .common import reply, session
@@ -107,6 +107,13 @@ def pretrain(msg: Message, context: Context) -> Message:
         context.state[OWN_SSL] = state
         return reply(msg, metrics)
     return reply(msg, metrics, state)
+
+
+def probe_state(msg: Message, context: Context) -> dict:
+    """The encoder a probe scores (``probe-every``): with ``ssl.pretrain="local"`` this centre's own
+    pre-trained network (the server only has the initial one), else the model sent."""
+    own = session(context).cfg.option("ssl.pretrain") == "local" and OWN_SSL in context.state
+    return to_state_dict(context.state[OWN_SSL] if own else msg.content["arrays"])
 
 
 def with_own_encoder(msg: Message, context: Context) -> Message:

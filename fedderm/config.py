@@ -92,6 +92,7 @@ class Config:
     targets: str = "0.55,0.65,0.75,0.85"
     transport_dtype: str = "float32"
     tensorboard: bool = True
+    probe_every: int = 0
     # method-specific keys ("<method>.<key>"), validated against the registry's declarations
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -198,6 +199,7 @@ def _check_ranges(cfg: Config) -> None:
     need(cfg.round_timeout > 0, "round-timeout", "must be > 0 (seconds)")
     need(cfg.keep_checkpoints >= 0, "keep-checkpoints", "must be >= 0 (0 keeps every round's checkpoint)")
     need(cfg.proximal_mu >= 0, "proximal-mu", "must be >= 0")
+    need(cfg.probe_every >= 0, "probe-every", "must be >= 0 (0 = off)")
     need(0 < cfg.lr_decay <= 1, "lr-decay", "must be in (0, 1]")
     need(all(0 < t <= 1 for t in cfg.target_list), "targets", "must be balanced accuracies in (0, 1]")
     if cfg.dataset != "synthetic":
@@ -313,6 +315,10 @@ KEY_DOCS: dict[str, str] = {
                        "the server keeps and averages float32; integer buffers travel unchanged",
     "tensorboard": "`true`: the server writes TensorBoard event files into the run folder (scalars per round, "
                    "per client and mean; the final table as text); `tensorboard --logdir <output-dir>`",
+    "probe-every": "`k` > 0: every k pre-training rounds (and after the last) every client scores the current "
+                   "encoder with a cosine kNN (k = 20) and a logistic-regression probe on frozen features, trained on "
+                   "its labelled images, scored on val (splits `probe-knn`, `probe-linear`; self-supervised methods "
+                   "only; docs/probes.md); `0`: off",
     # -- method options (registry.py) --
     "fedclf.feature-sharing": "upload and relay features; `false` = FedMoCo",
     "fedclf.local-negatives": "`false`: remote negatives only (000 Eq. 5); `true`: local and remote negatives (Eq. 4)",
