@@ -63,6 +63,8 @@ FEDCLF_OPTIONS = {
     "fedclf.temperature": 0.2,        # tau of Eq. 6 (MoCo v2)
     "fedclf.momentum": 0.99,          # EMA coefficient of the momentum encoder
     "fedclf.feature-dtype": "float16",  # features on the wire: float16 | float32
+    # private relay (issue 20, fedderm/relay_privacy.py): clip C, noise multiplier sigma, delta
+    "fedclf.relay-clip": 0.0, "fedclf.relay-noise-multiplier": 0.0, "fedclf.relay-delta": 1e-5,
 }
 
 
@@ -77,6 +79,11 @@ def check_fedclf(cfg: Config) -> None:
     need(cfg.option("fedclf.feature-dtype") in ("float16", "float32"), "fedclf.feature-dtype",
          "must be one of ['float16', 'float32']")
     need(cfg.option("fedsimclr.temperature") > 0, "fedsimclr.temperature", "must be > 0")
+    need(cfg.option("fedclf.relay-clip") >= 0, "fedclf.relay-clip", "must be >= 0 (0 = no clipping, no noise)")
+    need(cfg.option("fedclf.relay-noise-multiplier") >= 0, "fedclf.relay-noise-multiplier", "must be >= 0")
+    need(cfg.option("fedclf.relay-noise-multiplier") == 0 or cfg.option("fedclf.relay-clip") > 0,
+         "fedclf.relay-clip", "must be > 0 when fedclf.relay-noise-multiplier > 0 (the noise is sigma x clip)")
+    need(0 < cfg.option("fedclf.relay-delta") < 1, "fedclf.relay-delta", "must be in (0, 1)")
 
 # -- FL-BT, SSL-FL-BT, FedBN, MOON, local (issue 6): option checks --
 SSL_PRETRAIN = ("pseudo", "local", "federated")   # where stage 1 runs (004 Tables V-X)

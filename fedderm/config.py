@@ -327,6 +327,11 @@ KEY_DOCS: dict[str, str] = {
     "fedclf.temperature": "τ of 000 Eq. 6 (MoCo v2; also read by `fedmoco`, `localcl`)",
     "fedclf.momentum": "EMA coefficient of the momentum encoder (also read by `fedmoco`, `localcl`)",
     "fedclf.feature-dtype": "precision of the relayed features on the wire: `float16` | `float32`",
+    "fedclf.relay-clip": "C: every relayed feature vector is clipped to L2 norm C before upload; `0`: off "
+                         "(docs/privacy.md)",
+    "fedclf.relay-noise-multiplier": "σ: Gaussian noise N(0, (σC)²) added to every relayed feature vector; "
+                                     "(ε, δ) per client in summary.json `relay_privacy`; `0`: no noise",
+    "fedclf.relay-delta": "δ of the reported (ε, δ) of the private relay",
     "fedsimclr.temperature": "τ of SimCLR's NT-Xent (`fedsimclr`, and `ssl.tasks=\"simclr\"`)",
     "fedmae.mask-ratio": "share of patches removed per image (000: 0.75; 003's Fed-MAE: 0.6)",
     "fedmae.exclude": "parameters kept on the clients during the rounds (000 Table V): `none`, `decoder`, "

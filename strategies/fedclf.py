@@ -27,6 +27,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from clients.fedclf import FEATURES, REMOTE
 from fedderm.moco import build_moco
+from fedderm.relay_privacy import relay_epsilon
 
 from .common import Tracked
 from .finetune import pretrain_strategy, pretrain_then_finetune
@@ -54,6 +55,7 @@ class FedCLFStrategy(Tracked, FedAvg):
         self.timeout = timeout
         self.uploads: dict[int, np.ndarray] = {}  # node id -> its latest Q_l (server side only)
         self.partition_of: dict[int, int] = {}  # node id -> partition id, for the log only
+        self.releases: dict[str, int] = {}  # partition id -> releases of one image so far (private relay)
 
     # -- collecting -------------------------------------------------------------------
     def _take_features(self, replies: Iterable[Message]) -> dict[int, np.ndarray]:
@@ -66,6 +68,9 @@ class FedCLFStrategy(Tracked, FedAvg):
             nid = r.metadata.src_node_id
             if "metrics" in r.content and "partition-id" in r.content["metrics"]:
                 self.partition_of[nid] = int(r.content["metrics"]["partition-id"])
+                if "relay-releases" in r.content["metrics"] and FEATURES in r.content:
+                    pid = str(self.partition_of[nid])
+                    self.releases[pid] = self.releases.get(pid, 0) + int(r.content["metrics"]["relay-releases"])
             if FEATURES in r.content:
                 uploads[nid] = r.content[FEATURES]["features"].numpy()
                 del r.content[FEATURES]
@@ -81,6 +86,7 @@ class FedCLFStrategy(Tracked, FedAvg):
                 log(WARNING, "fedclf: node %d sent no initial features: %s", r.metadata.src_node_id, r.error.reason)
         self.uploads = self._take_features(replies)
         self._log_uploads(0)
+        self._account(0)
 
     def _name(self, nid: int) -> str:
         return f"client {self.partition_of[nid]}" if nid in self.partition_of else f"node {nid}"
@@ -125,19 +131,37 @@ class FedCLFStrategy(Tracked, FedAvg):
             if uploads:
                 self.uploads = uploads
                 self._log_uploads(server_round)
+                self._account(server_round)
             else:
                 log(WARNING, "fedclf round %d: no client uploaded features; relaying the previous ones",
                     server_round)
         return super().aggregate_train(server_round, replies)
 
 
+    def _account(self, server_round: int) -> None:
+        """Private relay (``fedclf.relay-clip`` > 0): (ε, δ) per client after this round's upload
+        (:func:`fedderm.relay_privacy.relay_epsilon`), in summary.json ``relay_privacy`` and TensorBoard."""
+        if not self.releases:
+            return
+        sigma, delta = float(self.cfg.option("fedclf.relay-noise-multiplier")), float(self.cfg.option("fedclf.relay-delta"))
+        eps = {pid: relay_epsilon(sigma, n, delta) for pid, n in sorted(self.releases.items())}
+        entry = {"round": server_round, "delta": delta, "noise_multiplier": sigma,
+                 "clip": float(self.cfg.option("fedclf.relay-clip")), "releases": dict(sorted(self.releases.items())),
+                 "epsilon": eps}
+        self.recorder.update_extra({"relay_privacy": [*self.recorder.extra.get("relay_privacy", []), entry]})
+        self.recorder.track("privacy", server_round, {f"epsilon/client-{pid}": e for pid, e in eps.items()})
+        log(INFO, "fedclf round %d: private relay (sigma %g, delta %g): epsilon per client %s", server_round, sigma,
+            delta, {pid: round(e, 3) for pid, e in eps.items()})
+
     def state_dict(self):
         """The relay bank (each client's latest features) goes into the checkpoint too."""
-        return {**super().state_dict(), "uploads": dict(self.uploads), "partition_of": dict(self.partition_of)}
+        return {**super().state_dict(), "uploads": dict(self.uploads), "partition_of": dict(self.partition_of),
+                "releases": dict(self.releases)}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.uploads, self.partition_of = dict(state["uploads"]), dict(state["partition_of"])
+        self.releases = dict(state.get("releases", {}))
 
 
 def build_strategy(cfg, recorder, feature_sharing: bool | None = None) -> FedCLFStrategy:
