@@ -6,12 +6,12 @@ from flwr.clientapp import ClientApp
 import registry
 from clients import holdout, probe
 from clients.audit import audit_mod
-from clients.persist import persist_mod
-from clients.transport import transport_mod
 from clients.common import info, session
+from clients.state import state_mod
+from clients.transport import transport_mod
 
 # audit_mod wraps transport_mod: the audit log shows the arrays exactly as they leave the hospital
-MODS = [persist_mod, audit_mod, transport_mod]
+MODS = [state_mod, audit_mod, transport_mod]
 app = ClientApp(mods=MODS)
 
 

@@ -135,6 +135,34 @@ def check_flbt(cfg: Config) -> None:
               "(centre classification needs images of every centre in one place)")
 
 
+# -- the masked-image-modelling optimiser schedule (FedMAE/Fed-MAE and Fed-BEiT; issue 15 item 5) --
+MIM_LR_STEPS = ("round", "iteration")
+MIM_LR_SCALINGS = ("absolute", "batch")
+MIM_OPTIONS = {
+    "mim.lr-step": "round",          # round: lr-schedule stepped per round | iteration: cosine per iteration (MAE/BEiT)
+    "mim.warmup-epochs": 0,          # linear warm-up over the first N local epochs (003: 5 MAE, 10 BEiT)
+    "mim.adam-beta2": 0.999,         # AdamW β2 of pre-training (MAE recipe, followed by 000: 0.95; 003: 0.999)
+    "mim.lr-scaling": "absolute",    # batch: lr is a base rate, × batch-size/256 (MAE/BEiT)
+}
+
+
+def check_mim(cfg: Config) -> None:
+    """The ``mim.*`` keys: values, and only with the methods whose pre-training reads them."""
+    o = cfg.option
+    _need(cfg, o("mim.lr-step") in MIM_LR_STEPS, "mim.lr-step", f"must be one of {list(MIM_LR_STEPS)}")
+    _need(cfg, o("mim.lr-scaling") in MIM_LR_SCALINGS, "mim.lr-scaling", f"must be one of {list(MIM_LR_SCALINGS)}")
+    _need(cfg, o("mim.warmup-epochs") >= 0, "mim.warmup-epochs", "must be >= 0")
+    _need(cfg, 0 <= o("mim.adam-beta2") < 1, "mim.adam-beta2", "must be in [0, 1)")
+    _need(cfg, o("mim.warmup-epochs") == 0 or o("mim.lr-step") == "iteration", "mim.warmup-epochs",
+          "needs mim.lr-step=\"iteration\" (the warm-up is per iteration, as in MAE/BEiT)")
+    _need(cfg, o("mim.lr-step") == "round" or cfg.lr_schedule == "cosine", "mim.lr-step",
+          f"\"iteration\" is the cosine schedule of MAE/BEiT; it needs lr-schedule=\"cosine\", not {cfg.lr_schedule!r}")
+    changed = [k for k, v in MIM_OPTIONS.items() if o(k) != v]
+    if changed and cfg.method not in ("fedmae", "fedbeit"):
+        raise ConfigError(f"run-config key {changed[0]!r} applies to the pre-training of 'fedmae' and 'fedbeit' "
+                          f"only, not to method {cfg.method!r}")
+
+
 #: The smallest run of a method (tiny CNN, 16 px, 8 synthetic images per class, one round of one
 #: epoch per stage): what the per-method tests and the communication benchmark start from.
 SMALLEST_RUN = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 8, "num-server-rounds": 1,
@@ -180,14 +208,16 @@ METHODS: dict[str, Method] = {
                "averaged once after the last round), then fine-tuning. Fed-MAE (003) = exclude none, mask 0.6.",
                options={"fedmae.mask-ratio": 0.75, "fedmae.exclude": "cls-token", "fedmae.norm-pix-loss": False,
                         "fedmae.decoder-embed-dim": 512, "fedmae.decoder-depth": 8,
-                        "fedmae.decoder-num-heads": 16, "fedmae.init-checkpoint": "", "fedmae.pretrain": True},
-               sends=("arrays", "metrics", "local-arrays"),
+                        "fedmae.decoder-num-heads": 16, "fedmae.init-checkpoint": "", "fedmae.pretrain": True,
+                        **MIM_OPTIONS},
+               sends=("arrays", "metrics", "local-arrays"), check=check_mim,
                smallest={**_SMALL_VIT, "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1,
                          "fedmae.decoder-num-heads": 2},
                probe=_VIT_PROBE),
         Method("fedbeit", "strategies.fedbeit", "clients.fedbeit",
                "Fed-BEiT (003 §III-C): block-wise masked visual-token prediction + FedAvg, then fine-tuning.",
-               options={"fedbeit.mask-ratio": 0.4, "fedbeit.vocab-size": 8192, "fedbeit.tokenizer": ""},
+               options={"fedbeit.mask-ratio": 0.4, "fedbeit.vocab-size": 8192, "fedbeit.tokenizer": "",
+                        **MIM_OPTIONS},
                smallest={**_SMALL_VIT, "fedbeit.vocab-size": 64},
                probe=_VIT_PROBE),
         # -- SiFT, SCAFFOLD, FedDyn (issue 5) --

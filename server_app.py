@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 import json
+from datetime import datetime
 from logging import INFO, WARNING
 from pathlib import Path
 
@@ -12,13 +12,17 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 import registry
-from records import to_record
 from fedderm.data.checks import check_union
+from fedderm.launcher import fast_object_pulls
 from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
-from strategies.common import FastPollGrid, run_federated, short_reason, wait_for_nodes
+from strategies.common import StateClock, run_federated
+from strategies.fastpoll import FastPollGrid
 from strategies.holdout import HoldoutGrid, finetune_holdout, holdout_nodes
+from strategies.nodes import wait_for_nodes
+from strategies.screening import short_reason
+from wire import to_record
 
 app = ServerApp()
 HANDSHAKE_TIMEOUT = 1800.0
@@ -37,7 +41,7 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
         else:
             infos[reply.metadata.src_node_id] = reply.content["info"]
     if failed:
-        raise RuntimeError("clients could not load their data:\n  " + "\n  ".join(failed))
+        raise RuntimeError("clients refused the run or could not load their data:\n  " + "\n  ".join(failed))
     silent = sorted(set(node_ids) - set(infos))
     if silent:
         log(WARNING, "nodes %s did not answer the handshake within %.0f s", silent, timeout)
@@ -127,6 +131,8 @@ def make_recorder(cfg, run_id: int) -> RunRecorder:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    if type(grid).__name__ != "InMemoryGrid":  # deployment: Flower's object pulls back off 1, 2, 4, 8 s
+        fast_object_pulls()
     grid = FastPollGrid(grid)  # replies within 0.1 s (simulation: 0.02 s) instead of Flower's 3 s pull interval
     cfg = resolve_config(context.run_config)
     method = registry.get_method(cfg.method)
@@ -134,6 +140,11 @@ def main(grid: Grid, context: Context) -> None:
     seed_everything(cfg.seed)
     recorder = make_recorder(cfg, context.run_id)
     context.state["fedderm"] = ConfigRecord({"run-dir": str(recorder.run_dir)})
+    # client state (fedderm.state_store): keyed by the run folder's name, rolled back on resume
+    grid.state_clock = StateClock.for_run(recorder.run_dir, cfg, type(grid.inner).__name__ == "InMemoryGrid")
+    if cfg.resume:
+        log(INFO, "resume: clients continue from their state at step %d (the newest checkpoint)",
+            grid.state_clock.resume)
     log(INFO, "fedderm: method %s · %s", cfg.method, method.description)
     log(INFO, "results %s %s (on the host running the ServerApp)", "continue in" if cfg.resume else
         "will be written to", recorder.run_dir)

@@ -2,10 +2,10 @@
 
     python sim.py --num-supernodes 4 --run-config 'method="fedprox" proximal-mu=0.01'
     python sim.py --num-supernodes 4 --run-config presets/my-run.toml
-    python sim.py --grid configs/002-sift-tables-1-2.toml --quick      # every run of a paper table
+    python sim.py --sweep sweeps/002-sift-tables-1-2.toml --quick     # every run of a paper table
 
 Same run-config keys and TOML value syntax as ``flwr run --run-config``; same results folder.
-The last line printed is ``results: <absolute path of the run folder>`` (with ``--grid``:
+The last line printed is ``results: <absolute path of the run folder>`` (with ``--sweep``:
 ``table: <path of table.md>``).
 """
 
@@ -33,7 +33,7 @@ def parse_overrides(run_config: list[str] | None) -> dict:
 
 def parse_sets(items: list[str]) -> dict:
     """``--set`` items: each one ``key=value`` with a TOML value, which may hold spaces, lists and
-    inline tables (``grid.axes.data=[{name="a b", dataset="npz"}]``); an item that is not one
+    inline tables (``sweep.axes.data=[{name="a b", dataset="npz"}]``); an item that is not one
     such pair is read like ``--run-config`` (several ``k=v`` separated by spaces)."""
     import tomllib
 
@@ -55,7 +55,6 @@ def resolved_run_config(overrides: dict) -> dict:
     from flwr.common.config import get_fused_config_from_dir
 
     import registry
-
     from fedderm.testset import check_test_data_path
 
     registry.load_config(overrides)  # names an unknown or mistyped key before Flower's terser check
@@ -89,10 +88,9 @@ def _simulation_run(overrides: dict):
 def check_data(run_config: dict, num_supernodes: int) -> None:
     """The data checks, once, before Ray starts (the data is local in a simulation): raises
     DataError (or ConfigError for SiFT's class texts) with one line naming the client and file."""
+    import registry
     from fedderm.data import check_federation
     from fedderm.sift import class_texts
-
-    import registry
 
     cfg = registry.load_config(run_config)
     if cfg.resume:  # a resumed run continues with its own settings (server_app.resolve_config)
@@ -111,8 +109,8 @@ def simulate(overrides: dict, num_supernodes: int = 2, cpus_per_client: int = 1,
 
     ``client_app`` replaces fedderm's ClientApp (tests use it to inject faults)."""
     from flwr.app import Context, RecordDict
-    from flwr.supercore.telemetry import EventType as Ev
     from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.telemetry import EventType as Ev
 
     from server_app import app as server_app
 
@@ -137,7 +135,7 @@ def simulate(overrides: dict, num_supernodes: int = 2, cpus_per_client: int = 1,
     return Path(state["fedderm"]["run-dir"])
 
 
-# --------------------------------------------------------------------------- grids
+# --------------------------------------------------------------------------- sweeps
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NOT_COMPARED = ("run-name", "output-dir", "resume")
 
@@ -145,7 +143,7 @@ _NOT_COMPARED = ("run-name", "output-dir", "resume")
 @contextlib.contextmanager
 def _output_to(path: Path):
     """Send everything written to fds 1 and 2 (Flower's log, Ray's forwarded client output) to
-    ``path`` while a grid run goes, so the console shows only the progress lines."""
+    ``path`` while a sweep run goes, so the console shows only the progress lines."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -169,7 +167,7 @@ def _reason_from_log(path: Path) -> str:
         lines = [_ANSI.sub("", line).strip() for line in path.read_text(errors="replace").splitlines()]
     except OSError:
         return ""
-    errors = [line for line in lines if "ERROR" in line and line.strip("ERROR: ")]
+    errors = [line for line in lines if "ERROR" in line and line.strip("ERROR: ")]  # noqa: B005 (a set of chars)
     if errors:
         return errors[-1].replace("ERROR :", "").strip()
     raised = [line for line in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line)]
@@ -181,31 +179,32 @@ def _config_mismatch(saved: dict, wanted: dict) -> list[str]:
             if k not in _NOT_COMPARED and saved.get(k) != v]
 
 
-def run_grid(path: str, quick: bool = False, out: str | None = None, seeds: list[int] | None = None,
+def run_sweep(path: str, quick: bool = False, out: str | None = None, seeds: list[int] | None = None,
              sets: dict | None = None, cpus_per_client: int = 1, gpus_per_client: float = 0.0,
              verbose: bool = False, echo=print) -> Path:
-    """Run every row × seed (× fold) of a grid file through :func:`simulate`; write table.md and
-    table.json into the grid folder; return the table.md path.
+    """Run every row × seed (× fold) of a sweep file through :func:`simulate`; write table.md and
+    table.json into the sweep folder; return the table.md path.
 
     A run whose folder already holds a complete summary.json (same settings) is not run again;
     an incomplete one resumes from its newest checkpoint (or, with none, is moved aside to
     ``<name>.incomplete-<k>`` and run afresh).  A failed run is recorded with its reason.
     """
     import registry
-    from fedderm import grid as fg
+    from fedderm import sweep as fs
+    from fedderm import sweep_tables as ft
     from fedderm.config import default_config
 
     valid = sorted([*default_config(), *registry.method_options()])
-    spec = fg.load_grid(path, quick, sets, seeds, registry.load_config, valid)
+    spec = fs.load_sweep(path, quick, sets, seeds, registry.load_config, valid)
     if out:
         folder = Path(out).expanduser().resolve()
     else:
         root = Path(str({**spec.base, **spec.late}.get("output-dir", default_config()["output-dir"])))
         root = root.expanduser().resolve()
-        folder = root / "grids" / f"{spec.name}{'-quick' if quick else ''}-{datetime.now():%Y%m%d-%H%M%S}"
+        folder = root / "sweeps" / f"{spec.name}{'-quick' if quick else ''}-{datetime.now():%Y%m%d-%H%M%S}"
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     runs = spec.runs()
-    echo(f"grid {spec.name}{' (--quick)' if quick else ''}: {len(spec.rows())} rows × {len(spec.seeds)} seed(s)"
+    echo(f"sweep {spec.name}{' (--quick)' if quick else ''}: {len(spec.rows())} rows × {len(spec.seeds)} seed(s)"
          f"{f' × {spec.cv_folds} folds' if spec.cv_folds else ''} = {len(runs)} runs, "
          f"{spec.num_supernodes} clients each -> {folder}")
     started = time.monotonic()
@@ -214,11 +213,11 @@ def run_grid(path: str, quick: bool = False, out: str | None = None, seeds: list
         head = f"run {run.index + 1}/{len(runs)}: {run.describe()}"
         run_dir = folder / run.name
         wanted = resolved_run_config({**run.overrides, "output-dir": str(folder), "run-name": run.name})
-        summary = fg.read_summary(run_dir)
-        if fg.is_complete(summary):
+        summary = ft.read_summary(run_dir)
+        if ft.is_complete(summary):
             mismatch = _config_mismatch(summary.get("config") or {}, wanted)
             if mismatch:
-                raise fg.GridError(f"{run_dir} holds a finished run with other settings ({'; '.join(mismatch)}); "
+                raise fs.SweepError(f"{run_dir} holds a finished run with other settings ({'; '.join(mismatch)}); "
                                    f"use another --out, or remove that folder to run it again")
             echo(f"{head} ... done before, skipped")
             results.append({"run": run.index, "dir": str(run_dir), "status": "done", "seconds": None,
@@ -240,11 +239,11 @@ def run_grid(path: str, quick: bool = False, out: str | None = None, seeds: list
         try:
             with contextlib.nullcontext() if verbose else _output_to(log):
                 done_dir = simulate(overrides, spec.num_supernodes, cpus_per_client, gpus_per_client, verbose)
-            summary = fg.read_summary(done_dir)
-        except Exception as err:  # noqa: BLE001 - a failed run is recorded and the grid goes on
+            summary = ft.read_summary(done_dir)
+        except Exception as err:  # noqa: BLE001 - a failed run is recorded and the sweep goes on
             done_dir, summary, reason = run_dir if run_dir.exists() else None, None, f"{type(err).__name__}: {err}"
         seconds = time.monotonic() - t0
-        ok = fg.is_complete(summary)
+        ok = ft.is_complete(summary)
         if not ok:
             reason = " ".join((reason or _reason_from_log(log) or "no final metrics (see the log)").split())
         results.append({"run": run.index, "dir": str(done_dir) if done_dir else None, "seconds": round(seconds, 1),
@@ -259,16 +258,16 @@ def run_grid(path: str, quick: bool = False, out: str | None = None, seeds: list
 
 
 def _write_tables(spec, results, folder: Path, seconds: float, path: str, quick: bool) -> tuple[str, Path]:
-    from fedderm import grid as fg
+    from fedderm import sweep_tables as ft
 
-    table = fg.aggregate(spec, results)
+    table = ft.aggregate(spec, results)
     ran = [r for r in results if r.get("seconds") is not None]
     failed = sum(r["status"] != "done" for r in results)
-    footer = (f"`python sim.py --grid {path}{' --quick' if quick else ''} --out {folder}`: "
+    footer = (f"`python sim.py --sweep {path}{' --quick' if quick else ''} --out {folder}`: "
               f"{len(results)} runs ({len(results) - len(ran)} done before, {failed} failed); "
               f"wall time {seconds:.0f} s. Run folders: {folder}/")
     table["wall_time_s"] = round(seconds, 1)
-    text = fg.render_markdown(table, footer)
+    text = ft.render_markdown(table, footer)
     (folder / "table.json").write_text(json.dumps(table, indent=2, allow_nan=False) + "\n")
     (folder / "table.md").write_text(text)
     return text, folder / "table.md"
@@ -281,29 +280,34 @@ def main(argv: list[str] | None = None) -> int:
                         help="overrides 'key=value ...' (TOML values, strings quoted) or one .toml file")
     parser.add_argument("--cpus-per-client", type=int, default=1, help="CPU cores reserved per client")
     parser.add_argument("--gpus-per-client", type=float, default=0.0, help="GPU share per client")
-    parser.add_argument("--verbose", action="store_true", help="Flower debug logging (with --grid: the runs' "
+    parser.add_argument("--verbose", action="store_true", help="Flower debug logging (with --sweep: the runs' "
                         "output on the console instead of <out>/logs/)")
-    grid = parser.add_argument_group("experiment grids (README, \"Experiment grids\")")
-    grid.add_argument("--grid", metavar="FILE", help="a configs/*.toml grid: run every row and seed, write table.md")
-    grid.add_argument("--quick", action="store_true", help="with --grid: apply the file's [quick] section")
-    grid.add_argument("--out", help="with --grid: the grid folder (run folders, logs/, table.md, table.json); "
-                      "the same folder again resumes. Default <output-dir>/grids/<name>-<time>")
-    grid.add_argument("--seeds", help="with --grid: comma-separated seeds, replacing grid.seeds")
-    grid.add_argument("--set", nargs="*", default=None, metavar="KEY=VALUE",
-                      help="with --grid: run-config keys or grid.<key> / grid.axes.<axis> (TOML values)")
+    sweep = parser.add_argument_group("experiment sweeps (README, \"Experiment sweeps\")")
+    sweep.add_argument("--sweep", metavar="FILE", help="a sweeps/*.toml sweep: run every row and seed, write table.md")
+    sweep.add_argument("--grid", dest="old_grid", metavar="FILE", help="old name of --sweep (deprecated)")
+    sweep.add_argument("--quick", action="store_true", help="with --sweep: apply the file's [quick] section")
+    sweep.add_argument("--out", help="with --sweep: the sweep folder (run folders, logs/, table.md, table.json); "
+                      "the same folder again resumes. Default <output-dir>/sweeps/<name>-<time>")
+    sweep.add_argument("--seeds", help="with --sweep: comma-separated seeds, replacing sweep.seeds")
+    sweep.add_argument("--set", nargs="*", default=None, metavar="KEY=VALUE",
+                      help="with --sweep: run-config keys or sweep.<key> / sweep.axes.<axis> (TOML values)")
     args = parser.parse_args(argv)
+    if args.old_grid:
+        print("sim.py: --grid is deprecated and will be removed: use --sweep (sweep files are in sweeps/)",
+              file=sys.stderr)
+        args.sweep = args.sweep or args.old_grid
 
     from fedderm.config import ConfigError
     from fedderm.data import DataError
 
-    if not args.grid and (args.quick or args.out or args.seeds or args.set):
-        parser.error("--quick, --out, --seeds and --set go with --grid")
+    if not args.sweep and (args.quick or args.out or args.seeds or args.set):
+        parser.error("--quick, --out, --seeds and --set go with --sweep")
     try:
-        if args.grid:
+        if args.sweep:
             if args.run_config:
-                parser.error("--grid takes --set for overrides, not --run-config")
+                parser.error("--sweep takes --set for overrides, not --run-config")
             seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else None
-            run_grid(args.grid, args.quick, args.out, seeds, parse_sets(args.set) if args.set else None,
+            run_sweep(args.sweep, args.quick, args.out, seeds, parse_sets(args.set) if args.set else None,
                      args.cpus_per_client, args.gpus_per_client, args.verbose)
             return 0
         overrides = parse_overrides(args.run_config)

@@ -40,21 +40,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--per-class", type=int, default=12, help="images per class per hospital")
+    parser.add_argument("--model", default="tiny-cnn", help="e.g. resnet18 (default tiny-cnn)")
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--launcher", choices=("warm", "flower", "both"), default="both",
+                        help="which SuperNode launcher to measure (default both, one federation each)")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="fedderm-deploy-bench-"))
     print(machine(), flush=True)
-    config = {"num-server-rounds": args.rounds, "round-timeout": 600.0}
+    config = {"num-server-rounds": args.rounds, "round-timeout": 600.0, "model": args.model,
+              "image-size": args.image_size}
 
-    with Loopback(root / "loopback", args.nodes, per_class=args.per_class) as fed:
-        start = time.monotonic()
-        fed.start()
-        setup = time.monotonic() - start
-        outcome = fed.run(args.method, config)
-    if not outcome.ok:
-        print("deployment run failed:\n  " + "\n  ".join(outcome.problems))
-        return 1
-    deployed = json.loads((outcome.run_dir / "summary.json").read_text())
+    rows = []
+    for launcher in (("warm", "flower") if args.launcher == "both" else (args.launcher,)):
+        with Loopback(root / f"loopback-{launcher}", args.nodes, per_class=args.per_class,
+                      image_size=args.image_size, launcher=launcher) as fed:
+            start = time.monotonic()
+            fed.start()
+            setup = time.monotonic() - start
+            outcome = fed.run(args.method, config)
+        if not outcome.ok:
+            print(f"deployment run ({launcher} launcher) failed:\n  " + "\n  ".join(outcome.problems))
+            return 1
+        deployed = json.loads((outcome.run_dir / "summary.json").read_text())
+        label = {"warm": "loopback, fedderm warm launcher", "flower": "loopback, Flower's own processes"}[launcher]
+        rows.append((label, round_times(deployed), outcome.wall_s, setup))
 
     import sim
 
@@ -64,18 +74,17 @@ def main(argv: list[str] | None = None) -> int:
                             "output-dir": str(root / "sim"), "cache-dir": str(root / "sim-cache")},
                            num_supernodes=args.nodes)
     sim_wall = time.monotonic() - start
-    simulated = json.loads((run_dir / "summary.json").read_text())
+    simulated = round_times(json.loads((run_dir / "summary.json").read_text()))
 
-    d, s = round_times(deployed), round_times(simulated)
-    print(f"\n{args.method}, {args.nodes} clients, {args.rounds} rounds, tiny-cnn 32 px, "
-          f"{args.per_class} images per class per client")
-    print(f"{'':<34} {'median round':>13} {'mean round':>11} {'run wall':>9}")
-    print(f"{'loopback deployment (TLS, auth)':<34} {statistics.median(d):>12.2f}s {statistics.fmean(d):>10.2f}s "
-          f"{outcome.wall_s:>8.1f}s")
-    print(f"{'simulation (sim.py)':<34} {statistics.median(s):>12.2f}s {statistics.fmean(s):>10.2f}s "
-          f"{sim_wall:>8.1f}s")
-    print(f"deployment - simulation per round: {statistics.median(d) - statistics.median(s):+.2f} s (median); "
-          f"federation set-up (SuperLink, certificates, SuperNodes online): {setup:.1f} s, not in the run wall")
+    print(f"\n{args.method}, {args.nodes} clients, {args.rounds} rounds, {args.model} {args.image_size} px, "
+          f"{args.per_class} images per class per client; TLS + SuperNode authentication on loopback")
+    print(f"{'':<36} {'median round':>13} {'mean round':>11} {'x simulation':>13} {'run wall':>9}")
+    sim_median = statistics.median(simulated)
+    for label, times, wall, setup in rows:
+        print(f"{label:<36} {statistics.median(times):>12.2f}s {statistics.fmean(times):>10.2f}s "
+              f"{statistics.median(times) / sim_median:>12.1f}x {wall:>8.1f}s   (set-up {setup:.1f} s)")
+    print(f"{'simulation (sim.py)':<36} {sim_median:>12.2f}s {statistics.fmean(simulated):>10.2f}s "
+          f"{1.0:>12.1f}x {sim_wall:>8.1f}s")
     print(f"(work folder {root})")
     return 0
 

@@ -1,26 +1,27 @@
 """Paper 004 Table XII: communication and computation counts of every 004 method (no training).
 
-    python -m bench.flbt_costs                                   # the model of configs/004-tables-2-4.toml
+    python -m bench.flbt_costs                                   # the model of sweeps/004-tables-2-4.toml
     python -m bench.flbt_costs --model resnet18 --image-size 32  # any model and size
 
 Prints, per method, the communication rounds, the parameters the centres upload per round
 (summed over the centres), the parameters and the multiply-accumulates per image
-(``fedderm/costs.py``).  The accuracy tables of 004 are grids: ``python sim.py --grid
-configs/004-tables-2-4.toml``; Table XII needs no runs, so it stays a script.
+(``fedderm/costs.py``).  The accuracy tables of 004 are sweeps: ``python sim.py --sweep
+sweeps/004-tables-2-4.toml``; Table XII needs no runs, so it stays a script.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:
-    run_config = tomllib.loads((ROOT / "configs" / "004-tables-2-4.toml").read_text())["run-config"]
+    run_config = tomllib.loads((ROOT / "sweeps" / "004-tables-2-4.toml").read_text())["run-config"]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=run_config["model"])
     parser.add_argument("--image-size", type=int, default=run_config["image-size"])

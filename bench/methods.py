@@ -34,8 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from bench import benchlib  # noqa: E402
 import registry  # noqa: E402
+from bench import benchlib  # noqa: E402
 
 
 def union(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
@@ -76,13 +76,13 @@ def child(settings: dict, clients: int) -> None:
     trace = tempfile.mkdtemp(prefix="trace-", dir=workdir)
     os.environ["FEDDERM_BENCH_TRACE"] = trace
     import sim
-    import strategies.common as common
+    import strategies.fastpoll as fastpoll
     from bench.timed_app import app, read_trace
     from fedderm.results import RunRecorder
 
     ends: dict[tuple[str, int], float] = {}
     waits: list[tuple[float, float]] = []
-    log_round, wait = RunRecorder.log_round, common.send_and_receive_fast
+    log_round, wait = RunRecorder.log_round, fastpoll.send_and_receive_fast
 
     def timed_log_round(self, server_round, split, *args, **kwargs):
         out = log_round(self, server_round, split, *args, **kwargs)
@@ -96,7 +96,7 @@ def child(settings: dict, clients: int) -> None:
         finally:
             waits.append((start, time.time()))
 
-    RunRecorder.log_round, common.send_and_receive_fast = timed_log_round, timed_wait
+    RunRecorder.log_round, fastpoll.send_and_receive_fast = timed_log_round, timed_wait
     sim.simulate(settings, num_supernodes=clients, client_app=app)
     entries = read_trace(trace)
     work = [tuple(span) for e in entries for span in e["spans"]]

@@ -4,13 +4,14 @@
     python -m bench.ring_latency --hops 12 --no-fedderm-imports
 
 Starts the TLS + node-auth loopback federation of deploy/loopback.py twice:
-  * Flower's defaults: SuperExec checks for work every 1 s;
-  * fedderm's settings: FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1 on every SuperNode;
+  * Flower's own ``flower-supernode``: a new ClientApp process per message, SuperExec poll 1 s,
+    idle SuperNode pull 3 s, object-pull back-off 1, 2, 4, 8 s;
+  * fedderm's warm launcher (``python -m fedderm.launcher supernode``): forked pre-warmed
+    ClientApps, every idle wait ``FEDDERM_POLL_INTERVAL`` (0.05 s);
 and in each runs bench/ringprobe, which passes an array around the ring one node at a time with
 Flower's ``Grid.send_and_receive`` (3 s between pulls) and with fedderm's
-``strategies.common.send_and_receive_fast`` (0.1 s).  Prints the hop times of the four settings.
-A SuperNode itself still waits up to 3 s between pulls when idle (hard-coded in Flower 1.41/1.42),
-which is the floor of what remains.
+``strategies.fastpoll.send_and_receive_fast`` (0.1 s, object pulls as fedderm's ServerApp).
+Prints the hop times of the four settings.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from deploy.loopback import Loopback  # noqa: E402
 PROBE = ROOT / "bench" / "ringprobe"
 
 
-def measure(workdir: Path, fast_superexec: bool, hops: int, nodes: int, import_fedderm: bool) -> dict:
-    with Loopback(workdir, nodes, fast_superexec=fast_superexec, per_class=4) as fed:
+def measure(workdir: Path, launcher: str, hops: int, nodes: int, import_fedderm: bool) -> dict:
+    with Loopback(workdir, nodes, fast_superexec=False, per_class=4, launcher=launcher) as fed:
         fed.start()
         out = workdir / "ringprobe.json"
         run_id, status, _ = fed.flwr_run(PROBE, {"hops": hops, "min-nodes": nodes, "modes": "flower,fast",
@@ -46,15 +47,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--no-fedderm-imports", action="store_true",
                         help="numpy-only ClientApp (pure messaging cost, no torch start-up per hop)")
+    parser.add_argument("--launcher", action="append", choices=("flower", "warm"),
+                        help="SuperNode side to measure; repeat for both (default both)")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="fedderm-ring-"))
     rows = []
-    for fast_superexec in (False, True):
-        res = measure(root / ("superexec-0.1s" if fast_superexec else "superexec-1s"), fast_superexec,
-                      args.hops, args.nodes, not args.no_fedderm_imports)
+    sides = {"flower": "flower-supernode", "warm": "fedderm launcher"}
+    for launcher in args.launcher or ["flower", "warm"]:
+        res = measure(root / launcher, launcher, args.hops, args.nodes, not args.no_fedderm_imports)
         for mode, m in res["modes"].items():
-            rows.append((f"SuperExec poll {'0.1' if fast_superexec else '1'} s", mode, m))
+            rows.append((sides[launcher], mode, m))
     print(f"ring hop time on loopback, {args.nodes} SuperNodes, TLS + node auth, {args.hops} hops per setting, "
           f"ClientApp {'without' if args.no_fedderm_imports else 'with'} fedderm's imports")
     print(f"{'SuperNode side':<22} {'ServerApp side':<36} {'median':>7} {'mean':>7} {'min':>6} {'max':>6}"
@@ -66,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{m['min_s']:>5.2f}s {m['max_s']:>5.2f}s |          "
               + " ".join(f"{p.get(k, float('nan')):>{w}.2f}s" for k, w in
                          (("pickup", 6), ("startup", 7), ("work", 5), ("return", 6))))
-    print("pickup: push -> ClientApp process started (SuperNode idle poll <= 3 s, SuperExec poll); "
+    print("pickup: push -> ClientApp process started or forked (SuperNode idle poll, SuperExec poll); "
           "startup: process start -> handler (imports); return: reply -> ServerApp has it (SuperNode "
-          "reply push <= 0.5 s, ServerApp poll)")
+          "reply push, ServerApp poll)")
     print(f"(logs under {root})")
     return 0
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
-
 
 
 def main() -> int:
@@ -20,7 +18,13 @@ def main() -> int:
 
     import registry
     from fedderm.data import load_client_data
-    from fedderm.sift import LONG_BN_MODES, build_sift_model, class_text_embeddings, sift_model_from_state, update_long_term
+    from fedderm.sift import (
+        LONG_BN_MODES,
+        build_sift_model,
+        class_text_embeddings,
+        sift_model_from_state,
+        update_long_term,
+    )
     from fedderm.train import evaluate, train_supervised
 
     torch.set_num_threads(1)
@@ -42,7 +46,7 @@ def main() -> int:
             long_acc.append(evaluate(model, xv, yv, 5)["balanced_accuracy"])
             short_acc.append(evaluate(short, xv, yv, 5)["balanced_accuracy"])
         print(f"long-term, sift.long-bn={bn:<9}: " + " ".join(f"{a:.2f}" for a in long_acc))
-    print(f"short-term                     : " + " ".join(f"{a:.2f}" for a in short_acc))
+    print("short-term                     : " + " ".join(f"{a:.2f}" for a in short_acc))
     print(f"({time.monotonic() - started:.0f} s)")
     return 0
 

@@ -142,8 +142,8 @@ def mae_plain(model, images, labels, bs):
 def _models(quick: bool, size: int):
     import registry
     from fedderm.mae import build_mae
-    from fedderm.models import create_model
     from fedderm.moco import build_moco
+    from fedderm.models import create_model
 
     cnn, vit = ("tiny-cnn", "vit-micro") if quick else ("resnet18", "vit-tiny")
     mae_cfg = registry.load_config({"method": "fedmae", "model": vit, "image-size": size,

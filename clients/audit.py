@@ -23,6 +23,8 @@ import numpy as np
 from flwr.app import Context, Message
 from flwr.common.serde import recorddict_to_proto
 
+from wire import values as wire_values
+
 ENV = "FEDDERM_AUDIT_DIR"
 
 
@@ -32,7 +34,7 @@ def _describe(msg: Message) -> tuple[dict, dict[str, np.ndarray]]:
         if name in msg.content.array_records:
             desc = {}
             for key, array in record.items():
-                values = array.numpy()
+                values = wire_values(array)
                 arrays[f"{name}/{key}"] = values
                 desc[key] = {"shape": list(values.shape), "dtype": str(values.dtype), "nbytes": int(values.nbytes),
                              "sha256": hashlib.sha256(values.tobytes()).hexdigest()}
@@ -52,7 +54,7 @@ def audit_mod(msg: Message, context: Context, call_next) -> Message:
         return call_next(msg, context)
     # measured before the inner mods and the handler see (and may replace) the incoming content
     received = recorddict_to_proto(msg.content).ByteSize() if msg.has_content() else 0
-    received_records = ({name: sum(a.numpy().nbytes for a in record.values())
+    received_records = ({name: sum(wire_values(a).nbytes for a in record.values())
                          for name, record in msg.content.array_records.items()} if msg.has_content() else {})
     config = dict(msg.content["config"]) if msg.has_content() and "config" in msg.content.config_records else {}
     out = call_next(msg, context)

@@ -5,8 +5,8 @@ messages after the first only pay for training.  In deployment a hospital's Supe
 own data with node config (``data-path``, ``dataset``, ``partition-id``, ``site``, ``state-dir``,
 ``cache-dir``: :mod:`fedderm.node`); in simulation the partition comes from
 ``partition-id``/``num-partitions``.  Deployed SuperNodes start a new ClientApp process for every
-message: state that must outlive one message lives in ``context.state`` (one run) or under
-``state-dir`` (:meth:`ClientSession.state_path`, across runs).
+message: state that must outlive one message lives in the client-state store
+(:func:`clients.state.client_state`, :mod:`fedderm.state_store`).
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
-import records
 import registry
+import wire
 from fedderm.config import Config
 from fedderm.data import ClientData, DataError, load_client_data
 from fedderm.data.checks import class_counts
 from fedderm.models import create_model
 from fedderm.node import NodeSettings, parse_node_config
 from fedderm.train import evaluate as evaluate_model
-from fedderm.train import resolve_device, round_lr
+from fedderm.train import mim_schedule, resolve_device, round_lr
 
-_SESSIONS: dict[tuple, "ClientSession"] = {}
+_SESSIONS: dict[tuple, ClientSession] = {}
 #: The default classifier, one per (model, classes, image size) and process: every client session
 #: of a simulation worker shares it (it is always loaded with a full state before use), so a
 #: worker serving 50 clients holds one ResNet, not 50.
@@ -48,12 +48,12 @@ class ClientSession:
 
     def model(self, arrays: ArrayRecord | None = None, key: str = "classifier",
               factory: Callable[[], torch.nn.Module] | None = None,
-              build: Callable[[], torch.nn.Module] | None = None) -> torch.nn.Module:
-        """The client's model ``key`` (built once per process by ``factory``, alias ``build``;
+              state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+        """The client's model ``key`` (built once per process by ``factory``;
         default: the classifier ``cfg.model``, shared by the clients of a process: load it with
         ``arrays`` or a full state before use), loaded with ``arrays`` if given, on the client's
-        device."""
-        factory = factory or build
+        device.  ``state`` (a state dict, e.g. from :func:`clients.state.client_state`) instead of
+        ``arrays``."""
         if key not in self._models:
             if factory is None and key == "classifier":
                 shared = (self.cfg.model, self.data.num_classes, self.cfg.image_size, str(self.device))
@@ -65,7 +65,9 @@ class ClientSession:
                     self.cfg.model, self.data.num_classes, self.cfg.image_size)))()
         model = self._models[key]
         if arrays is not None:  # read-only views of the message's bytes; load_state_dict copies
-            model.load_state_dict(records.to_state_dict(arrays), strict=True)
+            model.load_state_dict(wire.to_state_dict(arrays), strict=True)
+        elif state is not None:
+            model.load_state_dict(state, strict=True)
         return model.to(self.device)
 
     def lr_at(self, base_lr: float, step: int, steps: int) -> float:
@@ -89,6 +91,16 @@ class ClientSession:
         return dict(epochs=epochs, batch_size=cfg.batch_size, lr=self.lr_at(base_lr, server_round, rounds),
                     optimizer=optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                     seed=self.seed(server_round, salt), device=self.device)
+
+    def mim_kwargs(self, server_round: int, num_rounds: int) -> dict:
+        """:meth:`local_kwargs` of an MAE/BEiT pre-training round with the ``mim.*`` schedule
+        (:func:`fedderm.train.mim_schedule`: warm-up, cosine per iteration, AdamW β2, blr scaling)."""
+        cfg, o = self.cfg, self.cfg.option
+        return {**self.local_kwargs(server_round, num_rounds), **mim_schedule(
+            cfg.lr, server_round=server_round, num_rounds=num_rounds, local_epochs=cfg.local_epochs,
+            batch_size=cfg.batch_size, lr_step=o("mim.lr-step"), warmup_epochs=o("mim.warmup-epochs"),
+            adam_beta2=o("mim.adam-beta2"), lr_scaling=o("mim.lr-scaling"), schedule=cfg.lr_schedule,
+            decay=cfg.lr_decay)}
 
     def seed(self, server_round: int, salt: int = 0) -> int:
         """A seed unique to (run seed, round, client): same seed, same numbers."""
@@ -139,9 +151,9 @@ def session(context: Context) -> ClientSession:
     return _SESSIONS[key]
 
 
-def reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None, **records) -> Message:
+def reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None, **extra) -> Message:
     """A reply with ``arrays`` (optional), ``metrics`` (tagged with the partition id) and extras."""
-    content = RecordDict({"metrics": MetricRecord(metrics), **records})
+    content = RecordDict({"metrics": MetricRecord(metrics), **extra})
     if arrays is not None:
         content["arrays"] = arrays
     return Message(content, reply_to=msg)
@@ -163,9 +175,10 @@ def info(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"info": record}), reply_to=msg)
 
 
-def evaluate_split(s: ClientSession, weights: ArrayRecord, split: str) -> dict:
-    """Metrics of the classifier with ``weights`` on this client's ``split`` (tagged with its id)."""
-    model = s.model(weights)
+def evaluate_split(s: ClientSession, weights: ArrayRecord | dict, split: str) -> dict:
+    """Metrics of the classifier with ``weights`` (an ArrayRecord or a state dict) on this client's
+    ``split`` (tagged with its id)."""
+    model = s.model(weights) if isinstance(weights, ArrayRecord) else s.model(state=weights)
     images, labels = s.data.tensors(split)
     metrics = evaluate_model(model, images, labels, s.data.num_classes, device=s.device)
     metrics["partition-id"] = s.partition_id

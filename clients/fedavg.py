@@ -8,7 +8,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 
 from fedderm.train import train_supervised
-from records import to_record
+from wire import to_record
 
 from .common import evaluate_split, reply, session
 

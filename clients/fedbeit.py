@@ -20,6 +20,6 @@ def _beit_round(s, model, images, labels, **kwargs) -> dict:
     return train_epochs(model, images, labels, loss_fn, **kwargs)
 
 
-pretrain = finetune.pretrain_handler("beit", lambda s: build_beit(s.cfg), _beit_round)
+pretrain = finetune.pretrain_handler("beit", lambda s: build_beit(s.cfg), _beit_round, mim=True)
 
 HANDLERS = {"train.pretrain": pretrain, **finetune.HANDLERS}

@@ -8,9 +8,10 @@ Messages handled:
   with the remote features of the instruction's ``remote-features`` record (Q_r, Eq. 2);
   replies ``arrays`` (the MoCo model) + ``features`` (Q_l, ``fedclf.feature-dtype``) +
   ``metrics``.  With ``config["local"]`` (Local CL) the model stays on the client
-  (``context.state``) and only metrics are sent.
+  (its state store) and only metrics are sent.
 
-Client-only state in ``context.state``, never sent and never averaged: the local bank Q_l
+Client-only state in the client's state store (:func:`clients.state.client_state`), never sent
+and never averaged: the local bank Q_l
 (``fedclf-local-bank``, oldest feature first, so the FIFO pointer is implied) and, for Local CL,
 the client's own model (``fedclf-model``).  The MoCo module has no queue buffers, so
 ``state_dict()`` — the ``arrays`` that FedAvg averages — holds weights and BatchNorm statistics only.
@@ -23,19 +24,18 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.relay_privacy import privatise, releases_per_upload
 from fedderm.moco import FEATURE_DIM, FeatureQueue, MoCo, build_moco, encode_keys, moco_round
-from records import to_record
+from wire import FEATURES, REMOTE, to_array, to_record, values
 
 from . import finetune
 from .common import ClientSession, reply, session
+from .state import client_state
 
-BANK = "fedclf-local-bank"  # context.state: Q_l
-OWN_MODEL = "fedclf-model"  # context.state: Local CL's model
-FEATURES = "features"  # reply record: this client's Q_l
-REMOTE = "remote-features"  # instruction record: Q_r, the other clients' features (de-identified)
+BANK = "fedclf-local-bank"  # client state: Q_l
+OWN_MODEL = "fedclf-model"  # client state: Local CL's model
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class MocoOptions:
     relay_noise: float = 0.0
 
     @classmethod
-    def from_config(cls, cfg, feature_sharing: bool | None = None) -> "MocoOptions":
+    def from_config(cls, cfg, feature_sharing: bool | None = None) -> MocoOptions:
         """The ``fedclf.*`` keys; ``feature_sharing`` fixed by FedMoCo / Local CL (False)."""
         return cls(queue_size=cfg.option("fedclf.queue-size"), temperature=cfg.option("fedclf.temperature"),
                    momentum=cfg.option("fedclf.momentum"),
@@ -65,11 +65,11 @@ def moco_model(s: ClientSession, arrays: ArrayRecord | None) -> MoCo:
 
 
 def local_bank(context: Context, s: ClientSession, model: MoCo, queue_size: int) -> FeatureQueue:
-    """Q_l from ``context.state``; the first time, the momentum-encoder features of up to K own
+    """Q_l from the client's state; the first time, the momentum-encoder features of up to K own
     images (encoded on a copy, so the model's BatchNorm statistics are untouched)."""
-    if BANK in context.state:
-        saved = torch.from_numpy(context.state[BANK]["features"].numpy())
-        return FeatureQueue(queue_size, FEATURE_DIM, saved, device=s.device)
+    saved = client_state(context).tensors(BANK)
+    if saved is not None:
+        return FeatureQueue(queue_size, FEATURE_DIM, saved["features"], device=s.device)
     images, _ = s.data.tensors("train")
     keys = encode_keys(copy.deepcopy(model), images, queue_size, batch_size=s.cfg.batch_size,
                        seed=s.seed(0, salt=11), device=s.device)
@@ -77,7 +77,7 @@ def local_bank(context: Context, s: ClientSession, model: MoCo, queue_size: int)
 
 
 def save_bank(context: Context, bank: FeatureQueue) -> None:
-    context.state[BANK] = ArrayRecord({"features": Array(bank.ordered().cpu().numpy())})
+    client_state(context).put(BANK, {"features": bank.ordered()})
 
 
 def upload(bank: FeatureQueue, dtype: str, opts: MocoOptions | None = None, seed: int = 0) -> ArrayRecord:
@@ -86,7 +86,7 @@ def upload(bank: FeatureQueue, dtype: str, opts: MocoOptions | None = None, seed
     shared = bank.features().cpu()
     if opts is not None and opts.relay_clip > 0:
         shared = privatise(shared, opts.relay_clip, opts.relay_noise, seed)
-    return ArrayRecord({"features": Array(np.ascontiguousarray(shared.numpy().astype(dtype)))})
+    return ArrayRecord({"features": to_array(np.ascontiguousarray(shared.numpy().astype(dtype)))})
 
 
 def relay_metrics(s: ClientSession, opts: MocoOptions) -> dict:
@@ -112,11 +112,16 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     cfg, config = s.cfg, msg.content["config"]
     opts = MocoOptions.from_config(cfg, feature_sharing)
     server_round, local = int(config["server-round"]), bool(config.get("local", False))
-    model = moco_model(s, context.state[OWN_MODEL] if local and server_round > 1 else msg.content["arrays"])
+    state = client_state(context)
+    if local and server_round > 1:
+        model = s.model(key="moco", factory=lambda: build_moco(s.cfg.model, s.cfg.image_size),
+                        state=state.tensors(OWN_MODEL))
+    else:
+        model = moco_model(s, msg.content["arrays"])
     bank = local_bank(context, s, model, opts.queue_size)
     remote = None
     if opts.feature_sharing and REMOTE in msg.content:
-        remote = torch.from_numpy(msg.content[REMOTE]["features"].numpy().astype(np.float32))
+        remote = torch.from_numpy(values(msg.content[REMOTE]["features"]).astype(np.float32))
     images, _ = s.data.tensors("train")
     metrics = moco_round(
         model, images, bank, remote=remote, feature_sharing=opts.feature_sharing,
@@ -125,10 +130,10 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     metrics["partition-id"] = s.partition_id
     metrics["remote-features"] = 0 if remote is None else len(remote)
     save_bank(context, bank)
-    weights = to_record(model.state_dict())
     if local:
-        context.state[OWN_MODEL] = weights
+        state.put(OWN_MODEL, model.state_dict())
         return reply(msg, metrics)
+    weights = to_record(model.state_dict())
     extra = {FEATURES: upload(bank, opts.feature_dtype, opts, s.seed(server_round, salt=13))} \
         if opts.feature_sharing else {}
     if opts.feature_sharing:

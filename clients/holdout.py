@@ -22,9 +22,10 @@ from fedderm.metrics import SELECTION_METRIC
 from fedderm.models import create_model
 from fedderm.train import evaluate as evaluate_model
 from fedderm.train import train_supervised
+from wire import to_state_dict
 
 from .common import session
-from .flbt import evaluation_reply
+from .flbt_family import evaluation_reply
 
 OUTPUT_LAYER = "head."  # the output layer of the classifier and of the 004 network
 
@@ -64,7 +65,7 @@ def train_holdout(msg: Message, context: Context) -> Message:
     torch.manual_seed(s.seed(0, salt=11))
     model = build_network(network, cfg.model, s.data.num_classes, cfg.image_size, int(cfg.option("flbt.proj-dim")))
     sent = msg.content.array_records.get("arrays")
-    kept_own = transfer(model, sent.to_torch_state_dict()) if sent is not None and len(sent) else None
+    kept_own = transfer(model, to_state_dict(sent)) if sent is not None and len(sent) else None
     model = model.to(s.device)
     images, labels = s.data.tensors("labelled")
     val_images, val_labels = s.data.tensors("val")

@@ -15,8 +15,8 @@ import importlib
 
 from flwr.app import Context, Message
 
-import records
 import registry
+import wire
 from fedderm.models import create_model
 from fedderm.probes import encode, probe_metrics
 
@@ -38,7 +38,7 @@ def probe(msg: Message, context: Context) -> Message:
     s = session(context)
     cfg = s.cfg
     hook = getattr(registry.get_method(cfg.method).client_module(), "probe_state", None)
-    state = hook(msg, context) if hook else records.to_state_dict(msg.content["arrays"])
+    state = hook(msg, context) if hook else wire.to_state_dict(msg.content["arrays"])
     model = s.model(key="probe", factory=lambda: create_model(cfg.model, s.data.num_classes, cfg.image_size))
     model.backbone.load_state_dict(mapping(cfg.method)(cfg, state), strict=True)
     train_x, train_y = s.data.tensors("labelled")

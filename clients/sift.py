@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, Context, Message
 from fedderm.sift import sift_model_from_state, update_long_term
 from fedderm.train import evaluate as evaluate_model
 from fedderm.train import train_supervised
-from records import to_record, to_state_dict
+from wire import to_record, to_state_dict
 
 from .common import reply, session
 

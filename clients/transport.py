@@ -1,56 +1,20 @@
-"""Transport precision on the wire (``transport-dtype``): the client mod and the shared codec.
+"""Transport precision on the wire (``transport-dtype``): the client mod (the codec is in :mod:`wire`).
 
 With ``transport-dtype="float16"`` every floating-point array leaves a client as float16 and
-arrives back as float32, on the server (:class:`strategies.common.FastPollGrid`) and on the
+arrives back as float32, on the server (:class:`strategies.fastpoll.FastPollGrid`) and on the
 client (:func:`transport_mod`): handlers and strategies never see float16.  The numbers are in
 :mod:`fedderm.transport`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from flwr.app import Context, Message
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
-
-from fedderm import transport as codec
+from wire import decode_message, encode_message
 
 from .common import RUN_CONFIG
 
 KEY = "transport-dtype"
-
-
-def recode(content: RecordDict, fn: Callable[[np.ndarray], np.ndarray]) -> RecordDict:
-    """``content`` with every array passed through ``fn``.  Arrays ``fn`` returns unchanged, and
-    records with no change, are kept as they are (the same objects): the default transport
-    costs nothing."""
-    out = RecordDict()
-    for name, record in content.items():
-        if name in content.array_records:
-            arrays, changed = dict(record.items()), {}
-            for key, array in arrays.items():
-                values = array.numpy()
-                new = fn(values)
-                if new is not values:  # np.require keeps 0-d arrays 0-d (ascontiguousarray would not)
-                    changed[key] = Array(np.require(new, requirements="C"))
-            if changed:
-                record = ArrayRecord({key: changed.get(key, array) for key, array in arrays.items()})
-        out[name] = record
-    return out
-
-
-def encode_message(msg: Message, transport: str) -> Message:
-    """``msg`` with its arrays in the transport dtype (in place; returns ``msg``)."""
-    if transport != "float32" and msg.has_content():
-        msg.content = recode(msg.content, lambda v: codec.encode(v, transport))
-    return msg
-
-
-def decode_message(msg: Message, transport: str) -> Message:
-    """``msg`` with float16 arrays back in float32 (in place; returns ``msg``)."""
-    if transport != "float32" and msg.has_content():
-        msg.content = recode(msg.content, lambda v: codec.decode(v, transport))
-    return msg
 
 
 def transport_of(context: Context) -> str:

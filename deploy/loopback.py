@@ -45,7 +45,7 @@ from deploy.make_certs import make_certs  # noqa: E402
 # this build's registry are skipped with a note, so a new method is one line here.
 METHODS: dict[str, dict] = {
     "fedavg": {},
-    "sift": {},  # the ring method (issue 5); runs as soon as registry.py has it
+    "sift": {},  # the ring method (paper 002): messages hop from hospital to hospital
 }
 # Small and fast: a tiny CNN on 32 px images, one local epoch.
 BASE_RUN_CONFIG = {"model": "tiny-cnn", "image-size": 32, "local-epochs": 1, "batch-size": 16,
@@ -129,11 +129,18 @@ class Loopback:
     """Start, use and stop a TLS + node-auth federation on 127.0.0.1 (a context manager)."""
 
     def __init__(self, workdir: str | Path, num_hospitals: int = 3, *, fast_superexec: bool = True,
-                 per_class: int = 12, image_size: int = 32, echo=print):
+                 per_class: int = 12, image_size: int = 32, echo=print, launcher: str = "warm",
+                 allow_lists: dict[str, Path] | None = None):
         self.workdir = Path(workdir).resolve()
         self.hospitals = [f"hospital-{chr(ord('a') + i)}" for i in range(num_hospitals)]
         self.fast_superexec, self.per_class, self.image_size = fast_superexec, per_class, image_size
         self.echo = echo
+        if launcher not in ("warm", "flower"):
+            raise ValueError(f"launcher must be 'warm' or 'flower', not {launcher!r}")
+        # warm: fedderm.launcher (one pre-warmed, forked ClientApp per message, idle waits cut to
+        # FEDDERM_POLL_INTERVAL, the hospital's allow-list checked); flower: Flower's own processes
+        self.launcher = launcher
+        self.allow_lists: dict[str, Path] = dict(allow_lists or {})
         self.procs: list[Proc] = []
         self.port: int | None = None
         self.node_ids: dict[str, int] = {}
@@ -183,7 +190,7 @@ class Loopback:
         except subprocess.TimeoutExpired:
             _stop_group(popen)
             out, _ = popen.communicate()
-            raise TimeoutError(f"flwr {' '.join(args)} did not finish within {timeout:.0f} s:\n{out[-3000:]}")
+            raise TimeoutError(f"flwr {' '.join(args)} did not finish within {timeout:.0f} s:\n{out[-3000:]}") from None
         finally:
             if popen.poll() is not None:
                 self.procs.remove(proc)
@@ -248,9 +255,14 @@ class Loopback:
 
     def supernode_argv(self, name: str, node_config: str) -> list[str]:
         keys = self.secrets.hospitals[name]
-        return [_bin("flower-supernode"), "--root-certificates", str(keys["ca"]),
+        args = ["--root-certificates", str(keys["ca"]),
                 "--superlink", f"127.0.0.1:{self.port}", "--auth-supernode-private-key", str(keys["private"]),
                 "--node-config", node_config, "--host", "127.0.0.1", "--port", str(free_port())]
+        if self.launcher == "flower":
+            return [_bin("flower-supernode"), *args]
+        if name in self.allow_lists:
+            args += ["--allow-list", str(self.allow_lists[name])]
+        return [sys.executable, "-m", "fedderm.launcher", "supernode", *args]
 
     def node_config(self, i: int, name: str) -> str:
         return (f'partition-id={i} site="{name}" dataset="folder" data-path="{self.data[name]}" '
@@ -269,6 +281,25 @@ class Loopback:
             time.sleep(1)
         self.echo(f"nodes connected: {len(online)}/{len(self.hospitals)} online — "
                   + ", ".join(f"{n} (node {self.node_ids[n]})" for n in self.hospitals))
+
+    def restart_supernode(self, name: str, allow_list: Path | None = None, timeout: float = 90) -> None:
+        """Stop hospital ``name``'s SuperNode (and its SuperExec) and start it again, optionally
+        with a new allow-list; waits until it is online again."""
+        label = f"supernode-{name}"
+        for proc in [p for p in self.procs if p.name == label]:
+            _stop_group(proc.popen)
+            self.procs.remove(proc)
+        if allow_list is not None:
+            self.allow_lists[name] = Path(allow_list)
+        i = self.hospitals.index(name)
+        self.spawn(label, self.supernode_argv(name, self.node_config(i, name)), home=name)
+        deadline = time.monotonic() + timeout
+        while self.node_ids[name] not in self.online():
+            self._check_alive(label)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} was not online again {timeout:.0f} s after its restart")
+            time.sleep(1)
+        self.echo(f"{name}: restarted" + (f" with allow-list {allow_list}" if allow_list else ""))
 
     def online(self) -> set[int]:
         res = self.flwr("supernode", "list", CONNECTION, "--format", "json")
@@ -423,6 +454,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, results)")
     parser.add_argument("--flower-superexec-polling", action="store_true",
                         help="leave Flower's SuperExec poll interval at its 1 s default")
+    parser.add_argument("--launcher", choices=("warm", "flower"), default="warm",
+                        help="warm: fedderm's pre-warmed ClientApp launcher (default); flower: Flower's "
+                             "own flower-supernode, one new process per message")
+    parser.add_argument("--allow-list", default=None,
+                        help="a file of approved app sha256 hashes given to every hospital "
+                             "(default: no allow-list); `python -m fedderm.launcher app-hash .` prints the hash")
     parser.add_argument("--timeout", type=float, default=900, help="seconds allowed per run (default 900)")
     args = parser.parse_args(argv)
 
@@ -432,8 +469,10 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fedderm-loopback-"))
     failures: list[str] = []
     t0 = time.monotonic()
+    hospitals = [f"hospital-{chr(ord('a') + i)}" for i in range(args.hospitals)]
+    allow = {h: Path(args.allow_list).resolve() for h in hospitals} if args.allow_list else None
     with Loopback(workdir, args.hospitals, fast_superexec=not args.flower_superexec_polling,
-                  per_class=args.per_class) as fed:
+                  per_class=args.per_class, launcher=args.launcher, allow_lists=allow) as fed:
         try:
             fed.start()
             outsider = fed.try_outsider()

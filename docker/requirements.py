@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 SIMULATION_ONLY_EXTRAS = {"flwr": {"simulation"}}
 

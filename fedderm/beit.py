@@ -191,7 +191,7 @@ class BEiTOptions:
     tokenizer: str
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "BEiTOptions":
+    def from_config(cls, cfg: Config) -> BEiTOptions:
         o = cls(cfg.option("fedbeit.mask-ratio"), cfg.option("fedbeit.vocab-size"), cfg.option("fedbeit.tokenizer"))
         if not 0 < o.mask_ratio < 1:
             raise ConfigError(f"run-config key 'fedbeit.mask-ratio' must be in (0, 1), got {o.mask_ratio}")

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedderm.transport import TRANSPORT_DTYPES
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "dataset": ("synthetic", "folder", "csv", "npz"),
     "partition": ("iid", "dirichlet", "source"),
@@ -23,7 +25,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "device": ("auto", "cpu", "cuda"),
     "finetune": ("none", "local", "federated"),
     "finetune-optimizer": ("sgd", "adam", "adamw"),
-    "transport-dtype": ("float32", "float16"),
+    "transport-dtype": TRANSPORT_DTYPES,
     "test-set": ("per-client", "global"),
 }
 
@@ -346,6 +348,14 @@ KEY_DOCS: dict[str, str] = {
     "fedbeit.mask-ratio": "at most this share of the patches is masked, block-wise (003: 40 %)",
     "fedbeit.vocab-size": "number of visual tokens (DALL-E: 8192)",
     "fedbeit.tokenizer": "a TorchScript tokenizer; empty: the random-projection substitute (not the dVAE)",
+    "mim.lr-step": "`fedmae`/`fedbeit` pre-training: `round` steps `lr-schedule` once per round; `iteration` "
+                   "sets the lr before every step, warm-up then cosine over all rounds × local epochs (MAE/BEiT)",
+    "mim.warmup-epochs": "`fedmae`/`fedbeit`: linear warm-up over the first N local epochs, counted across rounds "
+                         "(003 §IV-B3: 5 for MAE, 10 for BEiT); needs `mim.lr-step=\"iteration\"`",
+    "mim.adam-beta2": "`fedmae`/`fedbeit`: β2 of the pre-training Adam/AdamW (MAE's recipe, followed by 000: 0.95; "
+                      "003: 0.999)",
+    "mim.lr-scaling": "`fedmae`/`fedbeit`: `batch` reads `lr` as a base rate, lr = blr × batch-size/256 "
+                      "(MAE/BEiT); `absolute` uses it as given",
     "sift.variant": "`full` (002), or the Fig. 4 ablations `single`, `trainable-head`, `random-head`, "
                     "`trainable-projector`",
     "sift.ema-beta": "β of 002 Eq. 2 (long-term model EMA)",

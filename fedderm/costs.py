@@ -34,15 +34,6 @@ def macs_per_image(model: nn.Module, image_size: int) -> int:
     return counter.get_total_flops() // 2
 
 
-class _SSLForward(nn.Module):
-    def __init__(self, net: MultiTaskSSLNet):
-        super().__init__()
-        self.net = net
-
-    def forward(self, x):
-        return self.net(x)
-
-
 def cost_table(model: str, num_classes: int, image_size: int, centres: int, rounds: int,
                proj_dim: int = 128, pseudo_per_centre: int = 0) -> list[dict]:
     """Rows of Table XII for ``model`` (e.g. ``resnet50``, 4 classes, 256 px, 3 centres, 300 rounds)."""
@@ -53,7 +44,7 @@ def cost_table(model: str, num_classes: int, image_size: int, centres: int, roun
     bn_params = {k for k in batchnorm_keys(plain) if k in dict(plain.named_parameters())}
     p_shared = count_parameters(plain, exclude=bn_params)
     m_plain, m_proj = macs_per_image(plain, image_size), macs_per_image(projected, image_size)
-    m_ssl = macs_per_image(_SSLForward(ssl), image_size)
+    m_ssl = macs_per_image(ssl, image_size)
 
     def row(name, comm_rounds, comm_params, params, macs, **extra):
         return {"method": name, "comm_rounds": comm_rounds, "comm_params_per_round": comm_params,

@@ -141,7 +141,7 @@ def select_pseudo_images(generator: nn.Module, snapshots: list[tuple[int, dict]]
         scored.append((value, step, images))
         scored.sort(key=lambda t: (t[0], -t[1]))
         del scored[keep:]  # only the images of the best `keep` snapshots so far are kept
-    for rank, (value, step, _) in enumerate(scored):
+    for rank, (_, step, _) in enumerate(scored):
         info[f"fid_kept{rank}_step"] = step
     info["fid_selected"] = float(np.mean([value for value, _, _ in scored]))
     counts = [n // keep + (1 if i < n % keep else 0) for i in range(keep)]

@@ -251,7 +251,7 @@ class MAEOptions:
     pretrain: bool
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "MAEOptions":
+    def from_config(cls, cfg: Config) -> MAEOptions:
         o = cls(mask_ratio=cfg.option("fedmae.mask-ratio"), exclude=cfg.option("fedmae.exclude"),
                 norm_pix_loss=cfg.option("fedmae.norm-pix-loss"),
                 decoder_embed_dim=cfg.option("fedmae.decoder-embed-dim"),

@@ -1,5 +1,10 @@
 """Run folder writer: config, per-round CSV, JSON summary, model, curves, table.
 
+Why one file of ~630 lines: :class:`RunRecorder` is the single owner of the run folder's layout
+(every file below is written here, atomically, from one in-memory record), and its figures share
+the recorder's private helpers (NaN handling, client order, atomic writes).  The next split is a
+``results_plots.py`` mixin for the ``_plot_*`` methods once those helpers have a module of their own.
+
 A run folder written by :class:`RunRecorder` looks like::
 
     <run_dir>/
@@ -115,14 +120,14 @@ def _write_json(path: Path, obj: Any, sort_keys: bool = False) -> None:
     _atomic_write_bytes(path, (text + "\n").encode("utf-8"))
 
 
-def _client_sort_key(client_id: str):
+def client_sort_key(client_id: str):
     """Natural order: '2' before '10'; non-numeric ids after numeric ones."""
     parts = re.split(r"(\d+)", str(client_id))
     return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p != ""]
 
 
 def _sorted_clients(per_client: Mapping[str, Any]) -> list[str]:
-    return sorted((str(k) for k in per_client), key=_client_sort_key)
+    return sorted((str(k) for k in per_client), key=client_sort_key)
 
 
 def _num(value: Any) -> float:

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .augment import ContrastiveAugment
-from .models import create_model
 from .moco import FEATURE_DIM, ProjectionHead, two_views
+from .models import create_model
 from .train import train_epochs
 
 

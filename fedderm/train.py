@@ -60,14 +60,52 @@ def round_lr(base_lr: float, server_round: int, num_rounds: int, schedule: str =
     return base_lr * 0.5 * (1 + math.cos(math.pi * (server_round - 1) / num_rounds))
 
 
+def epoch_lr(base_lr: float, epoch: float, total_epochs: float, warmup_epochs: float = 0.0) -> float:
+    """Learning rate at (fractional) epoch ``epoch`` of ``total_epochs``: linear warm-up from 0 over
+    ``warmup_epochs``, then half-cycle cosine to 0; the MAE/BEiT reference's
+    ``util/lr_sched.adjust_learning_rate``, called every iteration with epoch = e + i / len(loader)
+    (003 §IV-B3: "a warmup period of 10 epochs" (BEiT) / "5 epochs" (MAE), "cosine learning rate decay")."""
+    if epoch < warmup_epochs:
+        return base_lr * epoch / warmup_epochs
+    if total_epochs <= warmup_epochs:
+        return base_lr
+    return base_lr * 0.5 * (1 + math.cos(math.pi * (epoch - warmup_epochs) / (total_epochs - warmup_epochs)))
+
+
+def batch_scaled_lr(base_lr: float, batch_size: int) -> float:
+    """lr = blr × batch / 256, the MAE/BEiT rule for a *base* learning rate (MAE ``main_pretrain.py``:
+    ``args.lr = args.blr * eff_batch_size / 256``; 003 §IV-B3 and Table I give base rates η)."""
+    return base_lr * batch_size / 256
+
+
+def mim_schedule(base_lr: float, *, server_round: int, num_rounds: int, local_epochs: int, batch_size: int,
+                 lr_step: str = "round", warmup_epochs: float = 0, adam_beta2: float = 0.999,
+                 lr_scaling: str = "absolute", schedule: str = "cosine", decay: float = 0.998) -> dict:
+    """The optimiser settings of one MAE/BEiT pre-training round (the ``mim.*`` keys), as keyword
+    arguments of :func:`train_epochs`: ``lr`` (× batch/256 with ``lr_scaling="batch"``), ``betas``
+    (0.9, ``adam_beta2``) and, with ``lr_step="iteration"``, ``lr_at_epoch``: :func:`epoch_lr` over
+    the ``num_rounds × local_epochs`` epochs of the stage, this round covering epochs
+    (r − 1)·E … r·E (the MAE/BEiT reference's per-iteration schedule)."""
+    lr = batch_scaled_lr(base_lr, batch_size) if lr_scaling == "batch" else base_lr
+    out: dict = {"betas": (0.9, adam_beta2)}
+    if lr_step == "iteration":
+        start, total = (server_round - 1) * local_epochs, num_rounds * local_epochs
+        out["lr"] = epoch_lr(lr, start, total, warmup_epochs)
+        out["lr_at_epoch"] = lambda e: epoch_lr(lr, start + e, total, warmup_epochs)
+    else:
+        out["lr"] = round_lr(lr, server_round, num_rounds, schedule, decay)
+    return out
+
+
 def make_optimizer(params, name: str, lr: float, momentum: float = 0.9,
-                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+                   weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
+    """SGD (with ``momentum``), Adam or AdamW (with ``betas``; MAE pre-trains with (0.9, 0.95))."""
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, betas=betas)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
     raise ValueError(f"unknown optimizer {name!r}; valid: sgd, adam, adamw")
 
 
@@ -79,27 +117,35 @@ def proximal_term(model: nn.Module, reference: list[torch.Tensor]) -> torch.Tens
 def train_epochs(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, loss_fn, *, epochs: int,
                  batch_size: int, lr: float, optimizer: str = "sgd", momentum: float = 0.9,
                  weight_decay: float = 0.0, seed: int = 0, device: torch.device | str = "cpu",
-                 params=None, after_backward: Callable[[nn.Module], None] | None = None) -> dict[str, float]:
+                 params=None, after_backward: Callable[[nn.Module], None] | None = None,
+                 betas: tuple[float, float] = (0.9, 0.999),
+                 lr_at_epoch: Callable[[float], float] | None = None) -> dict[str, float]:
     """The local loop every method shares: ``epochs`` passes of shuffled mini-batches.
 
     ``loss_fn(model, images_uint8, labels, generator)`` returns the batch loss (the method's
     objective; ``generator`` seeds its augmentations).  ``params`` defaults to every trainable
     parameter.  ``after_backward(model)`` runs between ``backward()`` and the optimiser step
-    (e.g. SCAFFOLD's gradient correction).
+    (e.g. SCAFFOLD's gradient correction).  ``lr_at_epoch(e + i / batches)`` (optional) sets the
+    learning rate before every step, ``i`` counting the batches of local epoch ``e`` (a
+    per-iteration schedule such as :func:`epoch_lr`); without it ``lr`` is constant.
     Returns ``{"train_loss": mean loss of the last epoch, "num-examples": n}``.
     """
     device = torch.device(device)
     model.to(device).train()
     params = [p for p in model.parameters() if p.requires_grad] if params is None else list(params)
-    opt = make_optimizer(params, optimizer, lr, momentum, weight_decay)
+    opt = make_optimizer(params, optimizer, lr, momentum, weight_decay, betas)
     batches = TensorBatches(images, labels, batch_size, shuffle=True, seed=seed)
+    per_epoch = max(len(batches), 1)
     augment = torch.Generator().manual_seed(seed + 1)
     loss_sum, seen = 0.0, 0
-    for _ in range(epochs):
+    for epoch in range(epochs):
         loss_sum, seen = 0.0, 0
-        for xb, yb in batches:
+        for step, (xb, yb) in enumerate(batches):
             if len(yb) < 2:  # a batch of one breaks BatchNorm statistics
                 continue
+            if lr_at_epoch is not None:
+                for group in opt.param_groups:
+                    group["lr"] = lr_at_epoch(epoch + step / per_epoch)
             loss = loss_fn(model, xb, yb, augment)
             opt.zero_grad(set_to_none=True)
             loss.backward()

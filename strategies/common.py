@@ -4,14 +4,20 @@ round-0 / per-round / final-test evaluation plan.
 
 A method's strategy is a Flower strategy with :class:`Tracked` mixed in front of it, e.g.
 ``class FedAvgStrategy(Tracked, FedAvg)``; its rounds are driven by :func:`run_rounds`.
+
+The helpers it uses live by job: :mod:`strategies.fastpoll` (the Grid with 0.1 s polling and the
+transport codec), :mod:`strategies.nodes` (waiting for clients), :mod:`strategies.screening`
+(reply checks), :mod:`strategies.traffic` (bytes on the wire).
 """
 
 from __future__ import annotations
 
 import math
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,129 +26,48 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-import records
-
-from clients.transport import decode_message, encode_message
-
-from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, save_checkpoint
+import wire
+from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, resume_step, save_checkpoint
 from fedderm.config import Config
 from fedderm.metrics import SELECTION_METRIC
-from fedderm.results import RunRecorder
-from fedderm.transport import wire_nbytes
+from fedderm.results import RunRecorder, client_sort_key
 
-POLL_INTERVAL = 0.1  # seconds between pulls in send_and_receive_fast
-#: between pulls on the simulation's in-memory grid, where a pull costs ~0.3 ms: every wave of
-#: messages (train, evaluate, ring hop) ends within 20 ms of its last reply instead of 100 ms
-IN_MEMORY_POLL_INTERVAL = 0.02
+from .nodes import NodeView, send_and_receive, wait_for_nodes
+from .screening import reply_problem, short_reason
+from .traffic import array_bytes, record_bytes
 
 
-def send_and_receive_fast(grid: Grid, messages: Iterable[Message], timeout: float | None = None,
-                          poll_interval: float = POLL_INTERVAL) -> list[Message]:
-    """``grid.send_and_receive`` that checks for replies every ``poll_interval`` seconds.
+class StateClock:
+    """The server's side of the client-state store (:mod:`fedderm.state_store`): numbers the
+    intervals between checkpoints (``step``) and stamps every message with the ``fedderm-state``
+    record the clients key and roll back their state by (:mod:`clients.state`)."""
 
-    Flower's deployment grid (``HttpGrid``) sleeps 3 s between pulls, so every message
-    exchange (a round's train or evaluate wave, every hop of a ring) ends up to 3 s after the
-    last reply arrived.  This pushes ``messages``, then pulls every ``poll_interval`` s until each
-    has a reply or ``timeout`` (s; None waits forever) has passed, and returns the replies
-    received (like Flower: missing replies are simply absent).  Works on any Grid (simulation's
-    ``InMemoryGrid`` too).
-    """
-    pushed = list(grid.push_messages(list(messages)))
-    pending = {mid for mid in pushed if mid}
-    if len(pending) < len(pushed):
-        log(WARNING, "send_and_receive_fast: %d of %d messages could not be pushed",
-            len(pushed) - len(pending), len(pushed))
-    end = None if timeout is None else time.monotonic() + timeout
-    replies: list[Message] = []
-    while pending:
-        got = list(grid.pull_messages(pending))
-        replies.extend(got)
-        pending.difference_update(m.metadata.reply_to_message_id for m in got)
-        if not pending:
-            break
-        if end is not None and time.monotonic() >= end:
-            break
-        time.sleep(poll_interval if end is None else max(0.0, min(poll_interval, end - time.monotonic())))
-    return replies
+    def __init__(self, run_dir, keep: int, simulation: bool, resume: int = 0):
+        run_dir = Path(run_dir).expanduser().resolve()
+        self.run, self.run_dir = run_dir.name, str(run_dir) if simulation else ""
+        self.keep, self.resume, self.step = int(keep), int(resume), int(resume)
+        self.token = uuid.uuid4().hex  # new for every server process: clients roll back once per token
+
+    @classmethod
+    def for_run(cls, run_dir, cfg, simulation: bool) -> StateClock:
+        """The clock of a run; resumed (``resume``) at the step of the newest checkpoint."""
+        return cls(run_dir, cfg.keep_checkpoints, simulation, resume_step(run_dir) if cfg.resume else 0)
+
+    def stamp(self) -> ConfigRecord:
+        return ConfigRecord({"run": self.run, "run-dir": self.run_dir, "step": self.step + 1,
+                             "resume": self.resume, "token": self.token, "keep": self.keep})
 
 
-class WrappedGrid(Grid):
-    """A Grid that hands everything to the grid it wraps (``inner``); subclasses change a part."""
-
-    def __init__(self, grid: Grid):
-        self.inner = grid
-
-    def set_run(self, run):
-        return self.inner.set_run(run)
-
-    @property
-    def run(self):
-        return self.inner.run
-
-    def create_message(self, *args, **kwargs):
-        return self.inner.create_message(*args, **kwargs)
-
-    def get_node_ids(self):
-        return self.inner.get_node_ids()
-
-    def get_nodes(self):
-        return self.inner.get_nodes()
-
-    def push_messages(self, messages):
-        return self.inner.push_messages(messages)
-
-    def pull_messages(self, message_ids):
-        return self.inner.pull_messages(message_ids)
-
-    def send_and_receive(self, messages, *, timeout=None):
-        return self.inner.send_and_receive(messages, timeout=timeout)
-
-    def __getattr__(self, name):  # anything else a concrete grid offers
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+def save_round(grid: Grid, recorder: RunRecorder, stage: str, server_round: int, payload: dict[str, Any],
+               keep: int) -> None:
+    """The checkpoint of (``stage``, ``server_round``), with the client-state step it closes."""
+    clock = getattr(grid, "state_clock", None)
+    step = clock.step + 1 if clock is not None else 0
+    save_checkpoint(recorder.run_dir, stage, server_round, {**payload, "state-step": step}, keep=keep)
+    if clock is not None:
+        clock.step = step
 
 
-class FastPollGrid(WrappedGrid):
-    """A Grid whose ``send_and_receive`` is :func:`send_and_receive_fast`, and whose messages
-    carry their arrays in ``transport-dtype``; all else delegated.
-
-    The ServerApp wraps Flower's grid in it once, so every strategy (and Flower's own
-    ``Strategy.start``) gets replies within ``poll_interval`` of their arrival.
-    """
-
-    def __init__(self, grid: Grid, poll_interval: float | None = None, transport: str = "float32"):
-        super().__init__(grid)
-        if poll_interval is None:  # in memory (simulation): pulls are cheap, poll more often
-            in_memory = type(grid).__name__ == "InMemoryGrid"
-            poll_interval = IN_MEMORY_POLL_INTERVAL if in_memory else POLL_INTERVAL
-        self.poll_interval = poll_interval
-        #: ``transport-dtype``: outgoing arrays are encoded in it, replies decoded back to float32
-        self.transport = transport
-
-    def push_messages(self, messages):
-        return self.inner.push_messages([encode_message(m, self.transport) for m in messages])
-
-    def pull_messages(self, message_ids):
-        return [decode_message(m, self.transport) for m in self.inner.pull_messages(message_ids)]
-
-    def send_and_receive(self, messages, *, timeout=None):
-        return send_and_receive_fast(self, messages, timeout, self.poll_interval)
-
-
-def record_bytes(record: ArrayRecord, transport: str = "float32") -> int:
-    """Flower's ``ArrayRecord.count_bytes()`` (serialised arrays and their key names), with
-    the arrays that travel as float16 under ``transport-dtype`` counted at their float16 size."""
-    total = record.count_bytes()
-    if transport == "float32":
-        return total
-    return total - sum(values.nbytes - wire_nbytes(values, transport)
-                       for values in (records.values(array) for array in record.values()))
-
-
-def array_bytes(content: RecordDict, transport: str = "float32") -> int:
-    """Bytes of every ArrayRecord in a message's content on the wire under ``transport``."""
-    return sum(record_bytes(record, transport) for record in content.array_records.values())
 
 
 def rounds_to_target(rounds: list[dict], targets: list[float], split: str = "val",
@@ -165,69 +90,6 @@ def _finite(metrics: dict[str, float]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if v == v}
 
 
-def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) -> list[Message]:
-    """Send ``messages`` and return the replies that arrived within ``timeout`` seconds."""
-    messages = list(messages)
-    return list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
-
-
-def wait_for_nodes(grid: Grid, n: int, timeout: float | None = None, poll: float = 1.0) -> list[int]:
-    """Connected node ids once at least ``n`` are connected; raises after ``timeout`` seconds."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    last = -1
-    while len(ids := sorted(grid.get_node_ids())) < n:
-        if deadline is not None and time.monotonic() > deadline:
-            raise RuntimeError(f"only {len(ids)} clients connected after {timeout:.0f} s; "
-                               f"min-clients={n}. The results so far are in the run folder; "
-                               "resume with resume=\"<run folder>\" once the hospitals are back")
-        if len(ids) != last:
-            log(INFO, "waiting for clients: %d connected, %d needed (min-clients)", len(ids), n)
-            last = len(ids)
-        time.sleep(poll)
-    return ids
-
-
-class NodeView:
-    """The grid as a strategy sees it during one round: the nodes connected at its start.
-
-    Flower's node sampling waits forever while fewer than ``min_available_nodes`` are
-    connected; sampling from this fixed list never blocks on a node that vanished mid-round.
-    """
-
-    def __init__(self, grid: Grid, node_ids: list[int]):
-        self._grid, self._ids = grid, list(node_ids)
-
-    def get_node_ids(self) -> list[int]:
-        return list(self._ids)
-
-    def __getattr__(self, name: str):
-        return getattr(self._grid, name)
-
-
-def reply_problem(reply: ArrayRecord | None, template: ArrayRecord) -> str | None:
-    """Why a client's returned weights cannot be aggregated, or None when they can:
-    missing or extra keys, another shape or dtype than what was sent, non-finite values."""
-    if reply is None:
-        return "no 'arrays' record in the reply"
-    missing, extra = sorted(set(template) - set(reply)), sorted(set(reply) - set(template))
-    if missing or extra:
-        return f"keys differ from the global model (missing {missing[:3]}, extra {extra[:3]})"
-    for key, sent in template.items():
-        got = reply[key]
-        if tuple(got.shape) != tuple(sent.shape) or got.dtype != sent.dtype:
-            return f"{key!r} is {got.dtype}{list(got.shape)}, expected {sent.dtype}{list(sent.shape)}"
-        values = records.values(got)  # a view: no decoding copy
-        if values.dtype.kind == "f" and not np.isfinite(values).all():
-            return f"{key!r} holds non-finite values (NaN or inf)"
-    return None
-
-
-def short_reason(reason: str, limit: int = 300) -> str:
-    """The useful end of a client's error (Ray wraps it in a long traceback)."""
-    tail = reason.rsplit("Message:", 1)[-1].strip().strip("'>").strip()
-    return tail if len(tail) <= limit else tail[:limit] + "…"
-
-
 def cast_like(arrays: ArrayRecord, template: ArrayRecord) -> ArrayRecord:
     """``arrays`` with every array in the dtype it has in ``template``.
 
@@ -239,10 +101,10 @@ def cast_like(arrays: ArrayRecord, template: ArrayRecord) -> ArrayRecord:
         if array.dtype == want:
             out[key] = array
         else:
-            values = records.values(array)
+            values = wire.values(array)
             dtype = np.dtype(want)
             cast = np.rint(values).astype(dtype) if dtype.kind in "iu" else values.astype(dtype)
-            out[key] = records.to_array(np.asarray(cast))
+            out[key] = wire.to_array(np.asarray(cast))
     return ArrayRecord(out)
 
 
@@ -347,7 +209,7 @@ class Tracked:
             metrics = msg.content["metrics"]
             pid = str(metrics.pop("partition-id", msg.metadata.src_node_id))
             per_client[pid] = dict(metrics)
-        return dict(sorted(per_client.items(), key=lambda kv: (len(kv[0]), kv[0])))
+        return dict(sorted(per_client.items(), key=lambda kv: client_sort_key(kv[0])))
 
     # -- Flower strategy hooks ------------------------------------------------------------
     def configure_train(self, server_round, arrays, config, grid):
@@ -361,6 +223,9 @@ class Tracked:
         self._sent_to = [m.metadata.dst_node_id for m in messages]
         self.count_traffic(down=sum(self.wire_bytes(m.content) for m in messages), messages=len(messages))
         return messages
+
+    #: ``True``: the model is the unweighted mean of the accepted replies (not weighted by ``num-examples``)
+    uniform_mean: bool = False
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
@@ -386,7 +251,7 @@ class Tracked:
 
     def _aggregate(self, server_round: int, replies: list[Message]):
         """The next strategy's ``aggregate_train``; Flower's own FedAvg one is replaced by the same
-        checks and metric aggregation with :func:`records.weighted_mean` (same bits, no decoding
+        checks and metric aggregation with :func:`wire.weighted_mean` (same bits, no decoding
         copies: 0.1 s instead of 0.4-0.7 s for 4 ResNet-18 replies on 2 loaded cores)."""
         following = super().aggregate_train
         if getattr(following, "__func__", None) is not FedAvg.aggregate_train:
@@ -396,8 +261,10 @@ class Tracked:
             return None, None
         contents = [msg.content for msg in valid]
         weights = [float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents]
+        if self.uniform_mean:  # e.g. SCAFFOLD Alg. 1: x ← x + (1/|S|) Σ Δy_i
+            weights = [1.0] * len(contents)
         # Flower's checks above leave exactly one ArrayRecord per reply
-        arrays = records.weighted_mean([next(iter(c.array_records.values())) for c in contents], weights)
+        arrays = wire.weighted_mean([next(iter(c.array_records.values())) for c in contents], weights)
         return arrays, self.train_metrics_aggr_fn(contents, self.weighted_by_key)
 
     def count_traffic(self, *, down: int = 0, up: int = 0, messages: int = 0) -> None:
@@ -444,7 +311,7 @@ class Tracked:
         score = self.last_mean.get(SELECTION_METRIC, float("nan"))
         if score == score and score > self.best_score:
             self.best_round, self.best_score = server_round, score
-            self.best_arrays = records.copy_record(arrays)  # Arrays are immutable: no data copy
+            self.best_arrays = wire.copy_record(arrays)  # Arrays are immutable: no data copy
         train = _mean_train_loss(self.train_per_client)
         if self.traffic is not None and server_round > 0:
             t = self.traffic
@@ -465,13 +332,13 @@ class Tracked:
     def state_dict(self) -> dict[str, Any]:
         """Server-side state a checkpoint must hold to continue exactly (extend in subclasses)."""
         return {"best_round": self.best_round, "best_score": self.best_score,
-                "best_arrays": None if self.best_arrays is None else records.to_state_dict(self.best_arrays),
+                "best_arrays": None if self.best_arrays is None else wire.to_state_dict(self.best_arrays),
                 "last_mean": dict(self.last_mean), "traffic_log": list(self.traffic_log),
                 "time_log": list(self.time_log)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best_round, self.best_score = state["best_round"], state["best_score"]
-        self.best_arrays = None if state["best_arrays"] is None else ArrayRecord(state["best_arrays"])
+        self.best_arrays = None if state["best_arrays"] is None else wire.to_record(state["best_arrays"])
         self.last_mean = dict(state["last_mean"])
         self.traffic_log = list(state.get("traffic_log", []))
         self.time_log = list(state.get("time_log", []))
@@ -495,7 +362,7 @@ def run_rounds(strategy: Tracked, grid: Grid, arrays: ArrayRecord, *, evaluate: 
     start = 1
     ckpt = latest_checkpoint(recorder.run_dir, strategy.stage) if cfg.resume else None
     if ckpt is not None:
-        arrays = ArrayRecord(ckpt["arrays"])
+        arrays = wire.to_record(ckpt["arrays"])
         strategy.load_state_dict(ckpt["strategy"])
         recorder.restore(ckpt["recorder"])
         start = ckpt["round"] + 1
@@ -514,9 +381,9 @@ def run_rounds(strategy: Tracked, grid: Grid, arrays: ArrayRecord, *, evaluate: 
         if evaluate:
             strategy.evaluate_round(view, server_round, arrays, "val", cfg.round_timeout)
         (on_round or strategy.after_round)(server_round, arrays)
-        save_checkpoint(recorder.run_dir, strategy.stage, server_round,
-                        {"arrays": records.to_state_dict(arrays), "strategy": strategy.state_dict(),
-                         "recorder": recorder.state()}, keep=cfg.keep_checkpoints)
+        save_round(grid, recorder, strategy.stage, server_round,
+                   {"arrays": wire.to_state_dict(arrays), "strategy": strategy.state_dict(),
+                    "recorder": recorder.state()}, keep=cfg.keep_checkpoints)
     return arrays
 
 
@@ -536,7 +403,7 @@ def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) ->
     strategy.recorder.update_extra({"rounds_to_target": reached})
     log(INFO, "rounds to reach mean val %s %s: %s", SELECTION_METRIC,
         ", ".join(reached) or "(no targets)", ", ".join(str(v) for v in reached.values()) or "-")
-    strategy.recorder.save_model(records.to_state_dict(final))
-    strategy.recorder.save_model(records.to_state_dict(best), name="model-best.pt")
+    strategy.recorder.save_model(wire.to_state_dict(final))
+    strategy.recorder.save_model(wire.to_state_dict(best), name="model-best.pt")
     return final
 

@@ -4,11 +4,11 @@ parameter, 003 Alg. 1), then the shared fine-tuning stage from the encoder."""
 from logging import INFO
 
 import torch
-from flwr.app import ArrayRecord
 from flwr.common import log
 from flwr.serverapp.strategy import FedAvg
 
 from fedderm.beit import BEiTOptions, build_beit
+from wire import to_record
 
 from .common import Tracked
 from .fedmae import mae_backbone_state
@@ -30,4 +30,4 @@ def run(grid, cfg, recorder, classes) -> None:
     log(INFO, "Fed-BEiT: block-wise mask ratio %.2f, %d visual tokens from %s", options.mask_ratio,
         options.vocab_size, options.tokenizer or "the seeded random-projection tokenizer (substitute for DALL-E)")
     pretrain_then_finetune(grid, cfg, recorder, classes, build_strategy(cfg, recorder),
-                           ArrayRecord(model.state_dict()), backbone_state=mae_backbone_state(cfg, len(classes)))
+                           to_record(model.state_dict()), backbone_state=mae_backbone_state(cfg, len(classes)))

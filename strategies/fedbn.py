@@ -12,7 +12,7 @@ from flwr.serverapp.strategy import FedAvg
 from fedderm.models import create_model
 
 from .common import Tracked
-from .flbt import PRCurves, run_strategy
+from .flbt_family import PRCurves, run_strategy
 
 
 class FedBNStrategy(PRCurves, Tracked, FedAvg):

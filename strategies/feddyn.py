@@ -14,7 +14,7 @@ import torch
 from flwr.app import Message
 from flwr.serverapp.strategy import FedAvg
 
-import records
+import wire
 from fedderm.drift import feddyn_server_step
 from fedderm.models import create_model
 
@@ -30,21 +30,21 @@ class FedDynStrategy(Tracked, FedAvg):
         self.num_sampled = 0
 
     def configure_train(self, server_round, arrays, config, grid):
-        self.previous = records.to_state_dict(arrays)  # read-only views: no decoding copies
+        self.previous = wire.to_state_dict(arrays)  # read-only views: no decoding copies
         msgs = list(super().configure_train(server_round, arrays, config, grid))
         self.num_sampled = len(msgs)
         return msgs
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         arrays, metrics = super().aggregate_train(server_round, replies)
-        models = [records.to_state_dict(r.content["arrays"]) for r in self.accepted]
+        models = [wire.to_state_dict(r.content["arrays"]) for r in self.accepted]
         if arrays is None or not models:
             return arrays, metrics
-        state = records.to_state_dict(arrays)
+        state = wire.to_state_dict(arrays)
         theta, self.h = feddyn_server_step(self.previous, models, self.h, self.alpha,
                                            max(self.num_sampled, len(models)), self.param_names)
         state.update(theta)
-        return records.to_record(state), metrics
+        return wire.to_record(state), metrics
 
 
     def state_dict(self):

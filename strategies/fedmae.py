@@ -24,11 +24,10 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedderm.mae import MAEOptions, build_mae, load_mae_checkpoint, vit_backbone_state
 from fedderm.models import create_model
+from wire import LOCAL_RECORD, to_record
 
 from .common import Tracked
 from .finetune import finetune_pretrained, pretrain_strategy, pretrain_then_finetune
-
-LOCAL_RECORD = "local-arrays"  # the clients' excluded parameters, sent once, in the last round
 
 
 class FedMAEStrategy(Tracked, FedAvg):
@@ -99,8 +98,8 @@ def run(grid, cfg, recorder, classes) -> None:
     if not options.pretrain:
         log(INFO, "fedmae.pretrain=false: no federated pre-training; fine-tuning from %s",
             options.init_checkpoint or "random initialisation")
-        finetune_pretrained(grid, cfg, recorder, classes, ArrayRecord(mae.state_dict()), backbone)
+        finetune_pretrained(grid, cfg, recorder, classes, to_record(mae.state_dict()), backbone)
         return
     log(INFO, "FedMAE: mask ratio %.2f, kept on the clients: %s", options.mask_ratio, options.exclude)
     pretrain_then_finetune(grid, cfg, recorder, classes, build_strategy(cfg, recorder),
-                           ArrayRecord(mae.state_dict()), backbone_state=backbone)
+                           to_record(mae.state_dict()), backbone_state=backbone)

@@ -2,11 +2,11 @@
 shared fine-tuning stage."""
 
 import torch
-from flwr.app import ArrayRecord
 from flwr.serverapp.strategy import FedAvg
 
 from fedderm.models import create_model
 from fedderm.rotation import NUM_ROTATIONS
+from wire import to_record
 
 from .common import Tracked
 from .finetune import pretrain_strategy, pretrain_then_finetune
@@ -24,4 +24,4 @@ def run(grid, cfg, recorder, classes) -> None:
     torch.manual_seed(cfg.seed)
     model = create_model(cfg.model, NUM_ROTATIONS, cfg.image_size)
     pretrain_then_finetune(grid, cfg, recorder, classes, build_strategy(cfg, recorder),
-                           ArrayRecord(model.state_dict()))
+                           to_record(model.state_dict()))

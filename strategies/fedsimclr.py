@@ -2,10 +2,10 @@
 (weighted by the clients' training images), then the shared fine-tuning stage."""
 
 import torch
-from flwr.app import ArrayRecord
 from flwr.serverapp.strategy import FedAvg
 
 from fedderm.simclr import build_simclr
+from wire import to_record
 
 from .common import Tracked
 from .finetune import pretrain_strategy, pretrain_then_finetune
@@ -23,4 +23,4 @@ def run(grid, cfg, recorder, classes) -> None:
     torch.manual_seed(cfg.seed)
     model = build_simclr(cfg.model, cfg.image_size)
     pretrain_then_finetune(grid, cfg, recorder, classes, build_strategy(cfg, recorder),
-                           ArrayRecord(model.state_dict()))
+                           to_record(model.state_dict()))

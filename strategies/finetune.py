@@ -23,6 +23,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from fedderm.models import create_model
+from wire import to_record, to_state_dict
 
 from .common import Tracked, run_federated, run_rounds
 from .probe import probe_due, probe_round
@@ -98,7 +99,7 @@ def pretrain(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) -> Arra
             probe_round(grid, strategy.cfg, recorder, server_round, arrays)
 
     arrays = run_rounds(strategy, grid, initial_arrays, evaluate=False, on_round=on_round)
-    recorder.save_model(arrays.to_torch_state_dict(), name="model-pretrained.pt")
+    recorder.save_model(to_state_dict(arrays), name="model-pretrained.pt")
     return arrays
 
 
@@ -118,7 +119,7 @@ def finetune_pretrained(grid: Grid, cfg, recorder, classes: list[str], ssl_array
         return
     log(INFO, "stage 2/2: %s fine-tuning (%d rounds x %d epochs, %.0f %% labels)", cfg.finetune,
         cfg.finetune_rounds, cfg.finetune_epochs, 100 * cfg.label_fraction)
-    model = classifier_from_pretrained(cfg, len(classes), ssl_arrays.to_torch_state_dict(), backbone_state)
+    model = classifier_from_pretrained(cfg, len(classes), to_state_dict(ssl_arrays), backbone_state)
     finetune_and_test(grid, cfg, recorder, model)
 
 
@@ -128,4 +129,4 @@ def finetune_and_test(grid: Grid, cfg, recorder, model: torch.nn.Module) -> None
     strategy = FINETUNE_STRATEGIES[cfg.finetune](
         cfg=cfg, recorder=recorder, action="finetune", num_rounds=cfg.finetune_rounds,
         min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n)
-    run_federated(strategy, grid, ArrayRecord(model.state_dict()))
+    run_federated(strategy, grid, to_record(model.state_dict()))

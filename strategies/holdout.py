@@ -21,9 +21,10 @@ from flwr.serverapp import Grid
 
 from fedderm.config import ConfigError
 from fedderm.results import format_table
+from wire import to_record
 
-from .common import WrappedGrid
-from .flbt import save_pr_curves
+from .fastpoll import WrappedGrid
+from .flbt_family import save_pr_curves
 
 HOLDOUT = "train.holdout"
 CURVES = ("val-balanced_accuracy", "val-accuracy", "train-loss")
@@ -83,7 +84,7 @@ def start_weights(recorder) -> tuple[ArrayRecord, str]:
         if path.exists():
             state = torch.load(path, map_location="cpu", weights_only=True)
             if state:
-                return ArrayRecord(state), name
+                return to_record(state), name
     return ArrayRecord(), "random"
 
 

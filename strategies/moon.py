@@ -6,7 +6,7 @@ from __future__ import annotations
 from flwr.serverapp.strategy import FedAvg
 
 from .common import Tracked
-from .flbt import PRCurves, projected_net, run_strategy
+from .flbt_family import PRCurves, projected_net, run_strategy
 
 
 class MoonStrategy(PRCurves, Tracked, FedAvg):

@@ -2,8 +2,9 @@
 
 The server keeps c and sends it with the model (``control`` record); each client keeps its c_i
 across rounds (``context.state``) and replies with Δc_i.  The server updates
-c ← c + (1/N) Σ Δc_i and averages the models as FedAvg does (weighted by ``num-examples``, global
-step size 1).  Variates cover trainable parameters only; BatchNorm buffers are averaged plainly.
+c ← c + (1/N) Σ Δc_i and sets the model to the *uniform* mean of the clients' models,
+x ← x + (1/|S|) Σ Δy_i with global step size 1 (Alg. 1 of Karimireddy et al.; not weighted by
+``num-examples``).  Variates cover trainable parameters only; BatchNorm buffers are averaged plainly.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Iterable
 from flwr.app import ArrayRecord, Message
 from flwr.serverapp.strategy import FedAvg
 
-import records
+import wire
 from fedderm.drift import scaffold_server_control
 
 from .common import Tracked
@@ -22,7 +23,9 @@ DELTA = "control-delta"
 
 
 class ScaffoldStrategy(Tracked, FedAvg):
-    """Flower's FedAvg carrying the server control variate c to and from the clients."""
+    """Flower's FedAvg carrying the server control variate c to and from the clients; uniform model mean."""
+
+    uniform_mean = True
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -43,21 +46,21 @@ class ScaffoldStrategy(Tracked, FedAvg):
         for r in replies:
             if r.has_content() and DELTA in r.content:
                 self.count_traffic(up=self.wire_bytes(r.content[DELTA]))
-                deltas[id(r)] = records.to_state_dict(r.content[DELTA])  # views, no copy
+                deltas[id(r)] = wire.to_state_dict(r.content[DELTA])  # views, no copy
                 del r.content[DELTA]  # FedAvg wants exactly one ArrayRecord per reply
         result = super().aggregate_train(server_round, replies)
         accepted = [deltas[id(r)] for r in self.accepted if id(r) in deltas]
         if accepted and result[0] is not None:  # Δc of rejected or too few replies is not applied
-            self.control = records.to_record(scaffold_server_control(
-                records.to_state_dict(self.control), accepted, max(self.num_sampled, len(accepted))))
+            self.control = wire.to_record(scaffold_server_control(
+                wire.to_state_dict(self.control), accepted, max(self.num_sampled, len(accepted))))
         return result
 
     def state_dict(self):
-        return {**super().state_dict(), "control": records.to_state_dict(self.control)}
+        return {**super().state_dict(), "control": wire.to_state_dict(self.control)}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.control = ArrayRecord(state["control"])
+        self.control = wire.to_record(state["control"])
 
 
 def build_strategy(cfg, recorder) -> ScaffoldStrategy:

@@ -21,9 +21,16 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-import records
+import wire
 from fedderm.config import ConfigError
-from fedderm.sift import LONG_BN_MODES, VARIANTS, build_sift_model, class_text_embeddings, class_texts, random_matrix
+from fedderm.sift import (
+    LONG_BN_MODES,
+    VARIANTS,
+    build_sift_model,
+    class_text_embeddings,
+    class_texts,
+    random_matrix,
+)
 
 from .common import Tracked, run_federated
 
@@ -144,7 +151,7 @@ class SiftStrategy(Tracked, FedAvg):
         if self.pair is None:
             self.pair = {SHORT: arrays}
             if self.variant != "single":
-                self.pair[LONG] = records.copy_record(arrays)  # Arrays are immutable: no data copy
+                self.pair[LONG] = wire.copy_record(arrays)  # Arrays are immutable: no data copy
         self.pair = self.train_round(grid, server_round, self.pair)
         return []
 
@@ -154,11 +161,12 @@ class SiftStrategy(Tracked, FedAvg):
 
     def state_dict(self):
         return {**super().state_dict(), "ring_log": list(self.ring_log), "partition_of": dict(self.partition_of),
-                "pair": None if self.pair is None else {k: records.to_state_dict(v) for k, v in self.pair.items()}}
+                "pair": None if self.pair is None else {k: wire.to_state_dict(v) for k, v in self.pair.items()}}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.ring_log, self.partition_of = list(state["ring_log"]), dict(state["partition_of"])
+        # node ids are new in a resumed run: the partition ids come from this run's handshake
+        self.ring_log = list(state["ring_log"])
         self.pair = None if state["pair"] is None else {k: ArrayRecord(v) for k, v in state["pair"].items()}
 
 
@@ -195,4 +203,4 @@ def run(grid: Grid, cfg, recorder, classes: list[str]) -> None:
                                     "class_texts": class_texts(cfg.option("sift.class-texts"), classes),
                                     "embedding_dim": int(embeddings.shape[1])
                                     if cfg.option("sift.variant") != "trainable-head" else None}})
-    run_federated(build_strategy(cfg, recorder), grid, ArrayRecord(model.state_dict()))
+    run_federated(build_strategy(cfg, recorder), grid, wire.to_record(model.state_dict()))

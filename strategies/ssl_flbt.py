@@ -26,18 +26,19 @@ from logging import INFO
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from clients.ssl_flbt import PSEUDO
 from fedderm.ssl_pseudo import backbone_arrays, encoder_prefix, original_ssl_network, pretrain_multitask
 from fedderm.train import resolve_device
+from wire import PSEUDO, to_record, to_state_dict
 
 from .common import Tracked
 from .finetune import LocalFinetune, pretrain
-from .flbt import build_strategy, projected_net, run_strategy
+from .flbt import build_strategy
+from .flbt_family import projected_net, run_strategy
 from .local import run as run_local
 from .probe import probe_due, probe_round
 
@@ -119,8 +120,8 @@ def original_images_stage(grid: Grid, cfg, recorder) -> dict:
     log(INFO, "ssl-flbt stage 1: %s %s pre-training on the centres' own images (%d rounds x %d epochs)",
         "federated" if kind is FederatedSSL else "per-centre (no averaging)", tasks,
         strategy.num_rounds, cfg.option("ssl.epochs"))
-    arrays = pretrain(strategy, grid, ArrayRecord(initial.state_dict()))
-    return backbone_arrays(arrays.to_torch_state_dict(), encoder_prefix(tasks))
+    arrays = pretrain(strategy, grid, to_record(initial.state_dict()))
+    return backbone_arrays(to_state_dict(arrays), encoder_prefix(tasks))
 
 
 def run(grid: Grid, cfg, recorder, classes: list[str]) -> None:

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import logging
-import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 import torch
 
 import registry
@@ -68,10 +68,10 @@ def test_relative_texts_file_is_found_in_the_app_folder(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("config", ["002-sift-tables-1-2.toml", "002-sift-fig4.toml"])
-def test_002_configs_name_one_text_per_class(config):
-    """Every data set of the 002 grids names its texts file, with one text per class."""
-    grid = tomllib.loads((ROOT / "configs" / config).read_text())
-    rows = grid["grid"]["axes"]["data"]
+def test_002_sweeps_name_one_text_per_class(config):
+    """Every data set of the 002 sweeps names its texts file, with one text per class."""
+    grid = tomllib.loads((ROOT / "sweeps" / config).read_text())
+    rows = grid["sweep"]["axes"]["data"]
     assert rows and all("sift.class-texts" in row for row in rows)
     for row in rows:
         path = row["data-path"]

@@ -1,9 +1,9 @@
-import tomllib
-
 import pytest
+import tomllib
 
 import registry
 from fedderm.config import Config, ConfigError, default_config, parse_config
+
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
+import registry
 import sim
 from fedderm.data import DataError, check_federation
 from fedderm.data.checks import check_pool, check_union
 from fedderm.data.pool import ImagePool
-import registry
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ from flwr.serverapp import Grid
 
 from deploy.make_certs import make_certs
 from fedderm.node import NodeConfigError, parse_node_config
-from strategies.common import FastPollGrid, send_and_receive_fast
+from strategies.fastpoll import FastPollGrid, send_and_receive_fast
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ def test_make_certs_ca_server_cert_and_hospital_keys(tmp_path):
     assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     assert s.superlink_ca.read_bytes() == s.ca_cert.read_bytes()
     # one EC key pair per hospital, OpenSSH format, as flower-supernode loads it
-    for name, paths in s.hospitals.items():
+    for paths in s.hospitals.values():
         key = serialization.load_ssh_private_key(paths["private"].read_bytes(), None)
         assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
         pub = serialization.load_ssh_public_key(paths["public"].read_bytes())
@@ -194,6 +194,7 @@ def test_fast_poll_grid_delegates_and_polls_fast():
 # -- Docker ---------------------------------------------------------------------------------
 def test_docker_images_install_exactly_the_declared_dependencies():
     import runpy
+
     import tomllib
 
     requirements = runpy.run_path(str(ROOT / "docker" / "requirements.py"))["requirements"]
@@ -318,14 +319,20 @@ def test_stop_ends_the_whole_process_group(tmp_path):
 @pytest.mark.skipif(os.environ.get("FEDDERM_SKIP_LOOPBACK") == "1",
                     reason="FEDDERM_SKIP_LOOPBACK=1: the real-process loopback federation was skipped")
 def test_loopback_federation_tls_node_auth(tmp_path):
-    """Must show 1 (reduced): SuperLink + 3 SuperNodes as processes with TLS and node auth,
-    FedAvg (and the ring method once it exists) via `flwr run`, an unregistered node refused,
-    every started process stopped."""
-    from deploy.loopback import METHODS, Loopback, available_methods
+    """SuperLink + 3 SuperNodes as processes with TLS and node auth and fedderm's warm launcher,
+    each hospital with an allow-list holding this app's hash: FedAvg and SiFT via `flwr run`; an
+    unregistered node refused; an app bundle that no hospital approved refused by every hospital
+    before any of its code runs; every started process stopped."""
+    from deploy.loopback import APP_DIR, BASE_RUN_CONFIG, METHODS, Loopback, available_methods
+    from fedderm.launcher import app_hash
 
     methods, _ = available_methods(list(METHODS))
     lines: list[str] = []
-    fed = Loopback(tmp_path, 3, per_class=8, echo=lines.append)
+    approved = tmp_path / "approved.txt"
+    approved_hash = app_hash(APP_DIR)
+    approved.write_text(f"# this checkout\n{approved_hash}\n")
+    fed = Loopback(tmp_path / "fed", 3, per_class=8, echo=lines.append,
+                   allow_lists={f"hospital-{c}": approved for c in "abc"})
     try:
         fed.start()
         assert len(fed.node_ids) == 3 and fed.online() == set(fed.node_ids.values())
@@ -340,7 +347,24 @@ def test_loopback_federation_tls_node_auth(tmp_path):
             assert [r["round"] for r in out.summary["rounds"] if r["split"] == "val"] == [0, 1]
         # each hospital's node config was honoured: its decoded images are cached in its state-dir
         for name in fed.hospitals:
-            assert any((tmp_path / "state" / name / "cache").iterdir())
+            assert any((tmp_path / "fed" / "state" / name / "cache").iterdir())
+        # an app bundle no hospital approved (one changed line) is refused before its code runs
+        changed = _copy_app(APP_DIR, tmp_path / "changed-app")
+        (changed / "client_app.py").write_text((changed / "client_app.py").read_text() + "\n# changed\n")
+        digest = app_hash(changed)
+        config = {**BASE_RUN_CONFIG, "min-clients": 3, "num-server-rounds": 1, "method": "fedavg",
+                  "output-dir": str(tmp_path / "refused"), "run-name": "refused"}
+        _, status, _ = fed.flwr_run(changed, config, "run-refused", timeout=300)
+        assert status == "finished:failed"
+        run_log = (tmp_path / "fed" / "logs" / "run-refused.log").read_text()
+        assert "not on this hospital's allow-list" in run_log  # the server saw the error replies
+        for name in fed.hospitals:
+            node_log = (tmp_path / "fed" / "logs" / f"supernode-{name}.log").read_text()
+            assert f"refused: app bundle sha256 {digest}" in node_log
+            home = tmp_path / "fed" / "homes" / name
+            assert list(home.rglob(f"*.{approved_hash[:8]}"))  # Flower unpacks an approved bundle here
+            assert not list(home.rglob(f"*.{digest[:8]}"))  # ... and never unpacked the refused one
+        assert not (tmp_path / "refused" / "refused" / "model.pt").exists()
         groups = {p.popen.pid for p in fed.procs}  # each started process leads its own group
         running = {p.name for p in fed.procs if p.popen.poll() is None}
         assert running == {"superlink", *(f"supernode-{h}" for h in fed.hospitals)}  # outsider already gone
@@ -349,6 +373,12 @@ def test_loopback_federation_tls_node_auth(tmp_path):
         fed.stop()
     assert _group_members(groups) == []
     assert any(line.startswith("nodes connected: 3/3 online") for line in lines)
+
+
+def _copy_app(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info",
+                                                             ".pytest_cache", "site"))
+    return dst
 
 
 def test_loopback_result_check_catches_incomplete_runs(tmp_path):

@@ -157,3 +157,33 @@ def test_targets_key_and_exponential_lr():
         registry.load_config({"targets": "55,65"})
     assert round_lr(0.1, 1, 50, "exponential", 0.998) == pytest.approx(0.1)
     assert round_lr(0.1, 11, 50, "exponential", 0.998) == pytest.approx(0.1 * 0.998 ** 10)
+
+
+def test_scaffold_server_model_is_the_uniform_mean_of_the_clients(tmp_path):
+    """SCAFFOLD Alg. 1: x ← x + (1/|S|) Σ Δy_i, not FedAvg's example-weighted mean (issue 15 item 6)."""
+    from flwr.app import Array, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from strategies.scaffold import DELTA, ScaffoldStrategy
+    from tests.test_fedmae import FakeGrid as Nodes
+
+    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 4242, SUPERLINK_NODE_ID
+    try:
+        cfg = registry.load_config({"method": "scaffold", "model": "tiny-cnn"})
+        strategy = ScaffoldStrategy(cfg=cfg, recorder=RunRecorder(tmp_path / "r", "scaffold", cfg.to_flat()),
+                                    min_train_nodes=2, min_available_nodes=2, min_evaluate_nodes=2)
+        start = ArrayRecord({"w": Array(np.zeros(3, np.float32))})
+        ins = list(strategy.configure_train(1, start, ConfigRecord(), Nodes([11, 12])))
+        ws, ns = [np.array([1, 2, 3], np.float32), np.array([5, 6, 7], np.float32)], [90, 10]
+        replies = [Message(RecordDict({"arrays": ArrayRecord({"w": Array(w)}),
+                                       DELTA: ArrayRecord({"w": Array(np.ones(3, np.float32))}),
+                                       "metrics": MetricRecord({"num-examples": n, "train_loss": 1.0,
+                                                                "partition-id": i})}), reply_to=m)
+                   for i, (m, w, n) in enumerate(zip(ins, ws, ns))]
+        new, _ = strategy.aggregate_train(1, replies)
+        assert np.allclose(new["w"].numpy(), [3, 4, 5])  # (w1 + w2) / 2; weighted by 90/10 it would be [1.4, 2.4, 3.4]
+        assert np.allclose(strategy.control["w"].numpy(), 1.0)  # c ← c + (1/N) Σ Δc_i
+    finally:
+        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved

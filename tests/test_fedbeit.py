@@ -10,8 +10,14 @@ from torch import nn
 
 import registry
 import sim
-from fedderm.beit import (RandomProjectionTokenizer, block_mask, build_beit, build_tokenizer, masked_token_loss,
-                          num_masking_patches)
+from fedderm.beit import (
+    RandomProjectionTokenizer,
+    block_mask,
+    build_beit,
+    build_tokenizer,
+    masked_token_loss,
+    num_masking_patches,
+)
 from fedderm.config import ConfigError
 from fedderm.mae import patchify
 from fedderm.models import create_model

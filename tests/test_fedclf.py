@@ -17,16 +17,18 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 import registry
 import sim
-from clients.fedclf import BANK, FEATURES, REMOTE
+from clients.fedclf import BANK
+from clients.state import client_state
 from fedderm import moco as moco_module
 from fedderm.augment import ContrastiveAugment
-from fedderm.models import create_model
 from fedderm.moco import FeatureQueue, build_moco, info_nce, moco_round
+from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.simclr import nt_xent
 from strategies import fedclf as fedclf_strategy
-from strategies.fedclf import FedCLFStrategy, relay_features
+from strategies.fedclf import relay_features
 from strategies.finetune import pretrain
+from wire import FEATURES, REMOTE
 
 CLASSES = ["a", "b", "c", "d", "e"]
 TINY = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 6, "num-server-rounds": 2,
@@ -277,7 +279,7 @@ def test_clients_receive_exactly_the_others_features_end_to_end(tmp_path):
             latest[msg.metadata.dst_node_id] = uploaded
     # each client keeps its bank (client-only state); uploads are K = 24 features of 128 floats
     for ctx in grid.contexts.values():
-        assert ctx.state[BANK]["features"].numpy().shape == (24, 128)
+        assert tuple(client_state(ctx).tensors(BANK)["features"].shape) == (24, 128)
     assert all(latest[n].shape == (24, 128) for n in latest)
 
 
@@ -332,7 +334,7 @@ def test_baselines_run_their_plan(tmp_path, method, finetune):
         # nothing averaged: round 2 carries no weights, clients keep diverging models
         pre_msgs = [m for m in grid.sent if m.metadata.message_type == "train.pretrain"]
         assert [len(m.content["arrays"]) > 0 for m in pre_msgs] == [True, True, False, False]
-        own = [ctx.state["fedclf-model"]["backbone.0.0.weight"].numpy() for ctx in grid.contexts.values()]
+        own = [client_state(ctx).tensors("fedclf-model")["backbone.0.0.weight"].numpy() for ctx in grid.contexts.values()]
         assert not np.array_equal(own[0], own[1])
         assert all(FEATURES not in r.content for r in grid.replies)
 
@@ -345,9 +347,9 @@ def test_localcl_finetunes_from_the_clients_own_backbone(tmp_path):
     grid = FakeGrid(tiny(tmp_path, method="localcl"), 1)
     ctx = next(iter(grid.contexts.values()))
     initial = {"backbone.w": np.zeros(2, np.float32), "head.0.weight": np.zeros(1, np.float32)}
-    ctx.state[INITIAL] = ConfigRecord({"digest": backbone_digest(ArrayRecord({k: Array(v) for k, v in initial.items()}))})
-    ctx.state["fedclf-model"] = ArrayRecord({"backbone.w": Array(np.ones(2, np.float32)),
-                                             "head.0.weight": Array(np.zeros(1, np.float32))})
+    state = client_state(ctx)
+    state.put(INITIAL, meta={"digest": backbone_digest(ArrayRecord({k: Array(v) for k, v in initial.items()}))})
+    state.put("fedclf-model", {"backbone.w": torch.ones(2), "head.0.weight": torch.zeros(1)})
 
     def instruction(backbone):
         return Message(RecordDict({"arrays": ArrayRecord({"backbone.w": Array(np.asarray(backbone, np.float32)),
@@ -394,11 +396,11 @@ def test_fedclf_pretrain_then_federated_finetune_with_sim(tmp_path):
 
 
 def test_presets_and_table_grids_are_valid_run_configs():
-    """Every preset resolves; the grids of 000's tables (configs/000-fedclf-*.toml) use the
+    """Every preset resolves; the grids of 000's tables (sweeps/000-fedclf-*.toml) use the
     paper-scale presets' settings, and every row of them is a valid run config."""
     from pathlib import Path
 
-    from fedderm.grid import load_grid
+    from fedderm.sweep import load_sweep
 
     root = Path(__file__).resolve().parents[1]
     presets = sorted((root / "presets").glob("fedclf-*.toml"))
@@ -413,11 +415,11 @@ def test_presets_and_table_grids_are_valid_run_configs():
                     cfg.local_epochs, cfg.model, cfg.image_size) == (10, 100, 128, 0.03, "cosine", 1, "resnet18", 72)
         assert cfg.finetune == ("local" if "table1" in preset.stem else "federated")
         if paper_scale:
-            grid = load_grid(root / "configs" / f"000-{preset.stem}.toml", load_config=registry.load_config)
+            grid = load_sweep(root / "sweeps" / f"000-{preset.stem}.toml", load_config=registry.load_config)
             assert grid.num_supernodes == cfg.min_clients
             shared = {k: v for k, v in base.items() if k not in ("method", "label-fraction") and not
                       k.startswith("fedclf.feature") and not k.startswith("fedclf.local")}
             for run in grid.runs():
                 assert {k: run.overrides[k] for k in shared} == shared
-    fig6 = load_grid(root / "configs" / "000-fedclf-fig6.toml")
+    fig6 = load_sweep(root / "sweeps" / "000-fedclf-fig6.toml")
     assert [r.labels["method"] for r in fig6.rows()] == ["W/o FE", "FE", "FE+Neg"]

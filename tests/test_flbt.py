@@ -8,8 +8,14 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-from fedderm.flbt import (batchnorm_keys, build_projected_net, frozen_copy, train_flbt, train_moon,
-                          train_with_model_term)
+from fedderm.flbt import (
+    batchnorm_keys,
+    build_projected_net,
+    frozen_copy,
+    train_flbt,
+    train_moon,
+    train_with_model_term,
+)
 from fedderm.losses import barlow_twins, cross_correlation, moon_contrastive, moon_from_cosines
 from fedderm.models import create_model
 from fedderm.train import train_supervised

@@ -7,7 +7,14 @@ import scipy.linalg
 import torch
 from torch import nn
 
-from fedderm.fid import RandomFeatures, fid, frechet_distance, gaussian_fit, image_features, select_pseudo_images
+from fedderm.fid import (
+    RandomFeatures,
+    fid,
+    frechet_distance,
+    gaussian_fit,
+    image_features,
+    select_pseudo_images,
+)
 from fedderm.msggan import snapshot_steps
 
 

@@ -1,15 +1,14 @@
 """Fine-tuning on a centre held out of the federation (``holdout-centre``, paper 004 Table XI)."""
 
-import json
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from fake_grid import FakeGrid
+from flwr.app import Message, RecordDict
 
 import registry
 import server_app
 from clients.holdout import build_network, transfer
-from fake_grid import FakeGrid
 from fedderm.config import ConfigError
 from fedderm.flbt import batchnorm_keys, build_projected_net, split_state
 from fedderm.models import create_model

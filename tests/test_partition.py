@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
+import registry
 from fedderm.data.partition import partition_indices, split_client
 from fedderm.data.pool import DataError
-import registry
 
 
 def _labels(n=2000, classes=5, seed=0):

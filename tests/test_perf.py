@@ -7,7 +7,7 @@ from fedderm import data
 
 
 def test_fast_poll_grid_polls_the_in_memory_grid_more_often():
-    from strategies.common import IN_MEMORY_POLL_INTERVAL, POLL_INTERVAL, FastPollGrid
+    from strategies.fastpoll import IN_MEMORY_POLL_INTERVAL, POLL_INTERVAL, FastPollGrid
 
     class InMemoryGrid:  # stands for Flower's simulation grid (matched by class name)
         pass

@@ -9,9 +9,19 @@ import torch.nn.functional as F
 import registry
 from fedderm.config import ConfigError
 from fedderm.results import RunRecorder
-from fedderm.sift import (CLASS_EMBEDDINGS, PROJECTOR, VARIANTS, build_sift_model, class_text_embeddings,
-                          class_texts, ema_update, encode_texts, norm_buffers, sift_model_from_state,
-                          update_long_term)
+from fedderm.sift import (
+    CLASS_EMBEDDINGS,
+    PROJECTOR,
+    VARIANTS,
+    build_sift_model,
+    class_text_embeddings,
+    class_texts,
+    ema_update,
+    encode_texts,
+    norm_buffers,
+    sift_model_from_state,
+    update_long_term,
+)
 from fedderm.train import train_supervised
 from tests.fake_grid import FakeGrid
 

@@ -15,7 +15,7 @@ from fedderm.config import ConfigError
 from fedderm.data.synthetic import CLASSES
 from fedderm.models import create_model
 from fedderm.transport import decode, encode, wire_nbytes
-from strategies.common import FastPollGrid
+from strategies.fastpoll import FastPollGrid
 
 
 def test_codec_halves_floats_and_leaves_the_rest_alone():

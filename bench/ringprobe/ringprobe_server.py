@@ -7,7 +7,7 @@ hop splits into ``pickup`` (push -> ClientApp process started: SuperNode + Super
 ``startup`` (process start -> handler: Python/Flower/torch imports), ``work`` (the handler) and
 ``return`` (reply -> ServerApp has it: SuperNode reply push + ServerApp polling).  Each mode in
 ``modes`` does ``hops`` hops: ``flower`` with Flower's ``Grid.send_and_receive`` (HttpGrid pulls
-every 3 s), ``fast`` with fedderm's ``strategies.common.send_and_receive_fast`` (0.1 s).
+every 3 s), ``fast`` with fedderm's ``strategies.fastpoll.send_and_receive_fast`` (0.1 s).
 """
 
 import json
@@ -28,7 +28,10 @@ def _exchange(mode: str):
     if mode == "flower":
         return lambda grid, msgs, timeout: list(grid.send_and_receive(msgs, timeout=timeout))
     if mode == "fast":
-        from strategies.common import send_and_receive_fast  # fedderm's helper (PYTHONPATH = repo root)
+        from fedderm.launcher import fast_object_pulls
+        from strategies.fastpoll import send_and_receive_fast  # fedderm's helper (PYTHONPATH = repo root)
+
+        fast_object_pulls()  # as fedderm's ServerApp does in a deployment
 
         return send_and_receive_fast
     raise ValueError(f"unknown mode {mode!r}: use flower or fast")

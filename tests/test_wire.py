@@ -1,4 +1,4 @@
-"""records.py: fast ArrayRecord <-> tensor conversions and the weighted mean, against Flower's own."""
+"""wire.py: fast ArrayRecord <-> tensor conversions and the weighted mean, against Flower's own."""
 
 import numpy as np
 import pytest
@@ -8,8 +8,8 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from flwr.supercore.task_identity import TaskIdentity
 
-import records
 import registry
+import wire
 from fedderm.results import RunRecorder
 from strategies.common import cast_like
 from strategies.fedavg import build_strategy
@@ -30,33 +30,33 @@ def _state(seed: int) -> dict[str, np.ndarray]:
 def test_values_is_a_zero_copy_view_equal_to_flower_numpy():
     for key, value in _state(0).items():
         array = Array(value)
-        view = records.values(array)
+        view = wire.values(array)
         assert view.dtype == value.dtype and view.shape == value.shape, key
         assert np.array_equal(view, array.numpy()) and np.array_equal(view, value), key
         assert not view.flags.writeable and not view.flags.owndata  # a view of the bytes, not a copy
     fortran = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
-    assert np.array_equal(records.values(Array(fortran)), fortran)  # falls back to Flower's decoder
+    assert np.array_equal(wire.values(Array(fortran)), fortran)  # falls back to Flower's decoder
 
 
 def test_to_array_writes_flowers_bytes_and_round_trips():
     state = _state(1)
     for key, value in state.items():
-        assert records.to_array(value).data == Array(value).data, key
-        assert records.to_array(torch.from_numpy(value)).data == Array(value).data, key
+        assert wire.to_array(value).data == Array(value).data, key
+        assert wire.to_array(torch.from_numpy(value)).data == Array(value).data, key
     strided = np.arange(20, dtype=np.float32).reshape(4, 5)[:, ::2]
-    assert np.array_equal(records.to_array(strided).numpy(), strided)
-    tensors = records.to_state_dict(records.to_record(state))
+    assert np.array_equal(wire.to_array(strided).numpy(), strided)
+    tensors = wire.to_state_dict(wire.to_record(state))
     assert list(tensors) == list(state)
     assert all(torch.equal(tensors[k], torch.from_numpy(v)) for k, v in state.items())
     model = torch.nn.BatchNorm1d(4)
-    model.load_state_dict(records.to_state_dict(records.to_record(model.state_dict())))  # loads (copies)
+    model.load_state_dict(wire.to_state_dict(wire.to_record(model.state_dict())))  # loads (copies)
 
 
 def test_weighted_mean_is_flowers_aggregation_bit_for_bit():
     states, weights = [_state(s) for s in range(3)], [255, 260, 17]
     recs = [ArrayRecord({k: Array(v) for k, v in st.items()}) for st in states]
     contents = [RecordDict({"arrays": r, "metrics": MetricRecord({"num-examples": n})}) for r, n in zip(recs, weights)]
-    ours, flowers = records.weighted_mean(recs, weights), aggregate_arrayrecords(contents, "num-examples")
+    ours, flowers = wire.weighted_mean(recs, weights), aggregate_arrayrecords(contents, "num-examples")
     assert list(ours) == list(flowers)
     for key in flowers:
         assert ours[key].dtype == flowers[key].dtype and ours[key].data == flowers[key].data, key
@@ -69,7 +69,7 @@ def test_weighted_mean_is_flowers_aggregation_bit_for_bit():
 
 def test_cast_like_restores_integer_and_half_dtypes():
     template = ArrayRecord({k: Array(v) for k, v in _state(0).items()})
-    mean = records.weighted_mean([template, ArrayRecord({k: Array(v) for k, v in _state(1).items()})], [1, 3])
+    mean = wire.weighted_mean([template, ArrayRecord({k: Array(v) for k, v in _state(1).items()})], [1, 3])
     assert mean["bn.num_batches_tracked"].dtype == "float64" and mean["mask"].dtype == "float64"
     cast = cast_like(mean, template)
     for key, array in template.items():

@@ -1,14 +1,20 @@
-"""Fast conversions between torch tensors and Flower ArrayRecords, and FedAvg's weighted mean on them.
+"""The wire protocol shared by the ServerApp (``strategies/``) and the ClientApp (``clients/``):
+the names of the records and messages both sides read, the fast zero-copy conversions between
+torch tensors and Flower ArrayRecords, FedAvg's weighted mean on them, and the ``transport-dtype``
+message codec.  ``strategies/`` and ``clients/`` never import each other; what they share is here.
 
-Flower keeps every ``Array`` as the bytes of a ``.npy`` file.  ``Array.numpy()`` parses the
-header (``ast.literal_eval``) and copies the data on every call, and ``Array(ndarray)`` writes
-through a ``BytesIO`` (two copies).  For a ResNet-18 that is ~0.1 s per model and direction, paid
-several times per round.  Here:
+Fast conversions.  Flower keeps every ``Array`` as the bytes of a ``.npy`` file.  ``Array.numpy()``
+parses the header (``ast.literal_eval``) and copies the data on every call, and ``Array(ndarray)``
+writes through a ``BytesIO`` (two copies).  For a ResNet-18 that is ~0.1 s per model and
+direction, paid several times per round.  Here:
 
 * :func:`values` is a zero-copy, read-only view of an Array's numbers;
 * :func:`to_array` / :func:`to_record` write the very bytes ``Array(ndarray)`` writes, with one copy;
 * :func:`weighted_mean` is Flower's ``aggregate_arrayrecords`` (same operations in the same order,
   so the same bits) on those views, without the decode/encode round trips.
+
+They are the one way fedderm converts records: ``to_record(model.state_dict())`` to send a model,
+``model.load_state_dict(to_state_dict(record))`` to load one, :func:`values` to read an array.
 """
 
 from __future__ import annotations
@@ -16,12 +22,22 @@ from __future__ import annotations
 import io
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.common.constant import SType
+
+from fedderm import transport as codec
+
+# -- record names that both sides read (beyond Flower's "arrays", "config" and "metrics") ------------
+FEATURES = "features"  # FedCLF reply record: this client's local feature bank Q_l (000 §III-B)
+REMOTE = "remote-features"  # FedCLF instruction record: Q_r, the other clients' features (de-identified)
+PSEUDO = "pseudo-images"  # SSL-FL-BT reply record: a centre's synthetic images (004 §III-C)
+LOCAL_RECORD = "local-arrays"  # FedMAE: the clients' excluded parameters, sent once, in the last round
+STAMP = "fedderm-state"  # every server message: run name, step, resume step (clients/state.py's store)
+PR_CURVE = "pr-curve"  # FL-BT family test reply: per-class precision-recall curves (004 §IV)
 
 _MAGIC = b"\x93NUMPY"
 
@@ -114,3 +130,37 @@ def weighted_mean(records: list[ArrayRecord], weights: list[float]) -> ArrayReco
             else:
                 out[key] = term
     return ArrayRecord({key: to_array(np.asarray(value)) for key, value in out.items()})
+
+
+# -- transport precision on the wire (``transport-dtype``) --------------------------------------------
+def recode(content: RecordDict, fn: Callable[[np.ndarray], np.ndarray]) -> RecordDict:
+    """``content`` with every array passed through ``fn``.  Arrays ``fn`` returns unchanged, and
+    records with no change, are kept as they are (the same objects): the default transport
+    costs nothing."""
+    out = RecordDict()
+    for name, record in content.items():
+        if name in content.array_records:
+            arrays, changed = dict(record.items()), {}
+            for key, array in arrays.items():
+                view = values(array)
+                new = fn(view)
+                if new is not view:  # np.require keeps 0-d arrays 0-d (ascontiguousarray would not)
+                    changed[key] = to_array(np.require(new, requirements="C"))
+            if changed:
+                record = ArrayRecord({key: changed.get(key, array) for key, array in arrays.items()})
+        out[name] = record
+    return out
+
+
+def encode_message(msg: Message, transport: str) -> Message:
+    """``msg`` with its arrays in the transport dtype (in place; returns ``msg``)."""
+    if transport != "float32" and msg.has_content():
+        msg.content = recode(msg.content, lambda v: codec.encode(v, transport))
+    return msg
+
+
+def decode_message(msg: Message, transport: str) -> Message:
+    """``msg`` with float16 arrays back in float32 (in place; returns ``msg``)."""
+    if transport != "float32" and msg.has_content():
+        msg.content = recode(msg.content, lambda v: codec.decode(v, transport))
+    return msg

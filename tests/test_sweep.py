@@ -1,5 +1,5 @@
-"""Experiment grids (fedderm/grid.py, sim.py --grid): parsing, expansion, errors, aggregation,
-resume, every configs/*.toml, and one real end-to-end grid."""
+"""Experiment sweeps (fedderm/sweep.py, sim.py --sweep): parsing, expansion, errors, aggregation,
+resume, every sweeps/*.toml, and one real end-to-end sweep."""
 
 import json
 import re
@@ -9,7 +9,8 @@ import pytest
 
 import registry
 import sim
-from fedderm import grid as fg
+from fedderm import sweep as fs
+from fedderm import sweep_tables as ft
 from fedderm.config import default_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,12 +19,12 @@ TINY = {"model": "tiny-cnn", "image-size": 32, "synthetic-per-class": 20, "num-s
 
 
 def parse(data, **kw):
-    return fg.parse_grid(data, "g", "g.toml", load_config=registry.load_config, valid_keys=VALID, **kw)
+    return fs.parse_sweep(data, "g", "g.toml", load_config=registry.load_config, valid_keys=VALID, **kw)
 
 
-def spec(**grid):
-    return {"grid": {"seeds": [0, 1], "metrics": ["balanced_accuracy"], **grid,
-                     "axes": grid.get("axes", {"method": ["fedavg", "fedprox"]})},
+def spec(**sweep):
+    return {"sweep": {"seeds": [0, 1], "metrics": ["balanced_accuracy"], **sweep,
+                     "axes": sweep.get("axes", {"method": ["fedavg", "fedprox"]})},
             "run-config": dict(TINY)}
 
 
@@ -43,16 +44,16 @@ def test_rows_are_the_product_of_the_axes_in_file_order_and_runs_add_seeds():
     assert runs[7].describe() == "method=fedprox variant=B seed=1"
 
 
-def test_quick_and_set_override_rows_and_grid_keys():
+def test_quick_and_set_override_rows_and_sweep_keys():
     data = spec(axes={"row": [{"name": "a", "num-server-rounds": 50}, {"name": "b"}]}, **{"num-supernodes": 4})
-    data["quick"] = {"num-server-rounds": 2, "grid.seeds": [5], "grid.num-supernodes": 3,
-                     "grid.axes.label-fraction": [0.1, 0.5], "grid": {"title": "nested form"}}
+    data["quick"] = {"num-server-rounds": 2, "sweep.seeds": [5], "sweep.num-supernodes": 3,
+                     "sweep.axes.label-fraction": [0.1, 0.5], "sweep": {"title": "nested form"}}
     full, quick = parse(data), parse(data, quick=True)
     assert full.num_supernodes == 4 and [r.overrides["num-server-rounds"] for r in full.runs()][0] == 50
     assert quick.num_supernodes == 3 and quick.seeds == [5] and quick.title == "nested form"
     assert all(r.overrides["num-server-rounds"] == 2 for r in quick.runs())  # [quick] wins over a row's own
     assert quick.axes["label-fraction"] and len(quick.rows()) == 4
-    with_set = parse(data, quick=True, overrides={"lr": 0.5, "grid.seeds": [1, 2]}, seeds=[7])
+    with_set = parse(data, quick=True, overrides={"lr": 0.5, "sweep.seeds": [1, 2]}, seeds=[7])
     assert with_set.seeds == [7] and all(r.overrides["lr"] == 0.5 for r in with_set.runs())
 
 
@@ -64,34 +65,34 @@ def test_cv_folds_are_replicates():
 
 
 @pytest.mark.parametrize("data, match", [
-    ({"grid": {}, "runconfig": {}}, r"unknown section 'runconfig'.*Did you mean 'run-config'"),
-    ({"grid": {"seed": [0]}}, r"unknown grid key 'seed'.*Did you mean 'seeds'"),
-    ({"grid": {"axes": {"label-fractoin": [0.1]}}}, r"axis 'label-fractoin' is not a run-config key. Did you mean 'label-fraction'"),
-    ({"grid": {"axes": {"seed": [0, 1]}}}, r"'seed' cannot be an axis"),
-    ({"grid": {"axes": {"method": ["fedavg", "fedavgg"]}}}, r"row method=fedavgg: unknown method 'fedavgg'"),
-    ({"grid": {"axes": {"m": [{"name": "x", "lrr": 1.0}]}}}, r"row m=x: unknown run-config key 'lrr'"),
-    ({"grid": {"axes": {"m": [{"lr": 1.0}]}}}, r"needs a string 'name'"),
-    ({"grid": {"metrics": ["balanced_acc"]}}, r"unknown metric 'balanced_acc'.*'balanced_accuracy'"),
-    ({"grid": {"metrics": [{"key": "auc", "lable": "AUC"}]}}, r"unknown metric field 'lable'"),
-    ({"grid": {"table": "per-client", "metrics": ["rounds_to_target.0.55"]}}, r"per-client.*final metrics only"),
-    ({"grid": {"seeds": []}}, r"'seeds' must be a non-empty list"),
-    ({"grid": {"num-supernodes": 2}, "run-config": {"min-clients": 3}}, r"min-clients=3 > num-supernodes=2"),
-    ({"grid": {"axes": {"method": ["fedavg"]}}, "quick": {"method": "fedprox"}}, r"\[quick\]: 'method' is set by every entry"),
-    ({"grid": {}, "quick": {"grid.axis": 1}}, r"unknown grid key 'grid.axis'"),
-    ({"grid": {}, "run-config": {"seed": 3}}, r"'seed' is set per run"),
+    ({"sweep": {}, "runconfig": {}}, r"unknown section 'runconfig'.*Did you mean 'run-config'"),
+    ({"sweep": {"seed": [0]}}, r"unknown sweep key 'seed'.*Did you mean 'seeds'"),
+    ({"sweep": {"axes": {"label-fractoin": [0.1]}}}, r"axis 'label-fractoin' is not a run-config key. Did you mean 'label-fraction'"),
+    ({"sweep": {"axes": {"seed": [0, 1]}}}, r"'seed' cannot be an axis"),
+    ({"sweep": {"axes": {"method": ["fedavg", "fedavgg"]}}}, r"row method=fedavgg: unknown method 'fedavgg'"),
+    ({"sweep": {"axes": {"m": [{"name": "x", "lrr": 1.0}]}}}, r"row m=x: unknown run-config key 'lrr'"),
+    ({"sweep": {"axes": {"m": [{"lr": 1.0}]}}}, r"needs a string 'name'"),
+    ({"sweep": {"metrics": ["balanced_acc"]}}, r"unknown metric 'balanced_acc'.*'balanced_accuracy'"),
+    ({"sweep": {"metrics": [{"key": "auc", "lable": "AUC"}]}}, r"unknown metric field 'lable'"),
+    ({"sweep": {"table": "per-client", "metrics": ["rounds_to_target.0.55"]}}, r"per-client.*final metrics only"),
+    ({"sweep": {"seeds": []}}, r"'seeds' must be a non-empty list"),
+    ({"sweep": {"num-supernodes": 2}, "run-config": {"min-clients": 3}}, r"min-clients=3 > num-supernodes=2"),
+    ({"sweep": {"axes": {"method": ["fedavg"]}}, "quick": {"method": "fedprox"}}, r"\[quick\]: 'method' is set by every entry"),
+    ({"sweep": {}, "quick": {"sweep.axis": 1}}, r"unknown sweep key 'sweep.axis'"),
+    ({"sweep": {}, "run-config": {"seed": 3}}, r"'seed' is set per run"),
 ])
-def test_grid_errors_name_the_key(data, match):
-    with pytest.raises(fg.GridError, match=match):
+def test_sweep_errors_name_the_key(data, match):
+    with pytest.raises(fs.SweepError, match=match):
         parse(data, quick="quick" in data)
 
 
-def test_load_grid_names_the_file(tmp_path):
+def test_load_sweep_names_the_file(tmp_path):
     bad = tmp_path / "bad.toml"
-    bad.write_text("[grid]\nnum-supernode = 3\n")
-    with pytest.raises(fg.GridError, match=r"bad.toml \[grid\]: unknown grid key 'num-supernode'"):
-        fg.load_grid(bad)
-    with pytest.raises(fg.GridError, match="not found"):
-        fg.load_grid(tmp_path / "missing.toml")
+    bad.write_text("[sweep]\nnum-supernode = 3\n")
+    with pytest.raises(fs.SweepError, match=r"bad.toml \[sweep\]: unknown sweep key 'num-supernode'"):
+        fs.load_sweep(bad)
+    with pytest.raises(fs.SweepError, match="not found"):
+        fs.load_sweep(tmp_path / "missing.toml")
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -102,7 +103,7 @@ def fake_summary(bacc, auc=None, per_client=None, rtt=None, mb=()):
 
 
 def test_aggregate_mean_sd_over_seeds_missing_and_failed_runs():
-    g = fg.parse_grid(spec(metrics=["balanced_accuracy", "auc", "rounds_to_target.0.55",
+    g = fs.parse_sweep(spec(metrics=["balanced_accuracy", "auc", "rounds_to_target.0.55",
                                     {"key": "bytes_per_round.bytes", "label": "MB", "scale": 2 ** -20}]), "g")
     s = [fake_summary(0.5, 0.9, rtt={"0.55": 3}, mb=[2 ** 20, 3 * 2 ** 20]),
          fake_summary(0.7, None, rtt={"0.55": None}, mb=[2 ** 20])]
@@ -110,38 +111,38 @@ def test_aggregate_mean_sd_over_seeds_missing_and_failed_runs():
                {"run": 1, "status": "done", "summary": s[1], "dir": "b"},
                {"run": 2, "status": "failed", "reason": "RuntimeError: boom | pipe", "summary": None},
                {"run": 3, "status": "done", "summary": fake_summary(0.25)}]
-    table = fg.aggregate(g, results)
+    table = ft.aggregate(g, results)
     r0, r1 = table["rows"]
     cell = r0["metrics"]["balanced_accuracy"]
     assert cell["mean"] == pytest.approx(0.6) and cell["sd"] == pytest.approx(0.1414213562)  # sample SD
     assert r0["metrics"]["auc"]["n"] == 1 and r0["metrics"]["rounds_to_target.0.55"]["values"] == [3.0]
     assert r0["metrics"]["MB"]["values"] == [2 * 2 ** 20, 2 ** 20]  # mean over each run's rounds (bytes; scaled when shown)
     assert r1["done"] == 1 and r1["runs"][0]["status"] == "failed"
-    md = fg.render_markdown(table)
+    md = ft.render_markdown(table)
     assert "| fedavg | 60.00 ± 14.14 | 90.00 (1/2) | 3.00 (1/2) | 1.50 ± 0.71 | 2/2 |" in md
     assert "| fedprox | 25.00 | n/a | n/a | n/a | 1/2; failed: r01-fedprox-s0: RuntimeError: boom \\| pipe |" in md
     json.dumps(table, allow_nan=False)
 
 
 def test_all_runs_failed_row_says_failed():
-    g = fg.parse_grid(spec(seeds=[0]), "g")
-    table = fg.aggregate(g, [{"run": 0, "status": "failed", "reason": "x"},
+    g = fs.parse_sweep(spec(seeds=[0]), "g")
+    table = ft.aggregate(g, [{"run": 0, "status": "failed", "reason": "x"},
                              {"run": 1, "status": "done", "summary": fake_summary(1.0)}])
-    md = fg.render_markdown(table)
+    md = ft.render_markdown(table)
     assert "| fedavg | failed | 0/1; failed: r00-fedavg-s0: x |" in md and "| fedprox | 100.00 | 1/1 |" in md
 
 
 def test_per_client_tables_and_gta():
-    g = fg.parse_grid({"grid": {"seeds": [0, 1], "table": "per-client", "metrics": ["accuracy"],
+    g = fs.parse_sweep({"sweep": {"seeds": [0, 1], "table": "per-client", "metrics": ["accuracy"],
                                 "axes": {"method": ["flbt"]}}}, "g")
 
     def s(a0, a1):
         return {"final": {"accuracy": (a0 + a1) / 2, "per_client": {"0": {"accuracy": a0}, "1": {"accuracy": a1}}}}
 
-    table = fg.aggregate(g, [{"run": 0, "status": "done", "summary": s(0.8, 0.6)},
+    table = ft.aggregate(g, [{"run": 0, "status": "done", "summary": s(0.8, 0.6)},
                              {"run": 1, "status": "done", "summary": s(1.0, 0.6)}])
     assert table["clients"] == ["0", "1"]
-    md = fg.render_markdown(table)
+    md = ft.render_markdown(table)
     c1, c2, gta = md.split("**C1**")[1], md.split("**C2**")[1], md.split("**GTA**")[1]
     assert "| flbt | 90.00 ± 14.14 | 2/2 |" in c1.split("**C2**")[0]
     assert "| flbt | 60.00 ± 0.00 | 2/2 |" in c2.split("**GTA**")[0]
@@ -150,20 +151,20 @@ def test_per_client_tables_and_gta():
 
 def test_lookup_is_greedy_on_keys_with_dots():
     summary = {"rounds_to_target": {"0.55": 4}, "config": {"num-server-rounds": 9}, "a": {"b.c": {"d": 1}}}
-    assert fg.lookup(summary, "rounds_to_target.0.55") == 4
-    assert fg.lookup(summary, "config.num-server-rounds") == 9
-    assert fg.lookup(summary, "a.b.c.d") == 1 and fg.lookup(summary, "a.x") is None
+    assert ft.lookup(summary, "rounds_to_target.0.55") == 4
+    assert ft.lookup(summary, "config.num-server-rounds") == 9
+    assert ft.lookup(summary, "a.b.c.d") == 1 and ft.lookup(summary, "a.x") is None
 
 
 # --------------------------------------------------------------------------- runner: resume, failures
-def write_grid(path, rows=("fedavg", "fedprox"), seeds=(0,)):
-    path.write_text(f"[grid]\ntitle = 'T'\nseeds = {list(seeds)}\nmetrics = ['balanced_accuracy']\n"
-                    f"[grid.axes]\nmethod = {json.dumps(list(rows))}\n[run-config]\n"
+def write_sweep(path, rows=("fedavg", "fedprox"), seeds=(0,)):
+    path.write_text(f"[sweep]\ntitle = 'T'\nseeds = {list(seeds)}\nmetrics = ['balanced_accuracy']\n"
+                    f"[sweep.axes]\nmethod = {json.dumps(list(rows))}\n[run-config]\n"
                     + "".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in TINY.items()))
     return path
 
 
-def test_run_grid_records_failures_and_resume_skips_finished_runs(tmp_path, monkeypatch):
+def test_run_sweep_records_failures_and_resume_skips_finished_runs(tmp_path, monkeypatch):
     calls = []
 
     def fake_simulate(overrides, *args, **kwargs):
@@ -178,8 +179,8 @@ def test_run_grid_records_failures_and_resume_skips_finished_runs(tmp_path, monk
         return run_dir
 
     monkeypatch.setattr(sim, "simulate", fake_simulate)
-    grid_file, out, lines = write_grid(tmp_path / "g.toml"), tmp_path / "out", []
-    table_md = sim.run_grid(str(grid_file), out=str(out), echo=lines.append)
+    sweep_file, out, lines = write_sweep(tmp_path / "g.toml"), tmp_path / "out", []
+    table_md = sim.run_sweep(str(sweep_file), out=str(out), echo=lines.append)
     assert calls == ["r00-fedavg-s0", "r01-fedprox-s0"]
     assert re.match(r"run 2/2: method=fedprox seed=0 \.\.\. \d+ s FAILED: RuntimeError: client 1 ran out of memory",
                     lines[2])
@@ -189,16 +190,16 @@ def test_run_grid_records_failures_and_resume_skips_finished_runs(tmp_path, monk
     (out / "r01-fedprox-s0").mkdir()
     (out / "r01-fedprox-s0" / "summary.json").write_text(json.dumps({"final": None}))
     lines.clear()
-    sim.run_grid(str(grid_file), out=str(out), echo=lines.append)
+    sim.run_sweep(str(sweep_file), out=str(out), echo=lines.append)
     assert calls[2:] == ["r01-fedprox-s0"]  # fedavg was not run again
     assert lines[1] == "run 1/2: method=fedavg seed=0 ... done before, skipped"
     assert (out / "r01-fedprox-s0.incomplete-1" / "summary.json").exists()
     table = json.loads((out / "table.json").read_text())
     assert [r["metrics"]["balanced_accuracy"]["mean"] for r in table["rows"]] == [0.5, 0.75]
     # a finished run with other settings is not reused silently
-    with pytest.raises(fg.GridError, match=r"r00-fedavg-s0 holds a finished run with other settings "
+    with pytest.raises(fs.SweepError, match=r"r00-fedavg-s0 holds a finished run with other settings "
                                            r"\(num-server-rounds: 1 there, 2 now\)"):
-        sim.run_grid(str(grid_file), out=str(out), sets={"num-server-rounds": 2}, echo=lines.append)
+        sim.run_sweep(str(sweep_file), out=str(out), sets={"num-server-rounds": 2}, echo=lines.append)
 
 
 def test_incomplete_run_with_a_checkpoint_is_resumed(tmp_path, monkeypatch):
@@ -215,13 +216,13 @@ def test_incomplete_run_with_a_checkpoint_is_resumed(tmp_path, monkeypatch):
     (out / "r00-fedavg-s0").mkdir(parents=True)
     (out / "r00-fedavg-s0" / "checkpoint-round-1.pt").write_bytes(b"")
     lines = []
-    sim.run_grid(str(write_grid(tmp_path / "g.toml", rows=["fedavg"])), out=str(out), echo=lines.append)
+    sim.run_sweep(str(write_sweep(tmp_path / "g.toml", rows=["fedavg"])), out=str(out), echo=lines.append)
     assert seen == [str(out / "r00-fedavg-s0")] and "(resumed)" in lines[1]
 
 
-def test_cli_set_takes_toml_values_with_spaces_and_bad_grids_exit_2(tmp_path, monkeypatch, capsys):
-    assert sim.parse_sets(['grid.axes.data=[{name="Organ C", dirichlet-alpha=0.5}]', "lr=0.5 seed=1"]) == {
-        "grid.axes.data": [{"name": "Organ C", "dirichlet-alpha": 0.5}], "lr": 0.5, "seed": 1}
+def test_cli_set_takes_toml_values_with_spaces_and_bad_sweeps_exit_2(tmp_path, monkeypatch, capsys):
+    assert sim.parse_sets(['sweep.axes.data=[{name="Organ C", dirichlet-alpha=0.5}]', "lr=0.5 seed=1"]) == {
+        "sweep.axes.data": [{"name": "Organ C", "dirichlet-alpha": 0.5}], "lr": 0.5, "seed": 1}
     seen = []
 
     def fake_simulate(overrides, num_supernodes, *args, **kwargs):
@@ -229,23 +230,23 @@ def test_cli_set_takes_toml_values_with_spaces_and_bad_grids_exit_2(tmp_path, mo
         raise RuntimeError("stop")
 
     monkeypatch.setattr(sim, "simulate", fake_simulate)
-    grid_file = write_grid(tmp_path / "g.toml", rows=["fedavg"])
-    assert sim.main(["--grid", str(grid_file), "--out", str(tmp_path / "o"), "--seeds", "3",
-                     "--set", "finetune-rounds=4", "grid.num-supernodes=3"]) == 0
+    sweep_file = write_sweep(tmp_path / "g.toml", rows=["fedavg"])
+    assert sim.main(["--sweep", str(sweep_file), "--out", str(tmp_path / "o"), "--seeds", "3",
+                     "--set", "finetune-rounds=4", "sweep.num-supernodes=3"]) == 0
     assert seen == [("r00-fedavg-s3", 4, 3)]
     assert "table: " + str(tmp_path / "o" / "table.md") in capsys.readouterr().out
-    assert sim.main(["--grid", str(grid_file), "--set", "grid.seed=[1]"]) == 2
-    assert "unknown grid key 'grid.seed'" in capsys.readouterr().err
+    assert sim.main(["--sweep", str(sweep_file), "--set", "sweep.seed=[1]"]) == 2
+    assert "unknown sweep key 'sweep.seed'" in capsys.readouterr().err
 
 
-# --------------------------------------------------------------------------- configs/ cannot rot
-CONFIGS = sorted((ROOT / "configs").glob("*.toml"))
+# --------------------------------------------------------------------------- sweeps/ cannot rot
+CONFIGS = sorted((ROOT / "sweeps").glob("*.toml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_every_config_parses_and_its_rows_load(path):
-    full = fg.load_grid(path, load_config=registry.load_config, valid_keys=VALID)
-    quick = fg.load_grid(path, quick=True, load_config=registry.load_config, valid_keys=VALID)
+    full = fs.load_sweep(path, load_config=registry.load_config, valid_keys=VALID)
+    quick = fs.load_sweep(path, quick=True, load_config=registry.load_config, valid_keys=VALID)
     assert full.title.startswith(path.stem[:3])  # the title cites the paper
     for run in quick.runs():  # --quick must stay small enough for 2 CPU cores
         cfg = registry.load_config(run.overrides)
@@ -262,10 +263,10 @@ def test_configs_exist_for_the_paper_tables():
 
 
 # --------------------------------------------------------------------------- end to end
-def test_grid_end_to_end_table_equals_the_runs_summaries(tmp_path):
+def test_sweep_end_to_end_table_equals_the_runs_summaries(tmp_path):
     """2 rows × 1 seed, tiny CNN, 1 round, through the real simulation."""
-    out = tmp_path / "grid"
-    table_md = sim.run_grid(str(write_grid(tmp_path / "e2e.toml")), out=str(out), echo=lambda *_: None)
+    out = tmp_path / "sweep"
+    table_md = sim.run_sweep(str(write_sweep(tmp_path / "e2e.toml")), out=str(out), echo=lambda *_: None)
     table = json.loads((out / "table.json").read_text())
     md = table_md.read_text()
     for row in table["rows"]:
@@ -277,3 +278,22 @@ def test_grid_end_to_end_table_equals_the_runs_summaries(tmp_path):
         assert row["metrics"]["balanced_accuracy"]["values"] == [value]
         assert f"| {row['axes']['method']} | {100 * value:.2f} | 1/1 |" in md
     assert (out / "logs" / "r00-fedavg-s0.log").exists()  # (under pytest's capture Flower writes elsewhere)
+
+
+def test_old_grid_names_still_work_for_one_release_and_say_so(tmp_path, monkeypatch, capsys):
+    """``[grid]`` / ``grid.<key>`` / ``--grid`` are read as ``[sweep]`` / ``sweep.<key>`` / ``--sweep``
+    (the previous release's names), with a deprecation warning or line."""
+    new = parse(spec(axes={"method": ["fedavg", "fedprox"]}))
+    old_data = spec(axes={"method": ["fedavg", "fedprox"]})
+    old_data["grid"] = old_data.pop("sweep")
+    old_data["quick"] = {"grid": {"seeds": [5]}}
+    with pytest.warns(FutureWarning, match="'grid' is the old name of 'sweep'"):
+        old = parse(old_data, quick=True, overrides={"grid.num-supernodes": 3})
+    assert [r.overrides for r in old.rows()] == [r.overrides for r in new.rows()]
+    assert old.seeds == [5] and old.num_supernodes == 3
+    seen = []
+    monkeypatch.setattr(sim, "simulate", lambda overrides, *a, **k: seen.append(overrides["run-name"]) or 1 / 0)
+    sweep_file = write_sweep(tmp_path / "g.toml", rows=["fedavg"])
+    assert sim.main(["--grid", str(sweep_file), "--out", str(tmp_path / "o"), "--seeds", "3"]) == 0
+    assert seen == ["r00-fedavg-s3"]
+    assert "--grid is deprecated" in capsys.readouterr().err

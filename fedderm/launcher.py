@@ -1,0 +1,373 @@
+"""A warm, approval-checking ClientApp launcher for a hospital's SuperNode (deployment only).
+
+Flower 1.41/1.42 start one fresh ``flwr-clientapp`` process per message (Python, torch and the
+app imported every time) and wait on several fixed sleeps (SuperNode pull 3 s, reply wait 0.5 s,
+object-pull back-off 1, 2, 4, 8 s).  This module keeps Flower's own task loop and per-task
+token, and changes three things, each through the narrowest hook the installed Flower offers:
+
+* ``fedderm-superexec`` (``python -m fedderm.launcher superexec``) is Flower's
+  ``flower-superexec`` with its executor replaced by :class:`ForkExecutor`: a parent that has
+  imported torch, torchvision, timm and Flower once (no torch op runs in it) forks one child per
+  task; the child calls Flower's own ``run_clientapp`` with the task's token, exactly what
+  ``flwr-clientapp --token`` does, and exits.  One message = one token = one child, as in Flower.
+* Before any app code runs, the child checks the received app bundle (FAB) against the
+  hospital's allow-list of sha256 hashes (``--allow-list FILE`` or ``FEDDERM_ALLOW_LIST``).  A
+  bundle that is not on it is refused with one log line and an error reply to the server.  The
+  check sits outside the app, so the shipped app cannot skip it.
+* ``fedderm-supernode`` (``python -m fedderm.launcher supernode``) is ``flower-supernode`` with
+  its idle sleeps clamped to ``FEDDERM_POLL_INTERVAL`` (default 0.05 s) and its SuperExec
+  started as ``fedderm-superexec``.
+
+Only Flower internals verified for the versions in :data:`VERIFIED_FLOWER` are touched;
+:func:`check_flower_internals` names any that moved (tests/test_launcher.py runs it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+import os
+import sys
+import time as _time
+from pathlib import Path
+
+VERIFIED_FLOWER = ("1.41.0", "1.42.0")
+DEFAULT_POLL_INTERVAL = 0.05
+REFUSAL = "refused: app bundle sha256 {digest} is not on this hospital's allow-list ({source})"
+_log = logging.getLogger("flwr")  # Flower's console format, next to the SuperNode's own lines
+
+# (module, attribute) pairs of Flower internals this module relies on
+_INTERNALS = (
+    ("flwr.supercore.superexec.run_superexec", "get_executor"),
+    ("flwr.supercore.superexec.run_superexec", "run_superexec"),
+    ("flwr.supercore.superexec.executor.subprocess_executor", "SubprocessExecutor"),
+    ("flwr.supercore.superexec.executor.types", "LaunchResult"),
+    ("flwr.supercore.cli.flower_superexec", "flower_superexec"),
+    ("flwr.supernode.runtime.run_clientapp", "run_clientapp"),
+    ("flwr.supernode.runtime.run_clientapp", "install_from_fab"),
+    ("flwr.supernode.start_client_internal", "time"),
+    ("flwr.supernode.start_client_internal", "subprocess"),
+    ("flwr.supernode.cli.flower_supernode", "flower_supernode"),
+    ("flwr.supercore.inflatable.inflatable_utils", "pull_objects"),
+    ("flwr.supercore.inflatable.inflatable_utils", "pull_and_inflate_object_from_tree"),
+    ("flwr.supercore.exit.exit_handler", "registered_exit_handlers"),
+    ("flwr.supercore.constant", "TaskType"),
+)
+
+
+def check_flower_internals() -> list[str]:
+    """The Flower internals this launcher patches that are missing in the installed flwr."""
+    missing = []
+    for module, attr in _INTERNALS:
+        try:
+            if not hasattr(importlib.import_module(module), attr):
+                missing.append(f"{module}.{attr}")
+        except ImportError:
+            missing.append(f"{module} (module)")
+    for fn_name in ("pull_objects", "pull_and_inflate_object_from_tree"):
+        try:
+            fn = getattr(importlib.import_module("flwr.supercore.inflatable.inflatable_utils"), fn_name)
+            if not {"initial_backoff", "backoff_cap"} <= set(fn.__kwdefaults__ or {}):
+                missing.append(f"flwr.supercore.inflatable.inflatable_utils.{fn_name}(initial_backoff=, "
+                               "backoff_cap=)")
+        except (ImportError, AttributeError):
+            pass
+    return missing
+
+
+def poll_interval() -> float:
+    """``FEDDERM_POLL_INTERVAL`` in seconds (default 0.05), the cap on every idle wait patched here."""
+    raw = os.environ.get("FEDDERM_POLL_INTERVAL", "")
+    try:
+        value = float(raw) if raw else DEFAULT_POLL_INTERVAL
+    except ValueError:
+        raise SystemExit(f"fedderm launcher: FEDDERM_POLL_INTERVAL={raw!r} is not a number of seconds") from None
+    if not 0.001 <= value <= 10:
+        raise SystemExit(f"fedderm launcher: FEDDERM_POLL_INTERVAL={value} must be in [0.001, 10] seconds")
+    return value
+
+
+def fast_object_pulls(interval: float | None = None) -> None:
+    """Start Flower's object-pull retry back-off at ``interval`` and cap it at 4× that.
+
+    Flower retries an object that is not there yet after 1, 2, 4, 8 s (``PULL_INITIAL_BACKOFF``,
+    ``PULL_BACKOFF_CAP``); a message whose objects arrive a moment after its header then waits
+    up to 15 s.  The defaults live on the function objects, shared by every caller.
+    """
+    interval = poll_interval() if interval is None else interval
+    from flwr.supercore.inflatable import inflatable_utils
+
+    for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
+        fn.__kwdefaults__["initial_backoff"] = interval
+        fn.__kwdefaults__["backoff_cap"] = 4 * interval
+
+
+class _ClampedTime:
+    """The ``time`` module with ``sleep`` clamped to an upper bound (the SuperNode's idle waits)."""
+
+    def __init__(self, cap: float):
+        self.cap = cap
+
+    def sleep(self, seconds: float) -> None:
+        _time.sleep(min(seconds, self.cap))
+
+    def __getattr__(self, name):
+        return getattr(_time, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# the hospital's allow-list
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_allow_list(path: str | Path) -> set[str]:
+    """sha256 hex digests, one per line (``#`` comments and blank lines ignored)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise SystemExit(f"fedderm launcher: allow-list file {path} does not exist")
+    digests = set()
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        token = line.split("#", 1)[0].strip().lower()
+        if not token:
+            continue
+        if len(token) != 64 or any(c not in "0123456789abcdef" for c in token):
+            raise SystemExit(f"fedderm launcher: {path}:{number}: {token!r} is not a sha256 hex digest")
+        digests.add(token)
+    return digests
+
+
+def app_hash(app_dir: str | Path = ".") -> str:
+    """The sha256 of the app bundle (FAB) that ``flwr run <app_dir>`` ships: what a hospital pins."""
+    from flwr.cli.build import build_fab_from_disk
+
+    return sha256_hex(build_fab_from_disk(Path(app_dir)))
+
+
+def _guard_install(allowed: set[str] | None, source: str) -> None:
+    """Wrap Flower's FAB installation in the child: refuse a bundle not on the allow-list."""
+    rc = importlib.import_module("flwr.supernode.runtime.run_clientapp")
+    original = rc.install_from_fab
+
+    def install_checked(fab_content: bytes, *args, **kwargs):
+        digest = sha256_hex(fab_content)
+        if allowed is not None and digest not in allowed:
+            message = REFUSAL.format(digest=digest, source=source)
+            _log.error("fedderm launcher: %s", message)
+            raise PermissionError(message)
+        _log.info("fedderm launcher: app bundle sha256 %s approved", digest[:16])
+        return original(fab_content, *args, **kwargs)
+
+    rc.install_from_fab = install_checked
+
+
+# ---------------------------------------------------------------------------------------------
+# the forking executor
+
+
+def prewarm() -> None:
+    """Import what every ClientApp needs, once, in the parent (no torch op runs here: fork-safe)."""
+    for name in ("numpy", "torch", "torchvision", "timm", "sklearn.metrics", "PIL.Image",
+                 "flwr.clientapp", "flwr.app", "flwr.supernode.runtime.run_clientapp"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+
+
+class ForkExecutor:
+    """Flower's ``Executor`` protocol: one forked, pre-warmed child per ClientApp task.
+
+    Other task types fall back to Flower's own :class:`SubprocessExecutor`.
+    """
+
+    def __init__(self, allowed: set[str] | None, source: str):
+        from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
+
+        self.allowed, self.source = allowed, source
+        self.fallback = SubprocessExecutor()
+        self.children: set[int] = set()
+
+    def get_eligible_capacity(self, supported_task_types, **kwargs):
+        return self.fallback.get_eligible_capacity(supported_task_types, **kwargs)
+
+    def wait_for_capacity(self, *args, **kwargs) -> None:
+        return None
+
+    def launch(self, spec):
+        from flwr.supercore.constant import TaskType
+        from flwr.supercore.superexec.executor.types import LaunchResult
+
+        if spec.task_type != TaskType.CLIENT_APP:
+            return self.fallback.launch(spec)
+        started = _time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # the child never returns
+            self._child(spec)
+        self.children.add(pid)
+        _log.debug("fedderm launcher: task %s forked as pid %d in %.3f s", spec.task_id, pid,
+                    _time.monotonic() - started)
+        return LaunchResult.accepted()
+
+    def _child(self, spec) -> None:
+        code = 1
+        try:
+            import signal
+
+            from flwr.supercore.exit import exit_handler
+
+            exit_handler.registered_exit_handlers[:] = []  # the parent's Runtime client is not ours
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
+            # the app bundle brings its own fedderm: never run the launcher's copy as app code
+            for name in [m for m in sys.modules if m == "fedderm" or m.startswith("fedderm.")]:
+                if name != __name__:
+                    del sys.modules[name]
+            _guard_install(self.allowed, self.source)
+            from flwr.supercore.tls import validate_and_resolve_root_certificates
+            from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+            certificates = validate_and_resolve_root_certificates(spec.root_certificates_path,
+                                                                   spec.insecure)
+            run_clientapp(runtime_api_address=spec.runtime_api_address, token=spec.token,
+                          insecure=spec.insecure, certificates=certificates,
+                          parent_pid=os.getppid(), runtime_dependency_install=False)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:  # noqa: BLE001 - a child must never return into the parent's loop
+            _log.exception("fedderm launcher: task child failed")
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+    def reconcile(self) -> None:
+        """Reap finished children (no zombies)."""
+        for pid in list(self.children):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.children.discard(pid)
+
+    def close(self) -> None:
+        self.reconcile()
+        self.fallback.close()
+
+
+def _pop_option(argv: list[str], name: str) -> str | None:
+    """Remove ``--name VALUE`` / ``--name=VALUE`` from ``argv`` and return VALUE."""
+    for i, token in enumerate(argv):
+        if token == name and i + 1 < len(argv):
+            value = argv[i + 1]
+            del argv[i:i + 2]
+            return value
+        if token.startswith(name + "="):
+            del argv[i]
+            return token.split("=", 1)[1]
+    return None
+
+
+def _allow_list_from(argv: list[str]) -> tuple[set[str] | None, str]:
+    path = _pop_option(argv, "--allow-list") or os.environ.get("FEDDERM_ALLOW_LIST", "")
+    if not path:
+        return None, ""
+    return read_allow_list(path), str(Path(path).expanduser())
+
+
+def superexec_main(argv: list[str]) -> None:
+    """``fedderm-superexec``: ``flower-superexec`` arguments plus ``--allow-list FILE``."""
+    argv = list(argv)
+    allowed, source = _allow_list_from(argv)
+    interval = poll_interval()
+    os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", str(max(interval, 0.01)))
+    fast_object_pulls(interval)
+    prewarm()
+    # the packages re-export functions under the modules' names: import the modules themselves
+    cli = importlib.import_module("flwr.supercore.cli.flower_superexec")
+    rs = importlib.import_module("flwr.supercore.superexec.run_superexec")
+
+    rs.get_executor = lambda *a, **k: ForkExecutor(allowed, source)
+    if allowed is not None:
+        _log.warning("fedderm launcher: only app bundles on %s (%d hashes) will run", source, len(allowed))
+    sys.argv = ["fedderm-superexec", *argv]
+    cli.flower_superexec()
+
+
+class _SuperExecPopen:
+    """``subprocess`` for the SuperNode module: its ``flower-superexec`` becomes ours."""
+
+    def __init__(self, extra: list[str]):
+        import subprocess
+
+        self._subprocess, self.extra = subprocess, extra
+
+    def Popen(self, command, *args, **kwargs):  # noqa: N802 - mirrors subprocess.Popen
+        if command and command[0] == "flower-superexec":
+            command = [sys.executable, "-m", "fedderm.launcher", "superexec", *command[1:], *self.extra]
+        return self._subprocess.Popen(command, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._subprocess, name)
+
+
+def supernode_main(argv: list[str]) -> None:
+    """``fedderm-supernode``: ``flower-supernode`` arguments plus ``--allow-list FILE``."""
+    argv = list(argv)
+    allow_list = _pop_option(argv, "--allow-list")
+    extra = []
+    if allow_list:
+        read_allow_list(allow_list)  # fail at start, not at the first message
+        extra = ["--allow-list", str(Path(allow_list).expanduser().resolve())]
+    interval = poll_interval()
+    fast_object_pulls(interval)
+    sci = importlib.import_module("flwr.supernode.start_client_internal")
+    cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
+
+    sci.time = _ClampedTime(interval)
+    sci.subprocess = _SuperExecPopen(extra)
+    sys.argv = ["fedderm-supernode", *argv]
+    cli.flower_supernode()
+
+
+def app_hash_main(argv: list[str]) -> None:
+    """``fedderm-app-hash [APP_DIR]``: print the sha256 a hospital puts on its allow-list."""
+    app_dir = argv[0] if argv else "."
+    if not (Path(app_dir) / "pyproject.toml").is_file():
+        raise SystemExit(f"fedderm-app-hash: {app_dir} has no pyproject.toml (give the app's folder)")
+    print(app_hash(app_dir))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    commands = {"superexec": superexec_main, "supernode": supernode_main, "app-hash": app_hash_main}
+    if not argv or argv[0] not in commands:
+        raise SystemExit("usage: python -m fedderm.launcher {superexec|supernode|app-hash} ...")
+    missing = check_flower_internals()
+    if missing and argv[0] != "app-hash":
+        import flwr
+
+        raise SystemExit(f"fedderm launcher: flwr {flwr.__version__} lacks the internals it was "
+                         f"verified with (flwr {', '.join(VERIFIED_FLOWER)}): {', '.join(missing)}")
+    commands[argv[0]](argv[1:])
+
+
+def supernode_entry() -> None:
+    main(["supernode", *sys.argv[1:]])
+
+
+def superexec_entry() -> None:
+    main(["superexec", *sys.argv[1:]])
+
+
+def app_hash_entry() -> None:
+    main(["app-hash", *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    main()

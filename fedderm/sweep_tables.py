@@ -1,0 +1,185 @@
+"""Experiment sweeps, the tables: read each run's ``summary.json``, aggregate the replicates of a
+row into mean ± SD and render the paper-style Markdown table (``sim.py --sweep`` writes it as
+``table.md``).  Parsing a sweep file and expanding it into runs is :mod:`fedderm.sweep`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fedderm.results import client_sort_key
+from fedderm.sweep import Metric, Run, Sweep
+
+
+def is_complete(summary: Mapping[str, Any] | None) -> bool:
+    """A run is done when its summary.json has final (test) metrics."""
+    return bool(summary) and summary.get("final") is not None
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def lookup(obj: Any, path: str) -> Any:
+    """Value at a dotted ``path`` of summary.json (greedy on keys holding dots); None if absent.
+
+    A list of records on the way gives the mean of the rest of the path over the records."""
+    if path == "":
+        return obj
+    if isinstance(obj, list):
+        values = [_number_or_none(lookup(item, path)) for item in obj]
+        values = [v for v in values if v is not None]
+        return statistics.fmean(values) if values else None
+    if not isinstance(obj, Mapping):
+        return None
+    if path in obj:
+        return obj[path]
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        head = ".".join(parts[:i])
+        if head in obj:
+            return lookup(obj[head], ".".join(parts[i:]))
+    return None
+
+
+def _number_or_none(value: Any) -> float | None:
+    """A finite number as float; None for missing, non-numeric or NaN (left out of mean ± SD)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return None if math.isnan(value) else float(value)
+
+
+def metric_value(summary: Mapping[str, Any], metric: Metric, client: str | None = None) -> float | None:
+    """The number a run contributes to a column (None when missing / undefined)."""
+    final = summary.get("final") or {}
+    if metric.is_final:
+        source = final if client is None else (final.get("per_client") or {}).get(client, {})
+        return _number_or_none(source.get(metric.key))
+    return _number_or_none(lookup(summary, metric.key))
+
+
+def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample SD (ddof = 1, as the papers report over runs); SD None for one value."""
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def format_cell(cell: Mapping[str, Any], metric: Metric) -> str:
+    """``12.34 ± 0.56`` (scaled); ``(2/3)`` appended when some runs lack the value."""
+    if cell["mean"] is None:
+        return "n/a"
+    text = f"{metric.scale * cell['mean']:.{metric.digits}f}"
+    if cell["sd"] is not None:
+        text += f" ± {metric.scale * cell['sd']:.{metric.digits}f}"
+    if cell["n"] < cell["runs"]:
+        text += f" ({cell['n']}/{cell['runs']})"
+    return text
+
+
+def aggregate(sweep: Sweep, results: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """table.json content from the runs' results.
+
+    ``results``: one per run of ``sweep.runs()``, each ``{"run": index, "dir": str | None,
+    "status": "done" | "failed", "reason": str, "seconds": float, "summary": dict | None}``.
+    Every row gets, per metric (and per client in ``per-client`` mode), the mean ± SD over its
+    completed replicates; failed runs are listed with their reason and left out of the numbers.
+    """
+    runs = sweep.runs()
+    by_row: dict[int, list[tuple[Run, Mapping[str, Any]]]] = {}
+    for result in results:
+        run = runs[result["run"]]
+        by_row.setdefault(run.row.index, []).append((run, result))
+    clients: list[str] = []
+    if sweep.table == "per-client":
+        ids = {c for r in results if is_complete(r.get("summary"))
+               for c in (r["summary"]["final"].get("per_client") or {})}
+        clients = sorted(ids, key=client_sort_key)
+
+    def cells(done: list[Mapping[str, Any]], client: str | None) -> dict[str, dict]:
+        out = {}
+        for m in sweep.metrics:
+            values = [v for r in done if (v := metric_value(r["summary"], m, client)) is not None]
+            mean, sd = mean_sd(values)
+            out[m.label] = {"mean": mean, "sd": sd, "n": len(values), "runs": len(done), "values": values}
+        return out
+
+    rows = []
+    for row in sweep.rows():
+        entries = by_row.get(row.index, [])
+        done = [r for _, r in entries if r["status"] == "done" and is_complete(r.get("summary"))]
+        rows.append({
+            "row": row.index, "axes": row.labels, "overrides": row.overrides,
+            "runs": [{"name": run.name, "seed": run.seed, "fold": run.fold, "dir": r.get("dir"),
+                      "status": r["status"], "reason": r.get("reason", ""), "seconds": r.get("seconds")}
+                     for run, r in entries],
+            "done": len(done), "planned": len(sweep.seeds) * max(sweep.cv_folds, 1),
+            "metrics": cells(done, None),
+            "per_client": {c: cells(done, c) for c in clients},
+        })
+    return {"title": sweep.title, "sweep": sweep.source, "quick": sweep.quick, "table": sweep.table,
+            "num-supernodes": sweep.num_supernodes, "seeds": sweep.seeds, "cv-folds": sweep.cv_folds,
+            "axes": list(sweep.axes), "clients": clients,
+            "metrics": [{"key": m.key, "label": m.label, "scale": m.scale, "digits": m.digits} for m in sweep.metrics],
+            "rows": rows}
+
+
+def _md_table(table: Mapping[str, Any], metrics: list[Metric], client: str | None) -> list[str]:
+    axes = table["axes"]
+    head = [*axes, *(m.label for m in metrics), "runs"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in table["rows"]:
+        cells_of = row["metrics"] if client is None else row["per_client"].get(client, {})
+        failed = [r for r in row["runs"] if r["status"] != "done"]
+        if row["done"] == 0 and failed:
+            values = ["failed"] * len(metrics)
+        else:
+            values = [format_cell(cells_of[m.label], m) if m.label in cells_of else "n/a" for m in metrics]
+        count = f"{row['done']}/{row['planned']}"
+        if failed:
+            count += "; failed: " + "; ".join(
+                f"{r['name']}: {_short(r['reason'])}" for r in failed)
+        lines.append("| " + " | ".join([*(_cell(row["axes"][a]) for a in axes), *values, count]) + " |")
+    return lines
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _short(reason: str, width: int = 160) -> str:
+    line = " ".join(str(reason).split())
+    return _cell(line if len(line) <= width else line[:width - 1] + "…")
+
+
+def render_markdown(table: Mapping[str, Any], footer: str = "") -> str:
+    """Paper-style Markdown: one row per axes combination, metric columns as mean ± SD.
+
+    ``per-client`` tables give one table per client (C1, C2, …, as 004 Tables II–IV) and then the
+    mean over clients (004's GTA)."""
+    metrics = [Metric(m["key"], m["label"], m["scale"], m["digits"]) for m in table["metrics"]]
+    reps = f"{len(table['seeds'])} seed(s)" + (f" × {table['cv-folds']} cv-folds" if table["cv-folds"] else "")
+    unit = ("Final metrics (test split, best-on-val model, mean over clients) in %, other columns as labelled"
+            if any(m.is_final for m in metrics) else "Values")
+    note = (f"{unit}, mean ± SD over {reps}; `runs` = completed/planned replicates. "
+            f"{table['num-supernodes']} simulated clients{', --quick settings' if table['quick'] else ''}.")
+    lines = [f"### {table['title']}", ""]
+    if table["table"] == "per-client":
+        for i, client in enumerate(table["clients"], start=1):
+            lines += [f"**C{i}** (client {client}, test split)", "", *_md_table(table, metrics, client), ""]
+        lines += ["**GTA** (mean over clients)", ""]
+    lines += [*_md_table(table, metrics, None), "", note]
+    if footer:
+        lines += ["", footer]
+    return "\n".join(lines) + "\n"

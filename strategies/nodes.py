@@ -1,0 +1,51 @@
+"""Connected nodes: waiting for ``min-clients``, a round's fixed view of the connected nodes, and
+send-and-receive with a round timeout."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from logging import INFO
+
+from flwr.app import Message
+from flwr.common import log
+from flwr.serverapp import Grid
+
+
+def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float) -> list[Message]:
+    """Send ``messages`` and return the replies that arrived within ``timeout`` seconds."""
+    messages = list(messages)
+    return list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+
+
+def wait_for_nodes(grid: Grid, n: int, timeout: float | None = None, poll: float = 1.0) -> list[int]:
+    """Connected node ids once at least ``n`` are connected; raises after ``timeout`` seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = -1
+    while len(ids := sorted(grid.get_node_ids())) < n:
+        if deadline is not None and time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(ids)} clients connected after {timeout:.0f} s; "
+                               f"min-clients={n}. The results so far are in the run folder; "
+                               "resume with resume=\"<run folder>\" once the hospitals are back")
+        if len(ids) != last:
+            log(INFO, "waiting for clients: %d connected, %d needed (min-clients)", len(ids), n)
+            last = len(ids)
+        time.sleep(poll)
+    return ids
+
+
+class NodeView:
+    """The grid as a strategy sees it during one round: the nodes connected at its start.
+
+    Flower's node sampling waits forever while fewer than ``min_available_nodes`` are
+    connected; sampling from this fixed list never blocks on a node that vanished mid-round.
+    """
+
+    def __init__(self, grid: Grid, node_ids: list[int]):
+        self._grid, self._ids = grid, list(node_ids)
+
+    def get_node_ids(self) -> list[int]:
+        return list(self._ids)
+
+    def __getattr__(self, name: str):
+        return getattr(self._grid, name)

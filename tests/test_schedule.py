@@ -1,0 +1,96 @@
+"""MAE/BEiT optimiser schedule (issue 15 item 5): warm-up, cosine per iteration, AdamW betas, blr scaling."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import registry
+from fedderm.config import ConfigError
+from fedderm.train import batch_scaled_lr, epoch_lr, make_optimizer, mim_schedule, train_epochs
+
+
+def test_epoch_lr_is_the_mae_reference_schedule():
+    # MAE util/lr_sched.py: lr·e/W during warm-up, then lr·½(1 + cos(π(e − W)/(T − W)))
+    assert epoch_lr(1.0, 0.0, 10, 2) == 0.0
+    assert epoch_lr(1.0, 1.0, 10, 2) == pytest.approx(0.5)
+    assert epoch_lr(1.0, 2.0, 10, 2) == pytest.approx(1.0)
+    assert epoch_lr(1.0, 6.0, 10, 2) == pytest.approx(0.5)
+    assert epoch_lr(1.0, 4.0, 10, 2) == pytest.approx(0.5 * (1 + math.cos(math.pi * 2 / 8)))
+    assert epoch_lr(1.0, 10.0, 10, 2) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_base_lr_is_scaled_by_batch_over_256():
+    assert batch_scaled_lr(7.5e-4, 128) == pytest.approx(3.75e-4)  # 003 Derm Fed-MAE: η 7.5e-4, B 128
+    s = mim_schedule(7.5e-4, server_round=1, num_rounds=4, local_epochs=1, batch_size=128, lr_scaling="batch",
+                     schedule="constant")
+    assert s["lr"] == pytest.approx(3.75e-4)
+    assert mim_schedule(7.5e-4, server_round=1, num_rounds=4, local_epochs=1, batch_size=128,
+                        schedule="constant")["lr"] == 7.5e-4
+
+
+def test_betas_reach_the_optimizer():
+    p = [nn.Parameter(torch.zeros(2))]
+    assert make_optimizer(p, "adamw", 1e-3, betas=(0.9, 0.95)).param_groups[0]["betas"] == (0.9, 0.95)
+    assert make_optimizer(p, "adamw", 1e-3).param_groups[0]["betas"] == (0.9, 0.999)
+    assert mim_schedule(1e-3, server_round=1, num_rounds=2, local_epochs=1, batch_size=8,
+                        adam_beta2=0.95)["betas"] == (0.9, 0.95)
+
+
+def _record_lrs(lr_at_epoch, epochs=2, n=8, batch=2, betas=(0.9, 0.999)):
+    """Run train_epochs on a one-parameter model and record the lr and betas of every step."""
+    model = nn.Linear(1, 1)
+    seen = []
+
+    def loss_fn(m, xb, yb, g):
+        return m(xb.float()).pow(2).mean()
+
+    orig_step = torch.optim.AdamW.step
+
+    def step(self, *a, **k):
+        seen.append((self.param_groups[0]["lr"], self.param_groups[0]["betas"]))
+        return orig_step(self, *a, **k)
+
+    torch.optim.AdamW.step = step
+    try:
+        train_epochs(model, torch.ones(n, 1), torch.zeros(n, dtype=torch.long), loss_fn, epochs=epochs,
+                     batch_size=batch, lr=0.123, optimizer="adamw", betas=betas, lr_at_epoch=lr_at_epoch)
+    finally:
+        torch.optim.AdamW.step = orig_step
+    return seen
+
+
+def test_per_iteration_schedule_sets_the_lr_before_every_step():
+    # round 2 of 3, 2 local epochs of 4 batches: epochs 2.0, 2.25, …, 3.75 of 6, warm-up 3
+    kw = mim_schedule(1.0, server_round=2, num_rounds=3, local_epochs=2, batch_size=2, lr_step="iteration",
+                      warmup_epochs=3, adam_beta2=0.95)
+    seen = _record_lrs(kw["lr_at_epoch"], betas=kw["betas"])
+    expected = [epoch_lr(1.0, 2 + e, 6, 3) for e in (0, .25, .5, .75, 1, 1.25, 1.5, 1.75)]
+    assert [lr for lr, _ in seen] == pytest.approx(expected)
+    assert expected[0] == pytest.approx(2 / 3) and expected[-1] < expected[4]  # warm-up, then decay
+    assert all(b == (0.9, 0.95) for _, b in seen)
+    # without a schedule the lr is the round's constant
+    assert [lr for lr, _ in _record_lrs(None)] == [0.123] * 8
+
+
+def test_round_step_keeps_the_per_round_cosine():
+    kw = mim_schedule(1.0, server_round=2, num_rounds=4, local_epochs=3, batch_size=2)
+    assert "lr_at_epoch" not in kw and kw["lr"] == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+
+
+def test_mim_keys_are_checked():
+    base = {"method": "fedmae"}
+    cfg = registry.load_config({**base, "mim.lr-step": "iteration", "mim.warmup-epochs": 5})
+    assert cfg.option("mim.warmup-epochs") == 5
+    registry.load_config({"method": "fedbeit", "mim.adam-beta2": 0.95})
+    with pytest.raises(ConfigError, match="mim.warmup-epochs"):
+        registry.load_config({**base, "mim.warmup-epochs": 5})  # warm-up needs the per-iteration schedule
+    with pytest.raises(ConfigError, match="mim.lr-step"):
+        registry.load_config({**base, "mim.lr-step": "epoch"})
+    with pytest.raises(ConfigError, match="mim.lr-step"):
+        registry.load_config({**base, "mim.lr-step": "iteration", "lr-schedule": "exponential"})
+    with pytest.raises(ConfigError, match="mim.lr-scaling"):
+        registry.load_config({**base, "mim.lr-scaling": "linear"})
+    with pytest.raises(ConfigError, match="mim.adam-beta2"):
+        registry.load_config({"method": "fedavg", "mim.adam-beta2": 0.95})  # read by fedmae/fedbeit only
