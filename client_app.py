@@ -4,7 +4,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 import registry
-from clients import holdout
+from clients import holdout, probe
 from clients.audit import audit_mod
 from clients.common import info, session
 from clients.state import state_mod
@@ -15,8 +15,9 @@ MODS = [state_mod, audit_mod, transport_mod]
 app = ClientApp(mods=MODS)
 
 
-#: Handlers every method's clients have: fine-tuning on a held-out centre (``holdout-centre``).
-SHARED_HANDLERS = dict(holdout.HANDLERS)
+#: Handlers every method's clients have: fine-tuning on a held-out centre (``holdout-centre``),
+#: encoder probes during pre-training (``probe-every``).
+SHARED_HANDLERS = {**holdout.HANDLERS, **probe.HANDLERS}
 
 
 def dispatch(msg: Message, context: Context) -> Message:

@@ -36,6 +36,9 @@ class Method:
     ``model`` is its paper's model, taken when the run config leaves ``model`` unset (``""``);
     ``models`` the models it can train (empty: any registered model); ``paper_image_size`` the
     paper's image size (documentation: ``image-size`` keeps its own default).
+    ``probe`` (self-supervised methods only) names the function ``"module:function"`` that maps
+    its pre-training model's state dict to ``cfg.model``'s backbone, for the encoder probes of
+    ``probe-every`` (:mod:`fedderm.probes`); ``""``: the method has no encoder to probe.
     """
 
     name: str
@@ -51,6 +54,7 @@ class Method:
     model: str = "resnet18"
     models: tuple[str, ...] = ()
     paper_image_size: int = 0
+    probe: str = ""
 
     def strategy_module(self) -> ModuleType:
         return importlib.import_module(self.strategy)
@@ -67,6 +71,8 @@ FEDCLF_OPTIONS = {
     "fedclf.temperature": 0.2,        # tau of Eq. 6 (MoCo v2)
     "fedclf.momentum": 0.99,          # EMA coefficient of the momentum encoder
     "fedclf.feature-dtype": "float16",  # features on the wire: float16 | float32
+    # private relay (issue 20, fedderm/relay_privacy.py): clip C, noise multiplier sigma, delta
+    "fedclf.relay-clip": 0.0, "fedclf.relay-noise-multiplier": 0.0, "fedclf.relay-delta": 1e-5,
 }
 
 
@@ -81,6 +87,11 @@ def check_fedclf(cfg: Config) -> None:
     need(cfg.option("fedclf.feature-dtype") in ("float16", "float32"), "fedclf.feature-dtype",
          "must be one of ['float16', 'float32']")
     need(cfg.option("fedsimclr.temperature") > 0, "fedsimclr.temperature", "must be > 0")
+    need(cfg.option("fedclf.relay-clip") >= 0, "fedclf.relay-clip", "must be >= 0 (0 = no clipping, no noise)")
+    need(cfg.option("fedclf.relay-noise-multiplier") >= 0, "fedclf.relay-noise-multiplier", "must be >= 0")
+    need(cfg.option("fedclf.relay-noise-multiplier") == 0 or cfg.option("fedclf.relay-clip") > 0,
+         "fedclf.relay-clip", "must be > 0 when fedclf.relay-noise-multiplier > 0 (the noise is sigma x clip)")
+    need(0 < cfg.option("fedclf.relay-delta") < 1, "fedclf.relay-delta", "must be in (0, 1)")
 
 # -- FL-BT, SSL-FL-BT, FedBN, MOON, local (issue 6): option checks --
 SSL_PRETRAIN = ("pseudo", "local", "federated")   # where stage 1 runs (004 Tables V-X)
@@ -167,6 +178,8 @@ SMALLEST_RUN = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 8,
 _SMALL_VIT = {"model": "vit-micro", "image-size": 16}
 #: the models the masked-image-modelling methods (FedMAE, Fed-BEiT) can pre-train
 VIT_MODELS = ("vit-micro", "vit-tiny", "vit-small", "vit-base")
+#: ``Method.probe`` of the self-supervised methods (fedderm.probes)
+_PREFIX_PROBE, _VIT_PROBE = "fedderm.probes:backbone_from_prefix", "fedderm.probes:backbone_from_vit"
 
 METHODS: dict[str, Method] = {
     m.name: m
@@ -180,20 +193,25 @@ METHODS: dict[str, Method] = {
         Method("fedclf", "strategies.fedclf", "clients.fedclf",
                "FedCLF (000 §III): MoCo pre-training + FedAvg with de-identified feature relay "
                "(remote negatives), then fine-tuning.",
-               options=FEDCLF_OPTIONS, sends=("arrays", "metrics", "features"), check=check_fedclf),
+               options=FEDCLF_OPTIONS, sends=("arrays", "metrics", "features"), check=check_fedclf,
+               probe=_PREFIX_PROBE),
         Method("fedmoco", "strategies.fedmoco", "clients.fedmoco",
                "FedMoCo (000 baseline, Fig. 6 'W/o FE'): MoCo pre-training + FedAvg, no feature "
-               "relay, then fine-tuning."),
+               "relay, then fine-tuning.",
+               probe=_PREFIX_PROBE),
         Method("fedsimclr", "strategies.fedsimclr", "clients.fedsimclr",
                "FedSimCLR (000 baseline): SimCLR pre-training (in-batch negatives) + FedAvg, "
-               "then fine-tuning.", options={"fedsimclr.temperature": 0.5}),
+               "then fine-tuning.", options={"fedsimclr.temperature": 0.5},
+               probe=_PREFIX_PROBE),
         Method("localcl", "strategies.localcl", "clients.localcl",
                "Local CL (000 baseline): MoCo pre-training on each client alone (no aggregation), "
-               "then fine-tuning from each client's own backbone."),
+               "then fine-tuning from each client's own backbone.",
+               probe=_PREFIX_PROBE),
         Method("random-init", "strategies.random_init", "clients.finetune",
                "Random init (000 baseline): no pre-training, fine-tuning of a randomly initialised model."),
         Method("fedrotation", "strategies.fedrotation", "clients.fedrotation",
-               "FedRotation (000 baseline): rotation-prediction pre-training + FedAvg, then fine-tuning."),
+               "FedRotation (000 baseline): rotation-prediction pre-training + FedAvg, then fine-tuning.",
+               probe=_PREFIX_PROBE),
         # -- FedMAE, Fed-MAE, Fed-BEiT (issue 4) --
         Method("fedmae", "strategies.fedmae", "clients.fedmae",
                "FedMAE (000 §IV): MAE pre-training, FedAvg over all but fedmae.exclude (kept on the clients, "
@@ -205,13 +223,15 @@ METHODS: dict[str, Method] = {
                sends=("arrays", "metrics", "local-arrays"), check=check_mim, model="vit-base", models=VIT_MODELS,
                paper_image_size=224,
                smallest={**_SMALL_VIT, "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1,
-                         "fedmae.decoder-num-heads": 2}),
+                         "fedmae.decoder-num-heads": 2},
+               probe=_VIT_PROBE),
         Method("fedbeit", "strategies.fedbeit", "clients.fedbeit",
                "Fed-BEiT (003 §III-C): block-wise masked visual-token prediction + FedAvg, then fine-tuning.",
                options={"fedbeit.mask-ratio": 0.4, "fedbeit.vocab-size": 8192, "fedbeit.tokenizer": "",
                         **MIM_OPTIONS},
                model="vit-base", models=VIT_MODELS, paper_image_size=224,
-               smallest={**_SMALL_VIT, "fedbeit.vocab-size": 64}),
+               smallest={**_SMALL_VIT, "fedbeit.vocab-size": 64},
+               probe=_VIT_PROBE),
         # -- SiFT, SCAFFOLD, FedDyn (issue 5) --
         Method("sift", "strategies.sift", "clients.sift",
                "SiFT (Li et al., MICCAI; paper 002): serial ring training, no averaging; short-term model with a "
@@ -243,7 +263,8 @@ METHODS: dict[str, Method] = {
                sends=("arrays", "metrics", "pr-curve", "pseudo-images"),
                messages=("train.gan", "train.pretrain", "train", "evaluate"), network="projected",
                model="resnet50", paper_image_size=256,
-               smallest={"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1}),
+               smallest={"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1},
+               probe="fedderm.probes:backbone_from_ssl_flbt"),
         Method("fedbn", "strategies.fedbn", "clients.fedbn",
                "FedBN (Li et al. 2021): FedAvg of everything but BatchNorm parameters and running statistics, "
                "which stay on each client.", sends=("arrays", "metrics", "pr-curve"),
@@ -309,6 +330,10 @@ def load_config(run_config: Mapping[str, Any]) -> Config:
     for m in METHODS.values():
         if m.check is not None:
             m.check(cfg)
+    if cfg.probe_every and not METHODS[cfg.method].probe:
+        raise ConfigError(f"run-config key 'probe-every' is {cfg.probe_every} but method {cfg.method!r} has no "
+                          "self-supervised pre-training whose encoder could be probed; methods that have one: "
+                          + ", ".join(sorted(n for n, m in METHODS.items() if m.probe)) + " (set probe-every=0)")
     if cfg.holdout_centre and not METHODS[cfg.method].network:
         raise ConfigError(f"run-config key 'holdout-centre' is set but method {cfg.method!r} has no global model "
                           "a held-out centre could fine-tune; methods that support it: "

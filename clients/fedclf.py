@@ -27,6 +27,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.moco import FEATURE_DIM, FeatureQueue, MoCo, build_moco, encode_keys, moco_round
+from fedderm.relay_privacy import privatise, releases_per_upload
 from wire import FEATURES, REMOTE, to_array, to_record, values
 
 from . import finetune
@@ -45,6 +46,8 @@ class MocoOptions:
     feature_sharing: bool
     local_negatives: bool
     feature_dtype: str
+    relay_clip: float = 0.0
+    relay_noise: float = 0.0
 
     @classmethod
     def from_config(cls, cfg, feature_sharing: bool | None = None) -> MocoOptions:
@@ -53,7 +56,8 @@ class MocoOptions:
                    momentum=cfg.option("fedclf.momentum"),
                    feature_sharing=cfg.option("fedclf.feature-sharing") if feature_sharing is None else feature_sharing,
                    local_negatives=cfg.option("fedclf.local-negatives"),
-                   feature_dtype=cfg.option("fedclf.feature-dtype"))
+                   feature_dtype=cfg.option("fedclf.feature-dtype"), relay_clip=cfg.option("fedclf.relay-clip"),
+                   relay_noise=cfg.option("fedclf.relay-noise-multiplier"))
 
 
 def moco_model(s: ClientSession, arrays: ArrayRecord | None) -> MoCo:
@@ -76,9 +80,20 @@ def save_bank(context: Context, bank: FeatureQueue) -> None:
     client_state(context).put(BANK, {"features": bank.ordered()})
 
 
-def upload(bank: FeatureQueue, dtype: str) -> ArrayRecord:
-    """The features this client shares: Q_l in ``fedclf.feature-dtype``."""
-    return ArrayRecord({"features": to_array(np.ascontiguousarray(bank.features().cpu().numpy().astype(dtype)))})
+def upload(bank: FeatureQueue, dtype: str, opts: MocoOptions | None = None, seed: int = 0) -> ArrayRecord:
+    """The features this client shares: Q_l in ``fedclf.feature-dtype``; with ``fedclf.relay-clip``
+    each vector clipped and noised first (private relay, :mod:`fedderm.relay_privacy`)."""
+    shared = bank.features().cpu()
+    if opts is not None and opts.relay_clip > 0:
+        shared = privatise(shared, opts.relay_clip, opts.relay_noise, seed)
+    return ArrayRecord({"features": to_array(np.ascontiguousarray(shared.numpy().astype(dtype)))})
+
+
+def relay_metrics(s: ClientSession, opts: MocoOptions) -> dict:
+    """``relay-releases``: the most times one training image is in this upload (privacy accounting)."""
+    if opts.relay_clip <= 0:
+        return {}
+    return {"relay-releases": releases_per_upload(opts.queue_size, len(s.data.split.train))}
 
 
 def features(msg: Message, context: Context, feature_sharing: bool | None = None) -> Message:
@@ -87,8 +102,8 @@ def features(msg: Message, context: Context, feature_sharing: bool | None = None
     opts = MocoOptions.from_config(s.cfg, feature_sharing)
     bank = local_bank(context, s, moco_model(s, msg.content["arrays"]), opts.queue_size)
     save_bank(context, bank)
-    return reply(msg, {"partition-id": s.partition_id, "num-examples": len(bank)},
-                 **{FEATURES: upload(bank, opts.feature_dtype)})
+    return reply(msg, {"partition-id": s.partition_id, "num-examples": len(bank), **relay_metrics(s, opts)},
+                 **{FEATURES: upload(bank, opts.feature_dtype, opts, s.seed(0, salt=13))})
 
 
 def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None) -> Message:
@@ -119,7 +134,10 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
         state.put(OWN_MODEL, model.state_dict())
         return reply(msg, metrics)
     weights = to_record(model.state_dict())
-    extra = {FEATURES: upload(bank, opts.feature_dtype)} if opts.feature_sharing else {}
+    extra = {FEATURES: upload(bank, opts.feature_dtype, opts, s.seed(server_round, salt=13))} \
+        if opts.feature_sharing else {}
+    if opts.feature_sharing:
+        metrics.update(relay_metrics(s, opts))
     return reply(msg, metrics, weights, **extra)
 
 

@@ -58,4 +58,11 @@ def pretrain(msg: Message, context: Context) -> Message:
     return reply(msg, metrics, shared, **extra)
 
 
+def probe_state(msg: Message, context: Context) -> dict:
+    """The encoder a probe scores (``probe-every``): the global model with this client's kept
+    parameters put back, as its next round would train it."""
+    model, _ = receive(context, msg.content["arrays"])
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
 HANDLERS = {"train.pretrain": pretrain, **finetune.HANDLERS}

@@ -14,7 +14,7 @@ import hashlib
 
 from flwr.app import ArrayRecord, Context, Message
 
-from wire import to_array, values
+from wire import to_array, to_state_dict, values
 
 from . import fedclf, finetune
 from .state import client_state
@@ -51,6 +51,13 @@ def with_own_backbone(msg: Message, context: Context) -> Message:
     msg.content["arrays"] = ArrayRecord({k: to_array(own[k]) if k.startswith("backbone.") else v
                                          for k, v in arrays.items()})
     return msg
+
+
+def probe_state(msg: Message, context: Context) -> dict:
+    """The encoder a probe scores (``probe-every``): this client's own pre-trained model (the
+    server only has the initial one)."""
+    own = client_state(context).tensors(fedclf.OWN_MODEL)
+    return dict(own) if own is not None else to_state_dict(msg.content["arrays"])
 
 
 def train(msg: Message, context: Context) -> Message:

@@ -18,7 +18,7 @@ from fedderm.fid import load_feature_extractor, select_pseudo_images
 from fedderm.msggan import generate_images, snapshot_steps, train_msggan
 from fedderm.simclr import simclr_round
 from fedderm.ssl_pseudo import backbone_arrays, encoder_prefix, original_ssl_network, train_multitask
-from wire import PSEUDO, to_array, to_record, values
+from wire import PSEUDO, to_array, to_record, to_state_dict, values
 
 from . import local
 from .common import reply, session
@@ -107,6 +107,13 @@ def pretrain(msg: Message, context: Context) -> Message:
         own.put(OWN_SSL, model.state_dict())
         return reply(msg, metrics)
     return reply(msg, metrics, to_record(model.state_dict()))
+
+
+def probe_state(msg: Message, context: Context) -> dict:
+    """The encoder a probe scores (``probe-every``): with ``ssl.pretrain="local"`` this centre's own
+    pre-trained network (the server only has the initial one), else the model sent."""
+    own = client_state(context).tensors(OWN_SSL) if session(context).cfg.option("ssl.pretrain") == "local" else None
+    return dict(own) if own is not None else to_state_dict(msg.content["arrays"])
 
 
 def with_own_encoder(msg: Message, context: Context) -> Message:

@@ -93,6 +93,8 @@ class Config:
     round_timeout: float = 3600.0
     targets: str = "0.55,0.65,0.75,0.85"
     transport_dtype: str = "float32"
+    tensorboard: bool = True
+    probe_every: int = 0
     # method-specific keys ("<method>.<key>"), validated against the registry's declarations
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -200,6 +202,7 @@ def _check_ranges(cfg: Config) -> None:
     need(cfg.round_timeout > 0, "round-timeout", "must be > 0 (seconds)")
     need(cfg.keep_checkpoints >= 0, "keep-checkpoints", "must be >= 0 (0 keeps every round's checkpoint)")
     need(cfg.proximal_mu >= 0, "proximal-mu", "must be >= 0")
+    need(cfg.probe_every >= 0, "probe-every", "must be >= 0 (0 = off)")
     need(0 < cfg.lr_decay <= 1, "lr-decay", "must be in (0, 1]")
     need(all(0 < t <= 1 for t in cfg.target_list), "targets", "must be balanced accuracies in (0, 1]")
     if cfg.dataset != "synthetic":
@@ -314,6 +317,12 @@ KEY_DOCS: dict[str, str] = {
                "whose mean val balanced accuracy reaches each (002 Table 2)",
     "transport-dtype": "`float16` sends every floating-point array as float16 (half the traffic); "
                        "the server keeps and averages float32; integer buffers travel unchanged",
+    "tensorboard": "`true`: the server writes TensorBoard event files into the run folder (scalars per round, "
+                   "per client and mean; the final table as text); `tensorboard --logdir <output-dir>`",
+    "probe-every": "`k` > 0: every k pre-training rounds (and after the last) every client scores the current "
+                   "encoder with a cosine kNN (k = 20) and a logistic-regression probe on frozen features, trained on "
+                   "its labelled images, scored on val (splits `probe-knn`, `probe-linear`; self-supervised methods "
+                   "only; docs/probes.md); `0`: off",
     # -- method options (registry.py) --
     "fedclf.feature-sharing": "upload and relay features; `false` = FedMoCo",
     "fedclf.local-negatives": "`false`: remote negatives only (000 Eq. 5); `true`: local and remote negatives (Eq. 4)",
@@ -322,6 +331,11 @@ KEY_DOCS: dict[str, str] = {
     "fedclf.temperature": "τ of 000 Eq. 6 (MoCo v2; also read by `fedmoco`, `localcl`)",
     "fedclf.momentum": "EMA coefficient of the momentum encoder (also read by `fedmoco`, `localcl`)",
     "fedclf.feature-dtype": "precision of the relayed features on the wire: `float16` | `float32`",
+    "fedclf.relay-clip": "C: every relayed feature vector is clipped to L2 norm C before upload; `0`: off "
+                         "(docs/privacy.md)",
+    "fedclf.relay-noise-multiplier": "σ: Gaussian noise N(0, (σC)²) added to every relayed feature vector; "
+                                     "(ε, δ) per client in summary.json `relay_privacy`; `0`: no noise",
+    "fedclf.relay-delta": "δ of the reported (ε, δ) of the private relay",
     "fedsimclr.temperature": "τ of SimCLR's NT-Xent (`fedsimclr`, and `ssl.tasks=\"simclr\"`)",
     "fedmae.mask-ratio": "share of patches removed per image (000: 0.75; 003's Fed-MAE: 0.6)",
     "fedmae.exclude": "parameters kept on the clients during the rounds (000 Table V): `none`, `decoder`, "

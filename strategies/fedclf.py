@@ -27,6 +27,7 @@ from flwr.serverapp.strategy import FedAvg
 
 import wire
 from fedderm.moco import FEATURE_DIM, build_moco
+from fedderm.relay_privacy import relay_epsilon
 from wire import FEATURES, REMOTE, to_array, to_record
 
 from .common import Tracked
@@ -78,6 +79,7 @@ class FedCLFStrategy(Tracked, FedAvg):
         self.timeout = timeout
         self.uploads: dict[int, np.ndarray] = {}  # partition id -> its latest Q_l (server side only)
         self.partition_of: dict[int, int] = {}  # node id -> partition id, from the replies (this run)
+        self.releases: dict[str, int] = {}  # partition id -> releases of one image so far (private relay)
 
     # -- collecting -------------------------------------------------------------------
     def _note_partition(self, msg: Message) -> None:
@@ -96,7 +98,10 @@ class FedCLFStrategy(Tracked, FedAvg):
             if r.has_error() or not r.has_content():
                 continue
             if FEATURES in r.content:
-                uploads[self._pid(r.metadata.src_node_id)] = r.content[FEATURES]["features"].numpy()
+                pid = self._pid(r.metadata.src_node_id)
+                uploads[pid] = r.content[FEATURES]["features"].numpy()
+                if "metrics" in r.content and "relay-releases" in r.content["metrics"]:  # private relay
+                    self.releases[str(pid)] = self.releases.get(str(pid), 0) + int(r.content["metrics"]["relay-releases"])
                 del r.content[FEATURES]
         return uploads
 
@@ -131,6 +136,7 @@ class FedCLFStrategy(Tracked, FedAvg):
         self._reject(0, rejected)
         self.uploads = self._take_features(good)
         self._log_uploads(0)
+        self._account(0)
 
     def _reject(self, server_round: int, rejected: list[tuple[int, str]]) -> None:
         """Log and record (``missing_clients``) the clients whose initial upload was refused."""
@@ -190,18 +196,36 @@ class FedCLFStrategy(Tracked, FedAvg):
             if uploads:
                 self.uploads = uploads
                 self._log_uploads(server_round)
+                self._account(server_round)
             else:
                 log(WARNING, "fedclf round %d: no client uploaded features; relaying the previous ones",
                     server_round)
         return super()._aggregate(server_round, replies)
 
+    def _account(self, server_round: int) -> None:
+        """Private relay (``fedclf.relay-clip`` > 0): (ε, δ) per client after this round's upload
+        (:func:`fedderm.relay_privacy.relay_epsilon`), in summary.json ``relay_privacy`` and TensorBoard."""
+        if not self.releases:
+            return
+        sigma, delta = float(self.cfg.option("fedclf.relay-noise-multiplier")), float(self.cfg.option("fedclf.relay-delta"))
+        eps = {pid: relay_epsilon(sigma, n, delta) for pid, n in sorted(self.releases.items())}
+        entry = {"round": server_round, "delta": delta, "noise_multiplier": sigma,
+                 "clip": float(self.cfg.option("fedclf.relay-clip")), "releases": dict(sorted(self.releases.items())),
+                 "epsilon": eps}
+        self.recorder.update_extra({"relay_privacy": [*self.recorder.extra.get("relay_privacy", []), entry]})
+        self.recorder.track("privacy", server_round, {f"epsilon/client-{pid}": e for pid, e in eps.items()})
+        log(INFO, "fedclf round %d: private relay (sigma %g, delta %g): epsilon per client %s", server_round, sigma,
+            delta, {pid: round(e, 3) for pid, e in eps.items()})
+
     def state_dict(self):
         """The relay bank (each client's latest features) goes into the checkpoint too."""
-        return {**super().state_dict(), "uploads": dict(self.uploads)}  # by partition id
+        return {**super().state_dict(), "uploads": dict(self.uploads),  # by partition id
+                "releases": dict(self.releases)}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.uploads = {int(pid): f for pid, f in state["uploads"].items()}
+        self.releases = dict(state.get("releases", {}))
 
 
 def build_strategy(cfg, recorder, feature_sharing: bool | None = None) -> FedCLFStrategy:
