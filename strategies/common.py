@@ -29,7 +29,7 @@ from flwr.serverapp.strategy import FedAvg
 import wire
 from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, resume_step, save_checkpoint
 from fedderm.config import Config
-from fedderm.metrics import SELECTION_METRIC
+from fedderm.metrics import SELECTION_METRIC, mean_over_clients
 from fedderm.results import RunRecorder, client_sort_key
 
 from .nodes import NodeView, send_and_receive, wait_for_nodes
@@ -130,6 +130,8 @@ class Tracked:
         self.best_score = float("-inf")
         self.best_arrays: ArrayRecord | None = None
         self.last_mean: dict[str, float] = {}
+        #: the last evaluation's per-client metrics, set by aggregate_evaluate for the round loop to record
+        self.evaluated: dict[str, dict[str, float]] | None = None
         self.sent: ArrayRecord | None = None  # the global model of the current train round
         self.accepted: list[Message] = []  # this round's train replies that passed screening
         self._round_start = time.monotonic()
@@ -291,20 +293,27 @@ class Tracked:
             log(WARNING, "round %d: no client returned %s metrics", server_round, self.split)
             return None
         super().aggregate_evaluate(server_round, replies)  # Flower's consistency checks and logs
-        if self.split == "test":
-            self.last_mean = self.recorder.set_final(per_client, self.best_round)
-        else:
-            self.last_mean = self.recorder.log_round(server_round, self.split, per_client,
-                                                     train=_mean_train_loss(self.train_per_client))
-        return MetricRecord(_finite(self.last_mean))
+        self.evaluated = per_client  # written by the round loop (evaluate_round), not from this hook
+        scalars = {pid: {k: v for k, v in m.items() if isinstance(v, (int, float))} for pid, m in per_client.items()}
+        return MetricRecord(_finite(mean_over_clients(scalars)))
 
     # -- evaluation plan and bookkeeping --------------------------------------------------
     def evaluate_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, split: str,
                        timeout: float) -> dict[str, float]:
         """Send ``arrays`` to every client for evaluation on ``split``; return the mean metrics."""
         msgs = self.configure_evaluate(server_round, arrays, ConfigRecord({"split": split}), grid)
+        self.evaluated = None
         self.aggregate_evaluate(server_round, self.in_order(send_and_receive(grid, msgs, timeout)))
+        if self.evaluated is not None:
+            self.last_mean = self.record_evaluation(server_round, self.evaluated)
         return self.last_mean
+
+    def record_evaluation(self, server_round: int, per_client: dict[str, dict[str, float]]) -> dict[str, float]:
+        """Hand one evaluation's per-client metrics to the results module; returns their mean."""
+        if self.split == "test":
+            return self.recorder.set_final(per_client, self.best_round)
+        return self.recorder.log_round(server_round, self.split, per_client,
+                                       train=_mean_train_loss(self.train_per_client))
 
     def after_round(self, server_round: int, arrays: ArrayRecord) -> None:
         """Called with the global model after every round (and round 0): best-on-val, progress."""
