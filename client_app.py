@@ -4,19 +4,20 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 import registry
-from clients import holdout
+from clients import holdout, probe
 from clients.audit import audit_mod
 from clients.common import info, session
-from clients.persist import persist_mod
+from clients.state import state_mod
 from clients.transport import transport_mod
 
 # audit_mod wraps transport_mod: the audit log shows the arrays exactly as they leave the hospital
-MODS = [persist_mod, audit_mod, transport_mod]
+MODS = [state_mod, audit_mod, transport_mod]
 app = ClientApp(mods=MODS)
 
 
-#: Handlers every method's clients have: fine-tuning on a held-out centre (``holdout-centre``).
-SHARED_HANDLERS = dict(holdout.HANDLERS)
+#: Handlers every method's clients have: fine-tuning on a held-out centre (``holdout-centre``),
+#: encoder probes during pre-training (``probe-every``).
+SHARED_HANDLERS = {**holdout.HANDLERS, **probe.HANDLERS}
 
 
 def dispatch(msg: Message, context: Context) -> Message:

@@ -6,6 +6,8 @@ message; nothing else in the code branches on method names.  Adding a method = o
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +33,12 @@ class Method:
     network of :mod:`fedderm.flbt`), or ``""`` (not supported).
     ``smallest`` are the settings its smallest run needs on top of :data:`SMALLEST_RUN` (a ViT,
     a short GAN stage): see :func:`smallest_run`.
+    ``model`` is its paper's model, taken when the run config leaves ``model`` unset (``""``);
+    ``models`` the models it can train (empty: any registered model); ``paper_image_size`` the
+    paper's image size (documentation: ``image-size`` keeps its own default).
+    ``probe`` (self-supervised methods only) names the function ``"module:function"`` that maps
+    its pre-training model's state dict to ``cfg.model``'s backbone, for the encoder probes of
+    ``probe-every`` (:mod:`fedderm.probes`); ``""``: the method has no encoder to probe.
     ``augment`` is the paper whose augmentation policy ``augment="paper"`` picks
     (:data:`fedderm.augment.POLICIES`; ``flip`` where its paper gives none).
     """
@@ -45,6 +53,10 @@ class Method:
     messages: tuple[str, ...] = ("train", "evaluate")
     network: str = "classifier"
     smallest: Mapping[str, Any] = field(default_factory=dict)
+    model: str = "resnet18"
+    models: tuple[str, ...] = ()
+    paper_image_size: int = 0
+    probe: str = ""
     augment: str = "flip"
 
     def strategy_module(self) -> ModuleType:
@@ -62,6 +74,8 @@ FEDCLF_OPTIONS = {
     "fedclf.temperature": 0.2,        # tau of Eq. 6 (MoCo v2)
     "fedclf.momentum": 0.99,          # EMA coefficient of the momentum encoder
     "fedclf.feature-dtype": "float16",  # features on the wire: float16 | float32
+    # private relay (issue 20, fedderm/relay_privacy.py): clip C, noise multiplier sigma, delta
+    "fedclf.relay-clip": 0.0, "fedclf.relay-noise-multiplier": 0.0, "fedclf.relay-delta": 1e-5,
 }
 
 
@@ -76,6 +90,11 @@ def check_fedclf(cfg: Config) -> None:
     need(cfg.option("fedclf.feature-dtype") in ("float16", "float32"), "fedclf.feature-dtype",
          "must be one of ['float16', 'float32']")
     need(cfg.option("fedsimclr.temperature") > 0, "fedsimclr.temperature", "must be > 0")
+    need(cfg.option("fedclf.relay-clip") >= 0, "fedclf.relay-clip", "must be >= 0 (0 = no clipping, no noise)")
+    need(cfg.option("fedclf.relay-noise-multiplier") >= 0, "fedclf.relay-noise-multiplier", "must be >= 0")
+    need(cfg.option("fedclf.relay-noise-multiplier") == 0 or cfg.option("fedclf.relay-clip") > 0,
+         "fedclf.relay-clip", "must be > 0 when fedclf.relay-noise-multiplier > 0 (the noise is sigma x clip)")
+    need(0 < cfg.option("fedclf.relay-delta") < 1, "fedclf.relay-delta", "must be in (0, 1)")
 
 # -- FL-BT, SSL-FL-BT, FedBN, MOON, local (issue 6): option checks --
 SSL_PRETRAIN = ("pseudo", "local", "federated")   # where stage 1 runs (004 Tables V-X)
@@ -160,6 +179,10 @@ def check_mim(cfg: Config) -> None:
 SMALLEST_RUN = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 8, "num-server-rounds": 1,
                 "local-epochs": 1, "batch-size": 8, "finetune-rounds": 1, "finetune-epochs": 1}
 _SMALL_VIT = {"model": "vit-micro", "image-size": 16}
+#: the models the masked-image-modelling methods (FedMAE, Fed-BEiT) can pre-train
+VIT_MODELS = ("vit-micro", "vit-tiny", "vit-small", "vit-base")
+#: ``Method.probe`` of the self-supervised methods (fedderm.probes)
+_PREFIX_PROBE, _VIT_PROBE = "fedderm.probes:backbone_from_prefix", "fedderm.probes:backbone_from_vit"
 
 METHODS: dict[str, Method] = {
     m.name: m
@@ -173,20 +196,25 @@ METHODS: dict[str, Method] = {
         Method("fedclf", "strategies.fedclf", "clients.fedclf",
                "FedCLF (000 §III): MoCo pre-training + FedAvg with de-identified feature relay "
                "(remote negatives), then fine-tuning.",
-               options=FEDCLF_OPTIONS, sends=("arrays", "metrics", "features"), check=check_fedclf),
+               options=FEDCLF_OPTIONS, sends=("arrays", "metrics", "features"), check=check_fedclf,
+               probe=_PREFIX_PROBE),
         Method("fedmoco", "strategies.fedmoco", "clients.fedmoco",
                "FedMoCo (000 baseline, Fig. 6 'W/o FE'): MoCo pre-training + FedAvg, no feature "
-               "relay, then fine-tuning."),
+               "relay, then fine-tuning.",
+               probe=_PREFIX_PROBE),
         Method("fedsimclr", "strategies.fedsimclr", "clients.fedsimclr",
                "FedSimCLR (000 baseline): SimCLR pre-training (in-batch negatives) + FedAvg, "
-               "then fine-tuning.", options={"fedsimclr.temperature": 0.5}),
+               "then fine-tuning.", options={"fedsimclr.temperature": 0.5},
+               probe=_PREFIX_PROBE),
         Method("localcl", "strategies.localcl", "clients.localcl",
                "Local CL (000 baseline): MoCo pre-training on each client alone (no aggregation), "
-               "then fine-tuning from each client's own backbone."),
+               "then fine-tuning from each client's own backbone.",
+               probe=_PREFIX_PROBE),
         Method("random-init", "strategies.random_init", "clients.finetune",
                "Random init (000 baseline): no pre-training, fine-tuning of a randomly initialised model."),
         Method("fedrotation", "strategies.fedrotation", "clients.fedrotation",
-               "FedRotation (000 baseline): rotation-prediction pre-training + FedAvg, then fine-tuning."),
+               "FedRotation (000 baseline): rotation-prediction pre-training + FedAvg, then fine-tuning.",
+               probe=_PREFIX_PROBE),
         # -- FedMAE, Fed-MAE, Fed-BEiT (issue 4) --
         Method("fedmae", "strategies.fedmae", "clients.fedmae",
                "FedMAE (000 §IV): MAE pre-training, FedAvg over all but fedmae.exclude (kept on the clients, "
@@ -195,14 +223,18 @@ METHODS: dict[str, Method] = {
                         "fedmae.decoder-embed-dim": 512, "fedmae.decoder-depth": 8,
                         "fedmae.decoder-num-heads": 16, "fedmae.init-checkpoint": "", "fedmae.pretrain": True,
                         **MIM_OPTIONS},
-               sends=("arrays", "metrics", "local-arrays"), check=check_mim,
+               sends=("arrays", "metrics", "local-arrays"), check=check_mim, model="vit-base", models=VIT_MODELS,
+               paper_image_size=224,
                smallest={**_SMALL_VIT, "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1,
-                         "fedmae.decoder-num-heads": 2}, augment="000"),
+                         "fedmae.decoder-num-heads": 2},
+               probe=_VIT_PROBE, augment="000"),
         Method("fedbeit", "strategies.fedbeit", "clients.fedbeit",
                "Fed-BEiT (003 §III-C): block-wise masked visual-token prediction + FedAvg, then fine-tuning.",
                options={"fedbeit.mask-ratio": 0.4, "fedbeit.vocab-size": 8192, "fedbeit.tokenizer": "",
                         **MIM_OPTIONS},
-               smallest={**_SMALL_VIT, "fedbeit.vocab-size": 64}, augment="003"),
+               model="vit-base", models=VIT_MODELS, paper_image_size=224,
+               smallest={**_SMALL_VIT, "fedbeit.vocab-size": 64},
+               probe=_VIT_PROBE, augment="003"),
         # -- SiFT, SCAFFOLD, FedDyn (issue 5) --
         Method("sift", "strategies.sift", "clients.sift",
                "SiFT (Li et al., MICCAI; paper 002): serial ring training, no averaging; short-term model with a "
@@ -226,27 +258,29 @@ METHODS: dict[str, Method] = {
                "CE + flbt.mu·L_BT(z_local, z_global) against the frozen global model; FedAvg by image count.",
                options={"flbt.mu": 0.01, "flbt.lambda": 0.005, "flbt.normalize": "paper", "flbt.proj-dim": 128},
                sends=("arrays", "metrics", "pr-curve"), check=check_flbt, network="projected",
-               augment="004"),
+               model="resnet50", paper_image_size=256, augment="004"),
         Method("ssl-flbt", "strategies.ssl_flbt", "clients.ssl_flbt",
                "SSL-FL-BT (paper 004 §III): centres share only MSG-GAN pseudo images; the server pre-trains "
                "the backbone (centre classification + patch-swap restoration); then FL-BT.",
                options=SSL_OPTIONS,
                sends=("arrays", "metrics", "pr-curve", "pseudo-images"),
                messages=("train.gan", "train.pretrain", "train", "evaluate"), network="projected",
+               model="resnet50", paper_image_size=256,
                smallest={"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1},
-               augment="004"),
+               probe="fedderm.probes:backbone_from_ssl_flbt", augment="004"),
         Method("fedbn", "strategies.fedbn", "clients.fedbn",
                "FedBN (Li et al. 2021): FedAvg of everything but BatchNorm parameters and running statistics, "
-               "which stay on each client.", sends=("arrays", "metrics", "pr-curve"), augment="004"),
+               "which stay on each client.", sends=("arrays", "metrics", "pr-curve"),
+               model="resnet50", paper_image_size=256, augment="004"),
         Method("moon", "strategies.moon", "clients.moon",
                "MOON (Li, He & Song 2021): CE + moon.mu·model-contrastive loss (global model positive, "
                "previous local model negative, temperature moon.tau) on the 004 network.",
                options={"moon.mu": 1.0, "moon.tau": 0.5}, sends=("arrays", "metrics", "pr-curve"),
-               network="projected", augment="004"),
+               network="projected", model="resnet50", paper_image_size=256, augment="004"),
         Method("local", "strategies.local", "clients.local",
                "Single-centre training: every client trains and tests its own model; no aggregation "
                "(no global model: a held-out centre trains from random weights, 004 Table XI's ResNet50 row).",
-               sends=("metrics", "pr-curve"), augment="004"),
+               sends=("metrics", "pr-curve"), model="resnet50", paper_image_size=256, augment="004"),
     ]
 }
 
@@ -272,13 +306,37 @@ def method_options() -> dict[str, Any]:
     return options
 
 
+def resolve_model(cfg: Config) -> Config:
+    """``cfg`` with ``model`` set: an unset model (``""``) takes the method's paper model; an unknown
+    one, or one the method cannot train, is a ConfigError naming both."""
+    from fedderm.models import list_models
+
+    method = METHODS[cfg.method]
+    if not cfg.model:
+        return dataclasses.replace(cfg, model=method.model)
+    known = list_models()
+    if cfg.model not in known:
+        close = difflib.get_close_matches(cfg.model, known, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"run-config key 'model': unknown model {cfg.model!r}.{hint} Models: {', '.join(known)}")
+    if method.models and cfg.model not in method.models:
+        raise ConfigError(f"run-config key 'model': method {cfg.method!r} cannot train model {cfg.model!r}; "
+                          f"it needs one of {', '.join(method.models)} (leave 'model' unset for its "
+                          f"paper's {method.model!r})")
+    return cfg
+
+
 def load_config(run_config: Mapping[str, Any]) -> Config:
     """Parse ``context.run_config`` against the core keys and every method's options (each
     method's ``check`` validates the values of its options)."""
-    cfg = parse_config(run_config, methods=METHODS, method_options=method_options())
+    cfg = resolve_model(parse_config(run_config, methods=METHODS, method_options=method_options()))
     for m in METHODS.values():
         if m.check is not None:
             m.check(cfg)
+    if cfg.probe_every and not METHODS[cfg.method].probe:
+        raise ConfigError(f"run-config key 'probe-every' is {cfg.probe_every} but method {cfg.method!r} has no "
+                          "self-supervised pre-training whose encoder could be probed; methods that have one: "
+                          + ", ".join(sorted(n for n, m in METHODS.items() if m.probe)) + " (set probe-every=0)")
     if cfg.holdout_centre and not METHODS[cfg.method].network:
         raise ConfigError(f"run-config key 'holdout-centre' is set but method {cfg.method!r} has no global model "
                           "a held-out centre could fine-tune; methods that support it: "

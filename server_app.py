@@ -17,7 +17,7 @@ from fedderm.launcher import fast_object_pulls
 from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
-from strategies.common import run_federated
+from strategies.common import StateClock, run_federated
 from strategies.fastpoll import FastPollGrid
 from strategies.holdout import HoldoutGrid, finetune_holdout, holdout_nodes
 from strategies.nodes import wait_for_nodes
@@ -36,12 +36,12 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
     infos, failed = {}, []
     for reply in grid.send_and_receive(msgs, timeout=timeout):
         if reply.has_error():
-            reason = short_reason(reply.error.reason, 2000)  # data errors name the client themselves
+            reason = " ".join(short_reason(reply.error.reason, 2000).split())  # data errors name the client
             failed.append(reason if reason.startswith("client ") else f"node {reply.metadata.src_node_id}: {reason}")
         else:
             infos[reply.metadata.src_node_id] = reply.content["info"]
     if failed:
-        raise RuntimeError("clients refused the run or could not load their data:\n  " + "\n  ".join(failed))
+        raise RuntimeError("clients refused the run or could not load their data: " + "; ".join(failed))
     silent = sorted(set(node_ids) - set(infos))
     if silent:
         log(WARNING, "nodes %s did not answer the handshake within %.0f s", silent, timeout)
@@ -105,9 +105,38 @@ def run_supervised(grid: Grid, cfg, recorder: RunRecorder, classes: list[str]) -
     run_federated(strategy, grid, to_record(model.state_dict()))
 
 
-def resolve_config(run_config: dict):
+#: What the console run (``sim.py``) tells the ServerApp about the user's command line: a
+#: ConfigRecord in the server context's state with ``preset`` (a path or "") and ``overrides``
+#: (JSON of the ``key=value`` pairs).  ``flwr run`` has none: its overrides come from the Run.
+CLI_RECORD = "fedderm.cli"
+#: Keys a resumed run may change, and the ones config.json adds about the command line.
+_RESUME_FREE = ("resume", "run-name", "output-dir")
+_CLI_KEYS = ("preset", "overrides")
+#: The recorder of the run in progress (the console's Ctrl-C handler records the interruption in it).
+CURRENT: dict[str, RunRecorder] = {}
+
+
+def saved_run_config(folder: Path) -> dict:
+    """A run folder's config.json as run-config keys (without the ``preset``/``overrides`` record)."""
+    return {k: v for k, v in json.loads((Path(folder) / "config.json").read_text()).items() if k not in _CLI_KEYS}
+
+
+def user_overrides(grid: Grid, context: Context) -> tuple[dict, str]:
+    """(the run-config keys the user gave, the preset file or ""): from ``sim.py``'s record in the
+    context state, else the Run's ``override_config`` (``flwr run --run-config``)."""
+    if CLI_RECORD in context.state:
+        rec = context.state[CLI_RECORD]
+        return json.loads(str(rec["overrides"])), str(rec["preset"])
+    try:
+        return dict(grid.run.override_config or {}), ""
+    except (AttributeError, RuntimeError):
+        return {}, ""
+
+
+def resolve_config(run_config: dict, overrides: dict | None = None):
     """The run config; with ``resume`` set, the resumed run's own config.json (a resumed run
-    must continue with the settings it started with)."""
+    must continue with the settings it started with).  The warning lists the keys the user set
+    (``overrides``; default: every key of ``run_config``) whose value differs from the saved one."""
     cfg = registry.load_config(run_config)
     if not cfg.resume:
         return cfg
@@ -115,18 +144,29 @@ def resolve_config(run_config: dict):
     saved_path = folder / "config.json"
     if not saved_path.exists():
         raise FileNotFoundError(f"resume={cfg.resume!r}: no config.json in {folder}; name a fedderm run folder")
-    saved = json.loads(saved_path.read_text())
-    changed = sorted(k for k, v in cfg.to_flat().items()
-                     if k not in ("resume", "run-name", "output-dir") and saved.get(k) != v and k in run_config)
+    saved = saved_run_config(folder)
+    given = run_config if overrides is None else overrides
+    changed = sorted(k for k, v in given.items() if k not in _RESUME_FREE and saved.get(k) != v)
     if changed:
-        log(WARNING, "resume: ignoring %s; the run continues with the settings in %s", changed, saved_path)
+        log(WARNING, "resume: ignoring %s; the run continues with the settings in %s",
+            ", ".join(f"{k}={given[k]!r} (saved {saved.get(k)!r})" for k in changed), saved_path)
     return registry.load_config({**saved, "resume": str(folder)})
 
 
-def make_recorder(cfg, run_id: int) -> RunRecorder:
+def make_recorder(cfg, run_id: int, preset: str = "", overrides: dict | None = None) -> RunRecorder:
     run_dir = Path(cfg.resume) if cfg.resume else run_dir_for(cfg, run_id)
-    config = {**cfg.to_flat(), "resume": ""}  # config.json records the run's settings, not the resume
+    # config.json records the run's settings (not the resume), and the preset and overrides it came from
+    config = {**cfg.to_flat(), "resume": ""}
+    if cfg.resume and (run_dir / "config.json").exists():
+        saved = json.loads((run_dir / "config.json").read_text())
+        preset, overrides = saved.get("preset", ""), saved.get("overrides", {})
+    config.update(preset=preset, overrides=dict(overrides or {}))
     return RunRecorder(run_dir, cfg.method, config)
+
+
+def one_line(err: BaseException) -> str:
+    """``err`` as one line (its type and the first line of its message)."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())}".rstrip(": ")
 
 
 @app.main()
@@ -134,20 +174,41 @@ def main(grid: Grid, context: Context) -> None:
     if type(grid).__name__ != "InMemoryGrid":  # deployment: Flower's object pulls back off 1, 2, 4, 8 s
         fast_object_pulls()
     grid = FastPollGrid(grid)  # replies within 0.1 s (simulation: 0.02 s) instead of Flower's 3 s pull interval
-    cfg = resolve_config(context.run_config)
+    overrides, preset = user_overrides(grid, context)
+    cfg = resolve_config(context.run_config, overrides)
     method = registry.get_method(cfg.method)
     grid.transport = cfg.transport_dtype  # arrays travel in transport-dtype, arrive as float32
     seed_everything(cfg.seed)
-    recorder = make_recorder(cfg, context.run_id)
+    recorder = make_recorder(cfg, context.run_id, preset, overrides)
     context.state["fedderm"] = ConfigRecord({"run-dir": str(recorder.run_dir)})
-    log(INFO, "fedderm: method %s · %s", cfg.method, method.description)
+    CURRENT["recorder"] = recorder
+    recorder.update_extra({"status": "running", "error": ""})
+    # client state (fedderm.state_store): keyed by the run folder's name, rolled back on resume
+    grid.state_clock = StateClock.for_run(recorder.run_dir, cfg, type(grid.inner).__name__ == "InMemoryGrid")
+    if cfg.resume:
+        log(INFO, "resume: clients continue from their state at step %d (the newest checkpoint)",
+            grid.state_clock.resume)
+    log(INFO, "fedderm: method %s · model %s · %s", cfg.method, cfg.model, method.description)
     log(INFO, "results %s %s (on the host running the ServerApp)", "continue in" if cfg.resume else
         "will be written to", recorder.run_dir)
+    try:
+        run_dir = run_plan(grid, cfg, method, recorder)
+    except BaseException as err:  # the run folder records why the run stopped
+        recorder.update_extra({"status": "failed", "error": one_line(err)})
+        raise
+    finally:
+        CURRENT["last"] = CURRENT.pop("recorder")
+    log(INFO, "\n%s", recorder.table())
+    log(INFO, "results: %s", run_dir)
 
-    # the first message also loads (and on first use decodes) every client's data: wait longer
+
+def run_plan(grid: Grid, cfg, method, recorder: RunRecorder) -> Path:
+    """Meet the clients, run the method's plan, fine-tune a held-out centre; return the run folder."""
+    # wait for min-clients SuperNodes at most round-timeout; the first message also loads (and on
+    # first use decodes) every client's data: its replies may take longer
     handshake_timeout = max(cfg.round_timeout, HANDSHAKE_TIMEOUT)
     held_out = 1 if cfg.holdout_centre else 0
-    infos = meet_clients(grid, wait_for_nodes(grid, cfg.min_clients + held_out, handshake_timeout), cfg,
+    infos = meet_clients(grid, wait_for_nodes(grid, cfg.min_clients + held_out, cfg.round_timeout), cfg,
                          handshake_timeout)
     recorder.node_partitions = {nid: int(info["partition-id"]) for nid, info in infos.items()}
     held = holdout_nodes(cfg, infos)
@@ -164,7 +225,9 @@ def main(grid: Grid, context: Context) -> None:
     getattr(method.strategy_module(), "run", run_supervised)(federation, cfg, recorder, classes)
     for nid in held:
         finetune_holdout(grid, cfg, recorder, nid, list(infos[nid]["classes"]))
-
     run_dir = recorder.finish()
-    log(INFO, "\n%s", recorder.table())
-    log(INFO, "results: %s", run_dir)
+    if recorder.final is None and cfg.finetune != "none":  # finetune="none": pre-training only, no test
+        raise RuntimeError("the run ended without final test metrics: every client failed or left "
+                           "(summary.json: missing_clients)")
+    recorder.update_extra({"status": "done", "error": ""})
+    return run_dir

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import re
 import sys
@@ -25,10 +26,11 @@ APP_DIR = Path(__file__).resolve().parent
 
 
 def parse_overrides(run_config: list[str] | None) -> dict:
-    """``k=v`` strings (TOML values) or one ``.toml`` file -> flat run-config overrides."""
-    from flwr.common.config import parse_config_args
+    """``k=v`` strings (TOML values) and/or one ``.toml`` file -> flat run-config overrides (the
+    ``k=v`` pairs win); a mistake is a ConfigError naming the key or token (fedderm.cli)."""
+    from fedderm.cli import parse_run_config
 
-    return parse_config_args(run_config)
+    return parse_run_config(run_config)[0]
 
 
 def parse_sets(items: list[str]) -> dict:
@@ -51,16 +53,47 @@ def parse_sets(items: list[str]) -> dict:
 
 
 def resolved_run_config(overrides: dict) -> dict:
-    """pyproject defaults fused with ``overrides``, validated (raises ConfigError naming the key)."""
+    """pyproject defaults fused with ``overrides``, validated and resolved (an unset ``model`` is the
+    method's; raises ConfigError naming the key)."""
     from flwr.common.config import get_fused_config_from_dir
 
+    import fedderm.data  # noqa: F401 - first: importing fedderm.testset alone is a circular import
     import registry
     from fedderm.testset import check_test_data_path
 
     registry.load_config(overrides)  # names an unknown or mistyped key before Flower's terser check
     fused = get_fused_config_from_dir(APP_DIR, overrides)
-    check_test_data_path(registry.load_config(fused))  # local data: a missing test set stops before Ray
-    return fused
+    cfg = registry.load_config(fused)
+    check_test_data_path(cfg)  # local data: a missing test set stops before Ray
+    return cfg.to_flat()
+
+
+def check_before_start(run_config: dict, num_supernodes: int) -> None:
+    """What can be checked on this machine before Ray starts: enough clients for ``min-clients``,
+    the data and ``resume`` paths exist.  Raises ConfigError naming the key."""
+    from fedderm.config import ConfigError
+
+    need = run_config["min-clients"] + (1 if run_config["holdout-centre"] else 0)
+    if need > num_supernodes:
+        raise ConfigError(f"run-config key 'min-clients' is {run_config['min-clients']}"
+                          f"{' (+1 held-out centre)' if run_config['holdout-centre'] else ''} but the "
+                          f"federation has {num_supernodes} clients (--num-supernodes): raise --num-supernodes "
+                          f"to {need} or lower min-clients")
+    keys = ["resume"] + (["data-path", "image-dir"] if run_config["dataset"] != "synthetic" else [])
+    for key in keys:
+        path = str(run_config.get(key) or "")
+        if path and not Path(path).expanduser().exists():
+            raise ConfigError(f"run-config key {key!r}: {path} does not exist")
+
+
+def _resumed_config(run_config: dict) -> dict:
+    """``run_config``, or with ``resume`` set the resumed run's saved settings (what the run will use)."""
+    if not run_config.get("resume"):
+        return run_config
+    from server_app import saved_run_config
+
+    folder = Path(str(run_config["resume"])).expanduser()
+    return {**run_config, **saved_run_config(folder)} if (folder / "config.json").exists() else run_config
 
 
 def _simulation_run(overrides: dict):
@@ -97,18 +130,24 @@ def check_data(run_config: dict, num_supernodes: int) -> None:
         saved = Path(cfg.resume).expanduser() / "config.json"
         if not saved.is_file():
             return  # the ServerApp names the missing folder
-        cfg = registry.load_config({**json.loads(saved.read_text()), "resume": cfg.resume})
+        from server_app import saved_run_config
+
+        cfg = registry.load_config({**saved_run_config(saved.parent), "resume": cfg.resume})
     clients = check_federation(cfg, num_supernodes)
     if cfg.method == "sift" and cfg.option("sift.variant") != "trainable-head":
         class_texts(cfg.option("sift.class-texts"), clients[0].classes)
 
 
-def simulate(overrides: dict, num_supernodes: int = 2, cpus_per_client: int = 1,
-             gpus_per_client: float = 0.0, verbose: bool = False, client_app=None) -> Path:
-    """Run one simulation with ``num_supernodes`` virtual hospitals; return the run folder.
+def simulate(overrides: dict, num_supernodes: int | None = None, cpus_per_client: int = 1,
+             gpus_per_client: float = 0.0, verbose: bool = False, client_app=None, preset: str = "",
+             user_overrides: dict | None = None) -> Path:
+    """Run one simulation with ``num_supernodes`` virtual hospitals (default: ``min-clients``, plus
+    one for a held-out centre); return the run folder.
 
-    ``client_app`` replaces fedderm's ClientApp (tests use it to inject faults)."""
-    from flwr.app import Context, RecordDict
+    ``client_app`` replaces fedderm's ClientApp (tests use it to inject faults).  ``preset`` and
+    ``user_overrides`` (default: ``overrides``) are what the command line gave: config.json records
+    them, and a resume warns only about the keys in ``user_overrides``."""
+    from flwr.app import ConfigRecord, Context, RecordDict
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.telemetry import EventType as Ev
 
@@ -117,16 +156,29 @@ def simulate(overrides: dict, num_supernodes: int = 2, cpus_per_client: int = 1,
     if client_app is None:
         from client_app import app as client_app
 
+    from server_app import CLI_RECORD
+
     run_config = resolved_run_config(overrides)
+    check_before_start(run_config, 1 << 30)  # the paths first: a resume needs its folder
+    effective = _resumed_config(run_config)
+    if num_supernodes is None:
+        num_supernodes = effective["min-clients"] + (1 if effective["holdout-centre"] else 0)
+    check_before_start(effective, num_supernodes)
     check_data(run_config, num_supernodes)
     run = _simulation_run(overrides)
     run_id = run.run_id
-    context = Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    given = dict(overrides if user_overrides is None else user_overrides)
+    state = RecordDict({CLI_RECORD: ConfigRecord({"preset": preset, "overrides": json.dumps(given)})})
+    context = Context(run_id=run_id, node_id=0, node_config={}, state=state, run_config=run_config)
     result = _run_simulation(
         num_supernodes=num_supernodes, exit_event=Ev.PYTHON_API_RUN_SIMULATION_LEAVE,
         client_app=client_app, server_app=server_app, server_app_context=context,
         backend_config={"client_resources": {"num_cpus": cpus_per_client, "num_gpus": gpus_per_client},
-                        "init_args": {"num_cpus": max(os.cpu_count() or 1, cpus_per_client)}},
+                        "init_args": {"num_cpus": max(os.cpu_count() or 1, cpus_per_client),
+                                      # the clients' output is Ray's per-round chatter; their errors
+                                      # come back in their replies
+                                      **({} if verbose else {"log_to_driver": False,
+                                                             "logging_level": logging.ERROR})}},
         app_dir=str(APP_DIR), is_app=True, run=run, verbose_logging=verbose,
     )
     state = result.context.state
@@ -297,30 +349,78 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         args.sweep = args.sweep or args.old_grid
 
+    from fedderm import console
+    from fedderm.cli import parse_run_config
     from fedderm.config import ConfigError
     from fedderm.data import DataError
 
+    console.setup(verbose=args.verbose)
     if not args.sweep and (args.quick or args.out or args.seeds or args.set):
         parser.error("--quick, --out, --seeds and --set go with --sweep")
+    if args.sweep and args.run_config:
+        parser.error("--sweep takes --set for overrides, not --run-config")
+    console.stop_on_signals(_interrupted)
     try:
         if args.sweep:
-            if args.run_config:
-                parser.error("--sweep takes --set for overrides, not --run-config")
             seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else None
             run_sweep(args.sweep, args.quick, args.out, seeds, parse_sets(args.set) if args.set else None,
                      args.cpus_per_client, args.gpus_per_client, args.verbose)
             return 0
-        overrides = parse_overrides(args.run_config)
+        overrides, preset, given = parse_run_config(args.run_config)
         run_dir = simulate(overrides, args.num_supernodes, args.cpus_per_client, args.gpus_per_client,
-                           args.verbose)
+                           args.verbose, preset=preset, user_overrides=given)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except DataError as err:  # the data checks (docs/data-checks.md), before any round
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except Exception as err:  # noqa: BLE001 - one line on the console; the run folder has the rest
+        print(f"error: {_failure_line(err)}", file=sys.stderr)
+        folder = _current_run_dir()
+        if folder:
+            print(f"the run failed; its folder records why (summary.json: status, error): {folder}", file=sys.stderr)
+        return 1
     print(f"results: {run_dir}")
     return 0
+
+
+def _current_run_dir() -> Path | None:
+    from server_app import CURRENT
+
+    recorder = CURRENT.get("recorder") or CURRENT.get("last")
+    return recorder.run_dir if recorder is not None else None
+
+
+def _failure_line(err: BaseException) -> str:
+    """The innermost cause of ``err`` as one line (Flower wraps the ServerApp's error in its own)."""
+    while err.__cause__ is not None:
+        err = err.__cause__
+    text = " ".join(str(err).split())
+    return text if isinstance(err, (ValueError, RuntimeError, OSError)) else f"{type(err).__name__}: {text}"
+
+
+def _interrupted(signum: int) -> None:
+    """Ctrl-C / SIGTERM: record the interruption in the run folder, say how to resume (the newest
+    per-round checkpoint is already on disk), and leave at once (130 / 143) without Ray's dumps."""
+    import signal
+
+    from server_app import CURRENT
+
+    name = signal.Signals(signum).name
+    recorder = CURRENT.get("recorder")
+    lines = [f"interrupted ({name}): the run stopped"]
+    if recorder is not None:
+        with contextlib.suppress(Exception):
+            recorder.update_extra({"status": "interrupted", "error": f"stopped by {name}"})
+        saved = sorted(recorder.run_dir.glob("checkpoint*-round-*.pt"), key=lambda p: p.stat().st_mtime)
+        ckpt = saved[-1] if saved else None
+        if ckpt:
+            lines.append(f"last checkpoint: {ckpt}")
+            lines.append(f"resume with: python sim.py --run-config 'resume=\"{recorder.run_dir}\"'")
+        else:
+            lines.append(f"no round finished yet, nothing to resume; run folder: {recorder.run_dir}")
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

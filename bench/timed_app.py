@@ -20,7 +20,7 @@ from flwr.clientapp import ClientApp
 import client_app as real
 import registry
 from clients.audit import audit_mod
-from clients.persist import persist_mod
+from clients.state import state_mod
 
 #: The local loops, as (module, function): the work a plain PyTorch loop would do too.
 LOOPS = [("fedderm.train", "train_epochs"), ("fedderm.train", "evaluate"),
@@ -85,7 +85,7 @@ def timing_mod(msg, context, call_next):
     return out
 
 
-app = real.register(ClientApp(mods=[persist_mod, audit_mod, timing_mod]))
+app = real.register(ClientApp(mods=[state_mod, audit_mod, timing_mod]))
 
 
 def read_trace(folder) -> list[dict]:

@@ -5,8 +5,8 @@ messages after the first only pay for training.  In deployment a hospital's Supe
 own data with node config (``data-path``, ``dataset``, ``partition-id``, ``site``, ``state-dir``,
 ``cache-dir``: :mod:`fedderm.node`); in simulation the partition comes from
 ``partition-id``/``num-partitions``.  Deployed SuperNodes start a new ClientApp process for every
-message: state that must outlive one message lives in ``context.state`` (one run) or under
-``state-dir`` (:meth:`ClientSession.state_path`, across runs).
+message: state that must outlive one message lives in the client-state store
+(:func:`clients.state.client_state`, :mod:`fedderm.state_store`).
 """
 
 from __future__ import annotations
@@ -49,11 +49,13 @@ class ClientSession:
     _models: dict = field(default_factory=dict)
 
     def model(self, arrays: ArrayRecord | None = None, key: str = "classifier",
-              factory: Callable[[], torch.nn.Module] | None = None) -> torch.nn.Module:
+              factory: Callable[[], torch.nn.Module] | None = None,
+              state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
         """The client's model ``key`` (built once per process by ``factory``;
         default: the classifier ``cfg.model``, shared by the clients of a process: load it with
         ``arrays`` or a full state before use), loaded with ``arrays`` if given, on the client's
-        device."""
+        device.  ``state`` (a state dict, e.g. from :func:`clients.state.client_state`) instead of
+        ``arrays``."""
         if key not in self._models:
             if factory is None and key == "classifier":
                 shared = (self.cfg.model, self.data.num_classes, self.cfg.image_size, str(self.device))
@@ -66,6 +68,8 @@ class ClientSession:
         model = self._models[key]
         if arrays is not None:  # read-only views of the message's bytes; load_state_dict copies
             model.load_state_dict(wire.to_state_dict(arrays), strict=True)
+        elif state is not None:
+            model.load_state_dict(state, strict=True)
         return model.to(self.device)
 
     def augment(self, stage: str) -> Augment:
@@ -178,9 +182,10 @@ def info(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"info": record}), reply_to=msg)
 
 
-def evaluate_split(s: ClientSession, weights: ArrayRecord, split: str) -> dict:
-    """Metrics of the classifier with ``weights`` on this client's ``split`` (tagged with its id)."""
-    model = s.model(weights)
+def evaluate_split(s: ClientSession, weights: ArrayRecord | dict, split: str) -> dict:
+    """Metrics of the classifier with ``weights`` (an ArrayRecord or a state dict) on this client's
+    ``split`` (tagged with its id)."""
+    model = s.model(weights) if isinstance(weights, ArrayRecord) else s.model(state=weights)
     images, labels = s.data.tensors(split)
     metrics = evaluate_model(model, images, labels, s.data.num_classes, device=s.device)
     metrics["partition-id"] = s.partition_id

@@ -8,9 +8,10 @@ Messages handled:
   with the remote features of the instruction's ``remote-features`` record (Q_r, Eq. 2);
   replies ``arrays`` (the MoCo model) + ``features`` (Q_l, ``fedclf.feature-dtype``) +
   ``metrics``.  With ``config["local"]`` (Local CL) the model stays on the client
-  (``context.state``) and only metrics are sent.
+  (its state store) and only metrics are sent.
 
-Client-only state in ``context.state``, never sent and never averaged: the local bank Q_l
+Client-only state in the client's state store (:func:`clients.state.client_state`), never sent
+and never averaged: the local bank Q_l
 (``fedclf-local-bank``, oldest feature first, so the FIFO pointer is implied) and, for Local CL,
 the client's own model (``fedclf-model``).  The MoCo module has no queue buffers, so
 ``state_dict()`` — the ``arrays`` that FedAvg averages — holds weights and BatchNorm statistics only.
@@ -26,13 +27,15 @@ import torch
 from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.moco import FEATURE_DIM, FeatureQueue, MoCo, build_moco, encode_keys, moco_round
+from fedderm.relay_privacy import privatise, releases_per_upload
 from wire import FEATURES, REMOTE, to_array, to_record, values
 
 from . import finetune
 from .common import ClientSession, reply, session
+from .state import client_state
 
-BANK = "fedclf-local-bank"  # context.state: Q_l
-OWN_MODEL = "fedclf-model"  # context.state: Local CL's model
+BANK = "fedclf-local-bank"  # client state: Q_l
+OWN_MODEL = "fedclf-model"  # client state: Local CL's model
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class MocoOptions:
     feature_sharing: bool
     local_negatives: bool
     feature_dtype: str
+    relay_clip: float = 0.0
+    relay_noise: float = 0.0
 
     @classmethod
     def from_config(cls, cfg, feature_sharing: bool | None = None) -> MocoOptions:
@@ -51,7 +56,8 @@ class MocoOptions:
                    momentum=cfg.option("fedclf.momentum"),
                    feature_sharing=cfg.option("fedclf.feature-sharing") if feature_sharing is None else feature_sharing,
                    local_negatives=cfg.option("fedclf.local-negatives"),
-                   feature_dtype=cfg.option("fedclf.feature-dtype"))
+                   feature_dtype=cfg.option("fedclf.feature-dtype"), relay_clip=cfg.option("fedclf.relay-clip"),
+                   relay_noise=cfg.option("fedclf.relay-noise-multiplier"))
 
 
 def moco_model(s: ClientSession, arrays: ArrayRecord | None) -> MoCo:
@@ -59,11 +65,11 @@ def moco_model(s: ClientSession, arrays: ArrayRecord | None) -> MoCo:
 
 
 def local_bank(context: Context, s: ClientSession, model: MoCo, queue_size: int) -> FeatureQueue:
-    """Q_l from ``context.state``; the first time, the momentum-encoder features of up to K own
+    """Q_l from the client's state; the first time, the momentum-encoder features of up to K own
     images (encoded on a copy, so the model's BatchNorm statistics are untouched)."""
-    if BANK in context.state:
-        saved = torch.from_numpy(values(context.state[BANK]["features"]).copy())
-        return FeatureQueue(queue_size, FEATURE_DIM, saved, device=s.device)
+    saved = client_state(context).tensors(BANK)
+    if saved is not None:
+        return FeatureQueue(queue_size, FEATURE_DIM, saved["features"], device=s.device)
     images, _ = s.data.tensors("train")
     keys = encode_keys(copy.deepcopy(model), images, queue_size, batch_size=s.cfg.batch_size,
                        seed=s.seed(0, salt=11), device=s.device)
@@ -71,12 +77,23 @@ def local_bank(context: Context, s: ClientSession, model: MoCo, queue_size: int)
 
 
 def save_bank(context: Context, bank: FeatureQueue) -> None:
-    context.state[BANK] = ArrayRecord({"features": to_array(bank.ordered())})
+    client_state(context).put(BANK, {"features": bank.ordered()})
 
 
-def upload(bank: FeatureQueue, dtype: str) -> ArrayRecord:
-    """The features this client shares: Q_l in ``fedclf.feature-dtype``."""
-    return ArrayRecord({"features": to_array(np.ascontiguousarray(bank.features().cpu().numpy().astype(dtype)))})
+def upload(bank: FeatureQueue, dtype: str, opts: MocoOptions | None = None, seed: int = 0) -> ArrayRecord:
+    """The features this client shares: Q_l in ``fedclf.feature-dtype``; with ``fedclf.relay-clip``
+    each vector clipped and noised first (private relay, :mod:`fedderm.relay_privacy`)."""
+    shared = bank.features().cpu()
+    if opts is not None and opts.relay_clip > 0:
+        shared = privatise(shared, opts.relay_clip, opts.relay_noise, seed)
+    return ArrayRecord({"features": to_array(np.ascontiguousarray(shared.numpy().astype(dtype)))})
+
+
+def relay_metrics(s: ClientSession, opts: MocoOptions) -> dict:
+    """``relay-releases``: the most times one training image is in this upload (privacy accounting)."""
+    if opts.relay_clip <= 0:
+        return {}
+    return {"relay-releases": releases_per_upload(opts.queue_size, len(s.data.split.train))}
 
 
 def features(msg: Message, context: Context, feature_sharing: bool | None = None) -> Message:
@@ -85,8 +102,8 @@ def features(msg: Message, context: Context, feature_sharing: bool | None = None
     opts = MocoOptions.from_config(s.cfg, feature_sharing)
     bank = local_bank(context, s, moco_model(s, msg.content["arrays"]), opts.queue_size)
     save_bank(context, bank)
-    return reply(msg, {"partition-id": s.partition_id, "num-examples": len(bank)},
-                 **{FEATURES: upload(bank, opts.feature_dtype)})
+    return reply(msg, {"partition-id": s.partition_id, "num-examples": len(bank), **relay_metrics(s, opts)},
+                 **{FEATURES: upload(bank, opts.feature_dtype, opts, s.seed(0, salt=13))})
 
 
 def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None) -> Message:
@@ -95,7 +112,12 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     cfg, config = s.cfg, msg.content["config"]
     opts = MocoOptions.from_config(cfg, feature_sharing)
     server_round, local = int(config["server-round"]), bool(config.get("local", False))
-    model = moco_model(s, context.state[OWN_MODEL] if local and server_round > 1 else msg.content["arrays"])
+    state = client_state(context)
+    if local and server_round > 1:
+        model = s.model(key="moco", factory=lambda: build_moco(s.cfg.model, s.cfg.image_size),
+                        state=state.tensors(OWN_MODEL))
+    else:
+        model = moco_model(s, msg.content["arrays"])
     bank = local_bank(context, s, model, opts.queue_size)
     remote = None
     if opts.feature_sharing and REMOTE in msg.content:
@@ -108,11 +130,14 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     metrics["partition-id"] = s.partition_id
     metrics["remote-features"] = 0 if remote is None else len(remote)
     save_bank(context, bank)
-    weights = to_record(model.state_dict())
     if local:
-        context.state[OWN_MODEL] = weights
+        state.put(OWN_MODEL, model.state_dict())
         return reply(msg, metrics)
-    extra = {FEATURES: upload(bank, opts.feature_dtype)} if opts.feature_sharing else {}
+    weights = to_record(model.state_dict())
+    extra = {FEATURES: upload(bank, opts.feature_dtype, opts, s.seed(server_round, salt=13))} \
+        if opts.feature_sharing else {}
+    if opts.feature_sharing:
+        metrics.update(relay_metrics(s, opts))
     return reply(msg, metrics, weights, **extra)
 
 

@@ -1,6 +1,7 @@
 """FedDyn client (Acar et al. 2021): local loss L_k(θ) − ⟨h_k, θ⟩ + (α/2)‖θ − θ_global‖².
 
-The client's h_k (its gradient at its previous model) lives in ``context.state`` across rounds;
+The client's h_k (its gradient at its previous model) lives in its state store across rounds
+(:func:`clients.state.client_state`);
 α is ``feddyn.alpha``.  The reply is the trained model, as for FedAvg.
 """
 
@@ -9,10 +10,11 @@ from __future__ import annotations
 from flwr.app import Context, Message
 
 from fedderm.drift import feddyn_train
-from wire import to_record, to_state_dict
+from wire import to_record
 
 from .common import reply, session
 from .fedavg import evaluate
+from .state import client_state
 
 STATE_KEY = "feddyn-h"
 
@@ -22,10 +24,11 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(msg.content["config"]["server-round"])
     model = s.model(msg.content["arrays"])
     images, labels = s.data.tensors("labelled")
-    h_local = to_state_dict(context.state[STATE_KEY]) if STATE_KEY in context.state else {}
+    state = client_state(context)
+    h_local = state.tensors(STATE_KEY) or {}
     metrics, new_h = feddyn_train(model, images, labels, h_local=h_local, alpha=float(s.cfg.option("feddyn.alpha")),
                                   **s.local_kwargs(server_round))
-    context.state[STATE_KEY] = to_record(new_h)
+    state.put(STATE_KEY, new_h)
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics, to_record(model.state_dict()))
 

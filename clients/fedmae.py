@@ -1,7 +1,7 @@
 """FedMAE / Fed-MAE client: MAE pre-training on all training images (labels unused).
 
 The parameters named by ``fedmae.exclude`` stay here: the client keeps them in
-``context.state`` (which persists per run on a SuperNode, across processes), puts them back
+its state store (:func:`clients.state.client_state`, across processes and resumes), puts them back
 over the global values it receives, and leaves them out of its reply.  When the server marks
 the last round (``send-local``) it also sends them, as the ``local-arrays`` record, to be
 averaged once into the final model (000 §IV-D).
@@ -11,12 +11,13 @@ from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.mae import MAEOptions, build_mae, excluded_keys
 from fedderm.train import to_input, train_epochs
-from wire import LOCAL_RECORD, to_record, to_state_dict
+from wire import LOCAL_RECORD, to_record
 
 from . import finetune
 from .common import reply, session
+from .state import client_state
 
-KEPT = "fedmae-kept"  # context.state key of this client's excluded parameters
+KEPT = "fedmae-kept"  # client-state entry of this client's excluded parameters
 
 
 def receive(context: Context, arrays: ArrayRecord):
@@ -25,8 +26,9 @@ def receive(context: Context, arrays: ArrayRecord):
     s = session(context)
     model = s.model(arrays, key="mae", factory=lambda: build_mae(s.cfg))
     kept = excluded_keys(model, MAEOptions.from_config(s.cfg).exclude)
-    if kept and KEPT in context.state:
-        model.load_state_dict({**model.state_dict(), **to_state_dict(context.state[KEPT])}, strict=True)
+    own = client_state(context).tensors(KEPT)
+    if kept and own is not None:
+        model.load_state_dict({**model.state_dict(), **own}, strict=True)
     return model, kept
 
 
@@ -50,11 +52,18 @@ def pretrain(msg: Message, context: Context) -> Message:
     extra = {}
     if kept:
         own = to_record({k: state[k] for k in kept})
-        context.state[KEPT] = own
+        client_state(context).put(KEPT, {k: state[k] for k in kept})
         if bool(config.get("send-local", False)):
             extra[LOCAL_RECORD] = own
     shared = to_record({k: v for k, v in state.items() if k not in kept})
     return reply(msg, metrics, shared, **extra)
+
+
+def probe_state(msg: Message, context: Context) -> dict:
+    """The encoder a probe scores (``probe-every``): the global model with this client's kept
+    parameters put back, as its next round would train it."""
+    model, _ = receive(context, msg.content["arrays"])
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
 
 HANDLERS = {"train.pretrain": pretrain, **finetune.HANDLERS}

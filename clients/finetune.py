@@ -3,7 +3,7 @@
 ``train.finetune`` trains the classifier (pre-trained backbone + new head) on the labelled
 split.  Federated: start from the server's weights, reply with them.  Local
 (``config["local"]``): start from the server's weights in round 1 and from the client's own
-model afterwards, keep the model and its best-on-val copy in ``context.state``, reply with
+model afterwards, keep the model and its best-on-val copy in the client's state store, reply with
 metrics only.  SSL client modules include :data:`HANDLERS` in theirs.
 """
 
@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from flwr.app import Context, Message, MetricRecord
+from flwr.app import Context, Message
 
 from fedderm.metrics import SELECTION_METRIC
 from fedderm.train import train_supervised
 from wire import to_record
 
 from .common import ClientSession, evaluate_split, reply, session
+from .state import client_state
 
 LOCAL, BEST, BEST_SCORE = "finetune-model", "finetune-best", "finetune-best-score"
 
@@ -52,15 +53,18 @@ def train(msg: Message, context: Context) -> Message:
     s = session(context)
     cfg, config = s.cfg, msg.content["config"]
     server_round, local = int(config["server-round"]), bool(config.get("local", False))
-    start = context.state[LOCAL] if local and server_round > 1 else msg.content["arrays"]
-    model = s.model(start)
+    state = client_state(context)
+    if local and server_round > 1:
+        model = s.model(state=state.tensors(LOCAL))
+    else:
+        model = s.model(msg.content["arrays"])
     images, labels = s.data.tensors("labelled")
     metrics = train_supervised(model, images, labels, **s.local_kwargs(
         server_round, int(config.get("num-rounds", cfg.finetune_rounds)), finetune=True),
         augment=s.augment("finetune"))
     metrics["partition-id"] = s.partition_id
     if local:
-        context.state[LOCAL] = to_record(model.state_dict())
+        state.put(LOCAL, model.state_dict())
         return reply(msg, metrics)
     return reply(msg, metrics, to_record(model.state_dict()))
 
@@ -69,18 +73,19 @@ def evaluate(msg: Message, context: Context) -> Message:
     s = session(context)
     config = msg.content["config"]
     split, local = str(config.get("split", "val")), bool(config.get("local", False))
+    state = client_state(context)
     if local:
         test = split in ("test", "global-test")
-        weights = context.state[BEST] if test and BEST in context.state else context.state[LOCAL]
+        weights = state.tensors(BEST if test and BEST in state else LOCAL)
     else:
         weights = msg.content["arrays"]
     metrics = evaluate_split(s, weights, split)
     score = metrics[SELECTION_METRIC]
     if local and split == "val" and score == score:
-        best = context.state[BEST_SCORE]["score"] if BEST_SCORE in context.state else float("-inf")
+        best = state.meta(BEST_SCORE)["score"] if BEST_SCORE in state else float("-inf")
         if score > best:
-            context.state[BEST] = weights
-            context.state[BEST_SCORE] = MetricRecord({"score": float(score)})
+            state.put(BEST, weights)
+            state.put(BEST_SCORE, meta={"score": float(score)})
     return reply(msg, metrics)
 
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import hashlib
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import ArrayRecord, Context, Message
 
-from wire import values
+from wire import to_array, to_state_dict, values
 
 from . import fedclf, finetune
+from .state import client_state
 
-INITIAL = "localcl-initial-backbone"  # context.state: digest of the initial backbone
+INITIAL = "localcl-initial-backbone"  # client state: digest of the initial backbone
 
 
 def backbone_digest(arrays: ArrayRecord) -> str:
@@ -31,23 +32,32 @@ def backbone_digest(arrays: ArrayRecord) -> str:
 
 def pretrain(msg: Message, context: Context) -> Message:
     """Local MoCo (no features shared); remembers the initial backbone of round 1."""
-    if INITIAL not in context.state and "arrays" in msg.content and len(msg.content["arrays"]):
-        context.state[INITIAL] = ConfigRecord({"digest": backbone_digest(msg.content["arrays"])})
+    state = client_state(context)
+    if INITIAL not in state and "arrays" in msg.content and len(msg.content["arrays"]):
+        state.put(INITIAL, meta={"digest": backbone_digest(msg.content["arrays"])})
     return fedclf.pretrain(msg, context, feature_sharing=False)
 
 
 def with_own_backbone(msg: Message, context: Context) -> Message:
     """If the instruction's classifier has the initial backbone, replace its ``backbone.*``
     weights by this client's pre-trained ones (the new head is kept)."""
-    state = context.state
+    state = client_state(context)
     if "arrays" not in msg.content or fedclf.OWN_MODEL not in state or INITIAL not in state:
         return msg
     arrays = msg.content["arrays"]
-    if not len(arrays) or backbone_digest(arrays) != state[INITIAL]["digest"]:
+    if not len(arrays) or backbone_digest(arrays) != state.meta(INITIAL)["digest"]:
         return msg
-    own = state[fedclf.OWN_MODEL]
-    msg.content["arrays"] = ArrayRecord({k: own[k] if k.startswith("backbone.") else v for k, v in arrays.items()})
+    own = state.tensors(fedclf.OWN_MODEL)
+    msg.content["arrays"] = ArrayRecord({k: to_array(own[k]) if k.startswith("backbone.") else v
+                                         for k, v in arrays.items()})
     return msg
+
+
+def probe_state(msg: Message, context: Context) -> dict:
+    """The encoder a probe scores (``probe-every``): this client's own pre-trained model (the
+    server only has the initial one)."""
+    own = client_state(context).tensors(fedclf.OWN_MODEL)
+    return dict(own) if own is not None else to_state_dict(msg.content["arrays"])
 
 
 def train(msg: Message, context: Context) -> Message:

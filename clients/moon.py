@@ -1,6 +1,6 @@
 """MOON client (Li, He & Song 2021; baseline of paper 004): the 004 network, local loss
 CE + μ·ℓ_con with the round's global model as positive and this client's previous local model as
-negative.  The previous model lives in ``context.state["moon-previous"]`` (per client, per run).
+negative.  The previous model lives in the client's state store (``moon-previous``, per client, per run).
 """
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ from __future__ import annotations
 from flwr.app import Context, Message
 
 from fedderm.flbt import frozen_copy, train_moon
-from wire import copy_record, to_record, to_state_dict
+from wire import to_record
 
 from .common import reply, session
 from .flbt import evaluate
 from .flbt_family import projected
+from .state import client_state
 
 PREVIOUS = "moon-previous"
 
@@ -24,15 +25,16 @@ def train(msg: Message, context: Context) -> Message:
     model = s.model(msg.content["arrays"], factory=projected(s))
     global_model = frozen_copy(model)  # the round's global model (positive)
     previous = None
-    if PREVIOUS in context.state:  # this client's model of its previous round (negative)
+    state = client_state(context)
+    if PREVIOUS in state:  # this client's model of its previous round (negative)
         previous = frozen_copy(model)  # a copy, not a new network: no random initialisation
-        previous.load_state_dict(to_state_dict(context.state[PREVIOUS]), strict=True)
+        previous.load_state_dict(state.tensors(PREVIOUS), strict=True)
     images, labels = s.data.tensors("labelled")
     metrics = train_moon(model, global_model, previous, images, labels, mu=float(cfg.option("moon.mu")),
                          tau=float(cfg.option("moon.tau")), augment=s.augment("finetune"),
                          **s.local_kwargs(server_round))
     trained = to_record(model.state_dict())
-    context.state[PREVIOUS] = copy_record(trained)  # the same immutable Arrays: no second encoding
+    state.put(PREVIOUS, model.state_dict())
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics, trained)
 

@@ -1,6 +1,6 @@
 """SCAFFOLD client (Karimireddy et al. 2020): local SGD with corrected gradients g − c_i + c.
 
-The client's control variate c_i lives in ``context.state`` across rounds; the server's c comes
+The client's control variate c_i lives in its state store across rounds; the server's c comes
 in the ``control`` record.  The reply carries the trained model (``arrays``) and the change of
 c_i (``control-delta``), both for the trainable parameters; BatchNorm buffers are in ``arrays``
 only and are averaged plainly by the server.
@@ -15,6 +15,7 @@ from wire import to_record, to_state_dict
 
 from .common import reply, session
 from .fedavg import evaluate
+from .state import client_state
 
 STATE_KEY = "scaffold-c"
 
@@ -25,10 +26,11 @@ def train(msg: Message, context: Context) -> Message:
     model = s.model(msg.content["arrays"])
     images, labels = s.data.tensors("labelled")
     c_global = to_state_dict(msg.content["control"]) if "control" in msg.content else {}
-    c_local = to_state_dict(context.state[STATE_KEY]) if STATE_KEY in context.state else {}
+    state = client_state(context)
+    c_local = state.tensors(STATE_KEY) or {}
     metrics, new_local, delta = scaffold_train(model, images, labels, c_global=c_global, c_local=c_local,
                                                **s.local_kwargs(server_round))
-    context.state[STATE_KEY] = to_record(new_local)
+    state.put(STATE_KEY, new_local)
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics, to_record(model.state_dict()), **{"control-delta": to_record(delta)})
 

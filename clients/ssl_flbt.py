@@ -12,18 +12,19 @@ import hashlib
 import time
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import ArrayRecord, Context, Message
 
 from fedderm.fid import load_feature_extractor, select_pseudo_images
 from fedderm.msggan import generate_images, snapshot_steps, train_msggan
 from fedderm.simclr import simclr_round
 from fedderm.ssl_pseudo import backbone_arrays, encoder_prefix, original_ssl_network, train_multitask
-from wire import PSEUDO, to_array, to_record, values
+from wire import PSEUDO, to_array, to_record, to_state_dict, values
 
 from . import local
 from .common import reply, session
 from .flbt import HANDLERS as FLBT_HANDLERS
 from .flbt_family import projected
+from .state import client_state
 
 
 def train_gan(msg: Message, context: Context) -> Message:
@@ -55,7 +56,7 @@ def train_gan(msg: Message, context: Context) -> Message:
 
 
 # --------------------------------------------------------------- SSL on the original images
-OWN_SSL, INITIAL = "ssl-own-model", "ssl-initial-encoder"  # context.state (ssl.pretrain="local")
+OWN_SSL, INITIAL = "ssl-own-model", "ssl-initial-encoder"  # client state (ssl.pretrain="local")
 
 
 def ssl_network(cfg) -> torch.nn.Module:
@@ -84,10 +85,13 @@ def pretrain(msg: Message, context: Context) -> Message:
     cfg, config = s.cfg, msg.content["config"]
     server_round, alone = int(config["server-round"]), bool(config.get("local", False))
     sent = msg.content.array_records.get("arrays")
-    if alone and INITIAL not in context.state and sent is not None and len(sent):
-        context.state[INITIAL] = ConfigRecord({"digest": digest(backbone_arrays(dict(sent.items()), ssl_prefix(cfg)))})
-    start = context.state[OWN_SSL] if alone and server_round > 1 else sent
-    model = s.model(start, key="ssl", factory=lambda: ssl_network(cfg))
+    own = client_state(context)
+    if alone and INITIAL not in own and sent is not None and len(sent):
+        own.put(INITIAL, meta={"digest": digest(backbone_arrays(dict(sent.items()), ssl_prefix(cfg)))})
+    if alone and server_round > 1:
+        model = s.model(key="ssl", factory=lambda: ssl_network(cfg), state=own.tensors(OWN_SSL))
+    else:
+        model = s.model(sent, key="ssl", factory=lambda: ssl_network(cfg))
     images, _ = s.data.tensors("train")
     common = dict(epochs=int(cfg.option("ssl.epochs")), batch_size=cfg.batch_size, lr=float(cfg.option("ssl.lr")),
                   optimizer="adam", seed=s.seed(server_round, salt=3), device=s.device)
@@ -99,11 +103,17 @@ def pretrain(msg: Message, context: Context) -> Message:
     metrics = {k: v for k, v in metrics.items() if v == v}
     metrics.setdefault("train_loss", metrics.get("ssl_loss", float("nan")))
     metrics["partition-id"] = s.partition_id
-    state = to_record(model.state_dict())
     if alone:
-        context.state[OWN_SSL] = state
+        own.put(OWN_SSL, model.state_dict())
         return reply(msg, metrics)
-    return reply(msg, metrics, state)
+    return reply(msg, metrics, to_record(model.state_dict()))
+
+
+def probe_state(msg: Message, context: Context) -> dict:
+    """The encoder a probe scores (``probe-every``): with ``ssl.pretrain="local"`` this centre's own
+    pre-trained network (the server only has the initial one), else the model sent."""
+    own = client_state(context).tensors(OWN_SSL) if session(context).cfg.option("ssl.pretrain") == "local" else None
+    return dict(own) if own is not None else to_state_dict(msg.content["arrays"])
 
 
 def with_own_encoder(msg: Message, context: Context) -> Message:
@@ -111,15 +121,15 @@ def with_own_encoder(msg: Message, context: Context) -> Message:
     004 network it sends carries the initial encoder; swap in this centre's own pre-trained encoder
     wherever that initial encoder arrives (round-0 evaluation, round-1 training, a test of round 0).
     Any other weights (a FedAvg of trained models) are used as sent."""
-    state = context.state
+    state = client_state(context)
     arrays = msg.content.array_records.get("arrays")
     if arrays is None or not len(arrays) or OWN_SSL not in state or INITIAL not in state:
         return msg
     received = backbone_arrays(dict(arrays.items()), "encoder.")
-    if digest(received) != state[INITIAL]["digest"]:
+    if digest(received) != state.meta(INITIAL)["digest"]:
         return msg
-    own = backbone_arrays(dict(state[OWN_SSL].items()), ssl_prefix(session(context).cfg))
-    msg.content["arrays"] = ArrayRecord({k: own[k[len("encoder."):]] if k[len("encoder."):] in own else v
+    own = backbone_arrays(dict(state.tensors(OWN_SSL)), ssl_prefix(session(context).cfg))
+    msg.content["arrays"] = ArrayRecord({k: to_array(own[k[len("encoder."):]]) if k[len("encoder."):] in own else v
                                          for k, v in arrays.items()})
     return msg
 

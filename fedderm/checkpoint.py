@@ -43,6 +43,16 @@ def save_checkpoint(run_dir: Path, stage: str, server_round: int, payload: dict[
     return path
 
 
+def resume_step(run_dir: Path) -> int:
+    """The client-state step of the newest checkpoint in ``run_dir`` (every stage), 0 if none:
+    the step a resumed run's clients roll back to (:mod:`fedderm.state_store`)."""
+    steps = [0]
+    for path in Path(run_dir).glob("checkpoint*-round-*.pt"):
+        payload = torch.load(path, weights_only=False, mmap=True, map_location="cpu")
+        steps.append(int(payload.get("state-step") or 0))
+    return max(steps)
+
+
 def latest_checkpoint(run_dir: Path, stage: str) -> dict[str, Any] | None:
     """The newest complete checkpoint of ``stage`` in ``run_dir``, or None."""
     rounds = _rounds(run_dir, stage)

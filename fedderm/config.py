@@ -66,7 +66,7 @@ class Config:
     cv_folds: int = 0
     cv_fold: int = 0
     # model and local training
-    model: str = "resnet18"
+    model: str = ""  # "": the method's paper model (registry.Method.model)
     num_server_rounds: int = 8
     min_clients: int = 2
     local_epochs: int = 2
@@ -98,6 +98,8 @@ class Config:
     round_timeout: float = 3600.0
     targets: str = "0.55,0.65,0.75,0.85"
     transport_dtype: str = "float32"
+    tensorboard: bool = True
+    probe_every: int = 0
     # method-specific keys ("<method>.<key>"), validated against the registry's declarations
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -188,6 +190,7 @@ def _check_ranges(cfg: Config) -> None:
                 "synthetic-per-class", "finetune-rounds", "finetune-epochs"):
         need(getattr(cfg, key.replace("-", "_")) >= 1, key, "must be >= 1")
     need(cfg.image_size >= 8, "image-size", "must be >= 8")
+    need(cfg.seed >= 0, "seed", "must be >= 0")
     need(cfg.synthetic_sites >= 0, "synthetic-sites", "must be >= 0 (0 = one site per client)")
     need(cfg.dirichlet_alpha > 0, "dirichlet-alpha", "must be > 0")
     need(0 < cfg.label_fraction <= 1, "label-fraction", "must be in (0, 1]")
@@ -204,6 +207,7 @@ def _check_ranges(cfg: Config) -> None:
     need(cfg.round_timeout > 0, "round-timeout", "must be > 0 (seconds)")
     need(cfg.keep_checkpoints >= 0, "keep-checkpoints", "must be >= 0 (0 keeps every round's checkpoint)")
     need(cfg.proximal_mu >= 0, "proximal-mu", "must be >= 0")
+    need(cfg.probe_every >= 0, "probe-every", "must be >= 0 (0 = off)")
     need(0 < cfg.lr_decay <= 1, "lr-decay", "must be in (0, 1]")
     need(all(0 < t <= 1 for t in cfg.target_list), "targets", "must be balanced accuracies in (0, 1]")
     if cfg.dataset != "synthetic":
@@ -280,7 +284,8 @@ KEY_DOCS: dict[str, str] = {
     "cv-folds": "`k` >= 3: k stratified folds per client, fold `cv-fold` is test, the next one val, the rest "
                 "train (`val-fraction`/`test-fraction` ignored; 004's cross-centre CV); `0`: off",
     "cv-fold": "which fold is the test fold (0 … `cv-folds` − 1)",
-    "model": "`resnet18`, `resnet50` (torchvision; 3×3 stem without max-pool below 48 px), `tiny-cnn`, "
+    "model": "empty: the method's paper model (\"Default model per method\" below); or "
+             "`resnet18`, `resnet50` (torchvision; 3×3 stem without max-pool below 48 px), `tiny-cnn`, "
              "`vit-micro` (tests), `vit-tiny`, `vit-small` (patch 8), `vit-base` (patch 16); "
              "always randomly initialised, nothing is downloaded",
     "num-server-rounds": "federated rounds (pre-training rounds for the self-supervised methods)",
@@ -320,6 +325,12 @@ KEY_DOCS: dict[str, str] = {
                "whose mean val balanced accuracy reaches each (002 Table 2)",
     "transport-dtype": "`float16` sends every floating-point array as float16 (half the traffic); "
                        "the server keeps and averages float32; integer buffers travel unchanged",
+    "tensorboard": "`true`: the server writes TensorBoard event files into the run folder (scalars per round, "
+                   "per client and mean; the final table as text); `tensorboard --logdir <output-dir>`",
+    "probe-every": "`k` > 0: every k pre-training rounds (and after the last) every client scores the current "
+                   "encoder with a cosine kNN (k = 20) and a logistic-regression probe on frozen features, trained on "
+                   "its labelled images, scored on val (splits `probe-knn`, `probe-linear`; self-supervised methods "
+                   "only; docs/probes.md); `0`: off",
     # -- method options (registry.py) --
     "fedclf.feature-sharing": "upload and relay features; `false` = FedMoCo",
     "fedclf.local-negatives": "`false`: remote negatives only (000 Eq. 5); `true`: local and remote negatives (Eq. 4)",
@@ -328,6 +339,11 @@ KEY_DOCS: dict[str, str] = {
     "fedclf.temperature": "τ of 000 Eq. 6 (MoCo v2; also read by `fedmoco`, `localcl`)",
     "fedclf.momentum": "EMA coefficient of the momentum encoder (also read by `fedmoco`, `localcl`)",
     "fedclf.feature-dtype": "precision of the relayed features on the wire: `float16` | `float32`",
+    "fedclf.relay-clip": "C: every relayed feature vector is clipped to L2 norm C before upload; `0`: off "
+                         "(docs/privacy.md)",
+    "fedclf.relay-noise-multiplier": "σ: Gaussian noise N(0, (σC)²) added to every relayed feature vector; "
+                                     "(ε, δ) per client in summary.json `relay_privacy`; `0`: no noise",
+    "fedclf.relay-delta": "δ of the reported (ε, δ) of the private relay",
     "fedsimclr.temperature": "τ of SimCLR's NT-Xent (`fedsimclr`, and `ssl.tasks=\"simclr\"`)",
     "fedmae.mask-ratio": "share of patches removed per image (000: 0.75; 003's Fed-MAE: 0.6)",
     "fedmae.exclude": "parameters kept on the clients during the rounds (000 Table V): `none`, `decoder`, "

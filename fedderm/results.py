@@ -16,6 +16,8 @@ A run folder written by :class:`RunRecorder` looks like::
         curves.png       mean validation metrics per round + per-client balanced accuracy
         train_loss.png   mean training loss per round (only if train losses were logged)
         final_table.txt  the text table of the final test metrics (see ``table()``)
+        events.out.tfevents.*  TensorBoard events with the same numbers (``tensorboard`` in the
+                         config; fedderm.tracking)
 
 All means are *unweighted* means over clients (each hospital counts the same).
 JSON files are strict JSON: NaN / infinity are written as ``null``.
@@ -242,6 +244,12 @@ class RunRecorder:
         self.classes: dict[str, Any] | None = None
         #: what model.pt is (fedderm.inference): classes, method, model, image size, network
         self.model_meta: dict[str, Any] = {}
+        #: TensorBoard event files (fedderm.tracking) when the config says ``tensorboard = true``
+        self.tracker = None
+        if self.config.get("tensorboard") is True:
+            from fedderm.tracking import Tracker
+
+            self.tracker = Tracker(self.run_dir)
 
         _write_json(self.config_path, self.config, sort_keys=True)
         with open(self.rounds_csv_path, "w", newline="", encoding="utf-8") as fh:
@@ -260,8 +268,8 @@ class RunRecorder:
         self.rounds, self.best_round = [], state.get("best_round")
         self.final, self.extra = state.get("final"), dict(state.get("extra") or {})
         self.classes = state.get("classes") or self.classes
-        for entry in state.get("rounds", []):
-            self._append(entry)
+        for entry in state.get("rounds", []):  # already in the event files of the first process
+            self._append(entry, track=False)
 
     # paths ------------------------------------------------------------------
     @property
@@ -342,9 +350,9 @@ class RunRecorder:
         self._write_summary()
         return mean
 
-    def _append(self, entry: dict[str, Any], keep: bool = True) -> None:
+    def _append(self, entry: dict[str, Any], keep: bool = True, track: bool = True) -> None:
         """Add one round entry to ``rounds`` (unless not ``keep``: test rows, which live in
-        ``final``) and its rows to rounds.csv."""
+        ``final``) and its rows to rounds.csv (and, with ``track``, to the TensorBoard events)."""
         per_client, mean = entry["per_client"], entry["metrics"]
         rows = []
         for cid in _sorted_clients(per_client):
@@ -358,8 +366,17 @@ class RunRecorder:
             for row in rows:
                 writer.writerow([_csv_cell(v) for v in row])
             fh.flush()
+        if self.tracker is not None and track:  # the same values as rounds.csv (fedderm.tracking)
+            self.tracker.rows(str(entry["split"]), int(entry["round"]),
+                              {str(row[2]): dict(zip(CSV_COLUMNS[4:], row[4:])) for row in rows})
         if keep:
             self.rounds.append(entry)
+
+    def track(self, prefix: str, step: int, values: Mapping[str, Any]) -> None:
+        """Extra TensorBoard curves (``<prefix>/<name>`` at ``step``; encoder probes, privacy);
+        nothing without ``tensorboard``."""
+        if self.tracker is not None:
+            self.tracker.scalars(prefix, step, values)
 
     def set_final(
         self,
@@ -481,6 +498,11 @@ class RunRecorder:
         self._write_per_class()
         if self.final is not None:
             _atomic_write_bytes(self.run_dir / "final_table.txt", (self.table() + "\n").encode("utf-8"))
+        if self.tracker is not None:
+            if self.final is not None:
+                self.tracker.text("final_table", self.table())
+            self.tracker.close()
+            self.tracker = None
         return self.run_dir
 
     def table(self) -> str:

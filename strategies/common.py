@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,14 +27,47 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 import wire
-from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, save_checkpoint
+from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, resume_step, save_checkpoint
 from fedderm.config import Config
-from fedderm.metrics import SELECTION_METRIC
+from fedderm.metrics import SELECTION_METRIC, mean_over_clients
 from fedderm.results import RunRecorder, client_sort_key
 
 from .nodes import NodeView, send_and_receive, wait_for_nodes
 from .screening import reply_problem, short_reason
 from .traffic import array_bytes, record_bytes
+
+
+class StateClock:
+    """The server's side of the client-state store (:mod:`fedderm.state_store`): numbers the
+    intervals between checkpoints (``step``) and stamps every message with the ``fedderm-state``
+    record the clients key and roll back their state by (:mod:`clients.state`)."""
+
+    def __init__(self, run_dir, keep: int, simulation: bool, resume: int = 0):
+        run_dir = Path(run_dir).expanduser().resolve()
+        self.run, self.run_dir = run_dir.name, str(run_dir) if simulation else ""
+        self.keep, self.resume, self.step = int(keep), int(resume), int(resume)
+        self.token = uuid.uuid4().hex  # new for every server process: clients roll back once per token
+
+    @classmethod
+    def for_run(cls, run_dir, cfg, simulation: bool) -> StateClock:
+        """The clock of a run; resumed (``resume``) at the step of the newest checkpoint."""
+        return cls(run_dir, cfg.keep_checkpoints, simulation, resume_step(run_dir) if cfg.resume else 0)
+
+    def stamp(self) -> ConfigRecord:
+        return ConfigRecord({"run": self.run, "run-dir": self.run_dir, "step": self.step + 1,
+                             "resume": self.resume, "token": self.token, "keep": self.keep})
+
+
+def save_round(grid: Grid, recorder: RunRecorder, stage: str, server_round: int, payload: dict[str, Any],
+               keep: int) -> None:
+    """The checkpoint of (``stage``, ``server_round``), with the client-state step it closes."""
+    clock = getattr(grid, "state_clock", None)
+    step = clock.step + 1 if clock is not None else 0
+    save_checkpoint(recorder.run_dir, stage, server_round, {**payload, "state-step": step}, keep=keep)
+    if clock is not None:
+        clock.step = step
+
+
 
 
 def rounds_to_target(rounds: list[dict], targets: list[float], split: str = "val",
@@ -95,6 +130,8 @@ class Tracked:
         self.best_score = float("-inf")
         self.best_arrays: ArrayRecord | None = None
         self.last_mean: dict[str, float] = {}
+        #: the last evaluation's per-client metrics, set by aggregate_evaluate for the round loop to record
+        self.evaluated: dict[str, dict[str, float]] | None = None
         self.sent: ArrayRecord | None = None  # the global model of the current train round
         self.accepted: list[Message] = []  # this round's train replies that passed screening
         self._round_start = time.monotonic()
@@ -256,20 +293,27 @@ class Tracked:
             log(WARNING, "round %d: no client returned %s metrics", server_round, self.split)
             return None
         super().aggregate_evaluate(server_round, replies)  # Flower's consistency checks and logs
-        if self.split == "test":
-            self.last_mean = self.recorder.set_final(per_client, self.best_round)
-        else:
-            self.last_mean = self.recorder.log_round(server_round, self.split, per_client,
-                                                     train=_mean_train_loss(self.train_per_client))
-        return MetricRecord(_finite(self.last_mean))
+        self.evaluated = per_client  # written by the round loop (evaluate_round), not from this hook
+        scalars = {pid: {k: v for k, v in m.items() if isinstance(v, (int, float))} for pid, m in per_client.items()}
+        return MetricRecord(_finite(mean_over_clients(scalars)))
 
     # -- evaluation plan and bookkeeping --------------------------------------------------
     def evaluate_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, split: str,
                        timeout: float) -> dict[str, float]:
         """Send ``arrays`` to every client for evaluation on ``split``; return the mean metrics."""
         msgs = self.configure_evaluate(server_round, arrays, ConfigRecord({"split": split}), grid)
+        self.evaluated = None
         self.aggregate_evaluate(server_round, self.in_order(send_and_receive(grid, msgs, timeout)))
+        if self.evaluated is not None:
+            self.last_mean = self.record_evaluation(server_round, self.evaluated)
         return self.last_mean
+
+    def record_evaluation(self, server_round: int, per_client: dict[str, dict[str, float]]) -> dict[str, float]:
+        """Hand one evaluation's per-client metrics to the results module; returns their mean."""
+        if self.split == "test":
+            return self.recorder.set_final(per_client, self.best_round)
+        return self.recorder.log_round(server_round, self.split, per_client,
+                                       train=_mean_train_loss(self.train_per_client))
 
     def after_round(self, server_round: int, arrays: ArrayRecord) -> None:
         """Called with the global model after every round (and round 0): best-on-val, progress."""
@@ -346,9 +390,9 @@ def run_rounds(strategy: Tracked, grid: Grid, arrays: ArrayRecord, *, evaluate: 
         if evaluate:
             strategy.evaluate_round(view, server_round, arrays, "val", cfg.round_timeout)
         (on_round or strategy.after_round)(server_round, arrays)
-        save_checkpoint(recorder.run_dir, strategy.stage, server_round,
-                        {"arrays": wire.to_state_dict(arrays), "strategy": strategy.state_dict(),
-                         "recorder": recorder.state()}, keep=cfg.keep_checkpoints)
+        save_round(grid, recorder, strategy.stage, server_round,
+                   {"arrays": wire.to_state_dict(arrays), "strategy": strategy.state_dict(),
+                    "recorder": recorder.state()}, keep=cfg.keep_checkpoints)
     return arrays
 
 

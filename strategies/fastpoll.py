@@ -103,8 +103,16 @@ class FastPollGrid(WrappedGrid):
         self.poll_interval = poll_interval
         #: ``transport-dtype``: outgoing arrays are encoded in it, replies decoded back to float32
         self.transport = transport
+        #: stamps every message but the handshake with the client-state step (a
+        #: :class:`strategies.common.StateClock`, set by the ServerApp)
+        self.state_clock = None
 
     def push_messages(self, messages):
+        messages = list(messages)
+        if self.state_clock is not None:
+            for m in messages:
+                if m.metadata.message_type != "query.info":
+                    m.content[wire.STAMP] = self.state_clock.stamp()
         return self.inner.push_messages([wire.encode_message(m, self.transport) for m in messages])
 
     def pull_messages(self, message_ids):

@@ -25,8 +25,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp.strategy import FedAvg
 
-from fedderm.moco import build_moco
-from wire import FEATURES, REMOTE, to_array, to_record, values
+import wire
+from fedderm.moco import FEATURE_DIM, build_moco
+from fedderm.relay_privacy import relay_epsilon
+from wire import FEATURES, REMOTE, to_array, to_record
 
 from .common import Tracked
 from .finetune import pretrain_strategy, pretrain_then_finetune
@@ -45,50 +47,112 @@ def relay_features(uploads: Mapping[int, np.ndarray], destination: int, rng: np.
     return features[rng.permutation(len(features))]
 
 
+def feature_problem(record: ArrayRecord | None, queue_size: int, dtype: str) -> str | None:
+    """Why a client's feature upload (``features`` record) must not enter the relay bank, or
+    None: it must be one ``features`` array of 1 to K rows of ``FEATURE_DIM`` finite values in
+    ``fedclf.feature-dtype``."""
+    if record is None:
+        return f"no {FEATURES!r} record (feature sharing is on)"
+    if list(record.keys()) != ["features"]:
+        return f"the {FEATURES!r} record holds {sorted(record.keys())[:3]}, expected ['features']"
+    values = wire.values(record["features"])
+    if values.ndim != 2 or values.shape[1] != FEATURE_DIM or not 1 <= values.shape[0] <= queue_size:
+        return (f"features of shape {list(values.shape)}, expected [1..{queue_size}, {FEATURE_DIM}] "
+                "(fedclf.queue-size, the MoCo feature dimension)")
+    if values.dtype != np.dtype(dtype):
+        return f"features in {values.dtype}, expected {dtype} (fedclf.feature-dtype)"
+    if not np.isfinite(values).all():
+        return "features hold non-finite values (NaN or inf)"
+    return None
+
+
 class FedCLFStrategy(Tracked, FedAvg):
-    """FedAvg of the MoCo models + de-identified feature relay (when ``feature_sharing``)."""
+    """FedAvg of the MoCo models + de-identified feature relay (when ``feature_sharing``).
+
+    The relay bank holds, per partition id (stable across a resume, unlike node ids), the
+    latest features that passed screening (:func:`feature_problem`); a reply with a bad upload
+    is rejected like a bad model update, and its features are never relayed."""
 
     def __init__(self, *, feature_sharing: bool, timeout: float = 3600, **kwargs):
         super().__init__(**kwargs)
         self.feature_sharing = feature_sharing
         self.timeout = timeout
-        self.uploads: dict[int, np.ndarray] = {}  # node id -> its latest Q_l (server side only)
-        self.partition_of: dict[int, int] = {}  # node id -> partition id, for the log only
+        self.uploads: dict[int, np.ndarray] = {}  # partition id -> its latest Q_l (server side only)
+        self.partition_of: dict[int, int] = {}  # node id -> partition id, from the replies (this run)
+        self.releases: dict[str, int] = {}  # partition id -> releases of one image so far (private relay)
 
     # -- collecting -------------------------------------------------------------------
+    def _note_partition(self, msg: Message) -> None:
+        if msg.has_content() and "metrics" in msg.content and "partition-id" in msg.content["metrics"]:
+            self.partition_of[msg.metadata.src_node_id] = int(msg.content["metrics"]["partition-id"])
+
+    def _pid(self, nid: int) -> int:
+        """The partition id of node ``nid`` (handshake, else its replies; else the node id)."""
+        return int(self.recorder.node_partitions.get(nid, self.partition_of.get(nid, nid)))
+
     def _take_features(self, replies: Iterable[Message]) -> dict[int, np.ndarray]:
         """Remove the ``features`` record from every reply (FedAvg wants exactly one
-        ArrayRecord) and return them by sender."""
+        ArrayRecord) and return them by the sender's partition id."""
         uploads = {}
         for r in replies:
             if r.has_error() or not r.has_content():
                 continue
-            nid = r.metadata.src_node_id
-            if "metrics" in r.content and "partition-id" in r.content["metrics"]:
-                self.partition_of[nid] = int(r.content["metrics"]["partition-id"])
             if FEATURES in r.content:
-                uploads[nid] = values(r.content[FEATURES]["features"])
+                pid = self._pid(r.metadata.src_node_id)
+                uploads[pid] = r.content[FEATURES]["features"].numpy()
+                if "metrics" in r.content and "relay-releases" in r.content["metrics"]:  # private relay
+                    self.releases[str(pid)] = self.releases.get(str(pid), 0) + int(r.content["metrics"]["relay-releases"])
                 del r.content[FEATURES]
         return uploads
 
+    def feature_problem(self, msg: Message) -> str | None:
+        return feature_problem(msg.content.array_records.get(FEATURES), int(self.cfg.option("fedclf.queue-size")),
+                               str(self.cfg.option("fedclf.feature-dtype")))
+
+    def validate_reply(self, msg: Message) -> str | None:
+        """The model checks of every method, then (feature sharing) the feature upload's."""
+        self._note_partition(msg)
+        problem = super().validate_reply(msg)
+        if problem is None and self.feature_sharing:
+            problem = self.feature_problem(msg)
+        return problem
+
     def collect_initial_features(self, arrays: ArrayRecord, node_ids: list[int], grid) -> None:
-        """``query.features`` to every client: their initial Q_l, encoded by the initial model."""
+        """``query.features`` to every client: their initial Q_l, encoded by the initial model;
+        uploads that fail :func:`feature_problem` are rejected and logged."""
         msgs = [Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": 0})}),
                         dst_node_id=nid, message_type="query.features") for nid in node_ids]
         replies = list(grid.send_and_receive(msgs, timeout=self.timeout))
-        for r in replies:
+        good, rejected = [], []
+        for r in self.in_order(replies):
+            nid = r.metadata.src_node_id
+            self._note_partition(r)
             if r.has_error():
-                log(WARNING, "fedclf: node %d sent no initial features: %s", r.metadata.src_node_id, r.error.reason)
-        self.uploads = self._take_features(replies)
+                log(WARNING, "fedclf: node %d sent no initial features: %s", nid, r.error.reason)
+            elif problem := self.feature_problem(r):
+                rejected.append((nid, f"rejected: {problem}"))
+            else:
+                good.append(r)
+        self._reject(0, rejected)
+        self.uploads = self._take_features(good)
         self._log_uploads(0)
+        self._account(0)
 
-    def _name(self, nid: int) -> str:
-        return f"client {self.partition_of[nid]}" if nid in self.partition_of else f"node {nid}"
+    def _reject(self, server_round: int, rejected: list[tuple[int, str]]) -> None:
+        """Log and record (``missing_clients``) the clients whose initial upload was refused."""
+        for nid, why in rejected:
+            log(WARNING, "%s round %d: client %s (node %d) left out: %s", self.stage, server_round,
+                self._partition(nid), nid, why)
+        if rejected:
+            record = self.recorder.extra.setdefault("missing_clients", [])
+            record += [{"stage": self.stage, "round": server_round, "partition-id": self._partition(n),
+                        "node-id": n, "reason": why} for n, why in rejected]
+            self.recorder.update_extra({"missing_clients": record})
 
     def _log_uploads(self, server_round: int) -> None:
-        for nid in sorted(self.uploads, key=self._name):
-            f = self.uploads[nid]
-            log(INFO, "fedclf round %d: %s uploaded %d features (%d bytes, %s)", server_round, self._name(nid),
+        for pid in sorted(self.uploads):
+            f = self.uploads[pid]
+            log(INFO, "fedclf round %d: client %d uploaded %d features (%d bytes, %s)", server_round, pid,
                 len(f), f.nbytes, f.dtype)
 
     # -- relaying ---------------------------------------------------------------------
@@ -103,41 +167,65 @@ class FedCLFStrategy(Tracked, FedAvg):
         out, received = [], {}
         for msg in sorted(messages, key=lambda m: self.node_order(m.metadata.dst_node_id)):  # rng draws by partition
             nid = msg.metadata.dst_node_id
-            remote = relay_features(self.uploads, nid, rng, self.node_order)
+            pid = self._pid(nid)
+            remote = relay_features(self.uploads, pid, rng)
             content = RecordDict({"arrays": msg.content["arrays"], "config": msg.content["config"]})
             if len(remote):
                 content[REMOTE] = ArrayRecord({"features": to_array(np.ascontiguousarray(remote))})
             out.append(Message(content=content, dst_node_id=nid, message_type=msg.metadata.message_type,
                                group_id=msg.metadata.group_id or None))
-            received[self._name(nid)] = int(remote.nbytes)
-            log(INFO, "fedclf round %d: relayed %d remote features (%d bytes, %s) to %s", server_round,
-                len(remote), remote.nbytes, remote.dtype, self._name(nid))
+            received[f"client {pid}"] = int(remote.nbytes)
+            log(INFO, "fedclf round %d: relayed %d remote features (%d bytes, %s) to client %d", server_round,
+                len(remote), remote.nbytes, remote.dtype, pid)
         entry = {"round": server_round, "received_bytes": dict(sorted(received.items())),
-                 "uploaded_bytes": dict(sorted((self._name(n), int(f.nbytes)) for n, f in self.uploads.items()))}
+                 "uploaded_bytes": dict(sorted((f"client {p}", int(f.nbytes)) for p, f in self.uploads.items()))}
         relay = self.recorder.extra.get("feature_relay", [])
         self.recorder.update_extra({"feature_relay": [*relay, entry]})
         return out
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        replies = list(replies)
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if self.feature_sharing and arrays is None:
+            log(WARNING, "fedclf round %d: too few usable replies; relaying the previous features", server_round)
+        return arrays, metrics
+
+    def _aggregate(self, server_round: int, replies: list[Message]):
+        """The screened replies only: their features become the relay bank, then FedAvg."""
         uploads = self._take_features(replies)
         if self.feature_sharing:
             if uploads:
                 self.uploads = uploads
                 self._log_uploads(server_round)
+                self._account(server_round)
             else:
                 log(WARNING, "fedclf round %d: no client uploaded features; relaying the previous ones",
                     server_round)
-        return super().aggregate_train(server_round, replies)
+        return super()._aggregate(server_round, replies)
 
+    def _account(self, server_round: int) -> None:
+        """Private relay (``fedclf.relay-clip`` > 0): (ε, δ) per client after this round's upload
+        (:func:`fedderm.relay_privacy.relay_epsilon`), in summary.json ``relay_privacy`` and TensorBoard."""
+        if not self.releases:
+            return
+        sigma, delta = float(self.cfg.option("fedclf.relay-noise-multiplier")), float(self.cfg.option("fedclf.relay-delta"))
+        eps = {pid: relay_epsilon(sigma, n, delta) for pid, n in sorted(self.releases.items())}
+        entry = {"round": server_round, "delta": delta, "noise_multiplier": sigma,
+                 "clip": float(self.cfg.option("fedclf.relay-clip")), "releases": dict(sorted(self.releases.items())),
+                 "epsilon": eps}
+        self.recorder.update_extra({"relay_privacy": [*self.recorder.extra.get("relay_privacy", []), entry]})
+        self.recorder.track("privacy", server_round, {f"epsilon/client-{pid}": e for pid, e in eps.items()})
+        log(INFO, "fedclf round %d: private relay (sigma %g, delta %g): epsilon per client %s", server_round, sigma,
+            delta, {pid: round(e, 3) for pid, e in eps.items()})
 
     def state_dict(self):
         """The relay bank (each client's latest features) goes into the checkpoint too."""
-        return {**super().state_dict(), "uploads": dict(self.uploads), "partition_of": dict(self.partition_of)}
+        return {**super().state_dict(), "uploads": dict(self.uploads),  # by partition id
+                "releases": dict(self.releases)}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.uploads, self.partition_of = dict(state["uploads"]), dict(state["partition_of"])
+        self.uploads = {int(pid): f for pid, f in state["uploads"].items()}
+        self.releases = dict(state.get("releases", {}))
 
 
 def build_strategy(cfg, recorder, feature_sharing: bool | None = None) -> FedCLFStrategy:

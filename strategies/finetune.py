@@ -26,6 +26,7 @@ from fedderm.models import create_model
 from wire import to_record, to_state_dict
 
 from .common import Tracked, run_federated, run_rounds
+from .probe import probe_due, probe_round
 
 
 class FederatedFinetune(Tracked, FedAvg):
@@ -94,6 +95,8 @@ def pretrain(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) -> Arra
         mean = recorder.log_round(server_round, "pretrain", per_client)
         log(INFO, "pretrain round %d/%d · SSL loss %.4f · %d clients", server_round, strategy.num_rounds,
             mean.get("loss", float("nan")), len(per_client))
+        if probe_due(strategy.cfg, server_round, strategy.num_rounds):  # probe-every (strategies/probe.py)
+            probe_round(grid, strategy.cfg, recorder, server_round, arrays)
 
     arrays = run_rounds(strategy, grid, initial_arrays, evaluate=False, on_round=on_round)
     recorder.save_model(to_state_dict(arrays), name="model-pretrained.pt")

@@ -17,29 +17,47 @@ from wire import PR_CURVE, to_record
 from .common import run_federated
 
 
-def save_pr_curves(recorder, replies: list[Message], classes: list[str] | None, method: str) -> list:
-    """Draw ``pr_curve_client<id>.png`` for every test reply carrying a ``pr-curve`` record."""
-    paths = []
+def pr_curves_of(replies: list[Message]) -> list[tuple]:
+    """``(partition id, curves)`` of every test reply carrying a ``pr-curve`` record."""
+    found = []
     for msg in replies:
         if msg.has_error() or PR_CURVE not in msg.content:
             continue
         pid = msg.content["metrics"].get("partition-id", msg.metadata.src_node_id)
-        curves = {k: (list(v) if isinstance(v, list) else v) for k, v in msg.content[PR_CURVE].items()}
-        paths.append(plot_pr_curves(recorder.run_dir / f"pr_curve_client{pid}.png", curves, classes,
-                                    f"{method}: centre {pid}, test split"))
-    return paths
+        found.append((pid, {k: (list(v) if isinstance(v, list) else v) for k, v in msg.content[PR_CURVE].items()}))
+    return found
+
+
+def draw_pr_curves(recorder, curves: list[tuple], classes: list[str] | None, method: str) -> list:
+    """Draw ``pr_curve_client<id>.png`` for every ``(partition id, curves)`` pair."""
+    return [plot_pr_curves(recorder.run_dir / f"pr_curve_client{pid}.png", c, classes,
+                           f"{method}: centre {pid}, test split") for pid, c in curves]
+
+
+def save_pr_curves(recorder, replies: list[Message], classes: list[str] | None, method: str) -> list:
+    """Draw ``pr_curve_client<id>.png`` for every test reply carrying a ``pr-curve`` record."""
+    return draw_pr_curves(recorder, pr_curves_of(replies), classes, method)
 
 
 class PRCurves:
-    """Strategy mixin (in front of :class:`Tracked`): PR-curve PNGs from the final test replies."""
+    """Strategy mixin (in front of :class:`Tracked`): PR-curve PNGs from the final test replies.
+
+    Flower's hook only keeps the curves; they are drawn when the round loop records the test
+    (:meth:`Tracked.record_evaluation`)."""
 
     classes: list[str] | None = None
+    _pr_curves: list = []
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
-        if self.split == "test":  # before Tracked pops partition-id from the metrics
-            save_pr_curves(self.recorder, replies, self.classes, self.cfg.method)
+        # before Tracked pops partition-id from the metrics
+        self._pr_curves = pr_curves_of(replies) if self.split == "test" else []
         return super().aggregate_evaluate(server_round, replies)
+
+    def record_evaluation(self, server_round: int, per_client: dict) -> dict:
+        draw_pr_curves(self.recorder, self._pr_curves, self.classes, self.cfg.method)
+        self._pr_curves = []
+        return super().record_evaluation(server_round, per_client)
 
 
 def projected_net(cfg, classes: list[str]):

@@ -2,7 +2,8 @@
 nothing uploaded but metrics.  Every round each client trains its own model and evaluates it
 on its own validation split; the final test uses each client's own best-on-val model
 (``clients.local``).  The server only drives the rounds and records the per-client results, so
-the mean row is the GTA of single-centre models."""
+the mean row is the GTA of single-centre models.  Like every method it checkpoints each round (the
+results so far; the models are client state) and continues from there with ``resume``."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 
+from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint
 from fedderm.metrics import mean_over_clients
 from fedderm.models import create_model
-from wire import to_record
 
+from .common import save_round
 from .flbt_family import save_pr_curves
 
 
@@ -46,18 +48,27 @@ def run(grid: Grid, cfg, recorder, classes: list[str], model=None) -> None:
     passes the 004 network with the server's pre-trained encoder)."""
     nodes = sorted(grid.get_node_ids())
     model = model if model is not None else create_model(cfg.model, len(classes), cfg.image_size)
-    init = to_record(model.state_dict())
-    val, _ = _ask(grid, nodes, "evaluate", 0, "val", init)
-    recorder.log_round(0, "val", val)
-    for r in range(1, cfg.num_server_rounds + 1):
-        start = time.monotonic()
+    init = ArrayRecord(model.state_dict())
+    ckpt = latest_checkpoint(recorder.run_dir, DEFAULT_STAGE) if cfg.resume else None
+    if ckpt is not None:
+        recorder.restore(ckpt["recorder"])
+        start = ckpt["round"] + 1
+        log(INFO, "local: resuming after round %d from %s", ckpt["round"], recorder.run_dir)
+    else:
+        val, _ = _ask(grid, nodes, "evaluate", 0, "val", init)
+        recorder.log_round(0, "val", val)
+        start = 1
+    for r in range(start, cfg.num_server_rounds + 1):
+        started = time.monotonic()
         train, _ = _ask(grid, nodes, "train", r, arrays=init if r == 1 else None)
         val, _ = _ask(grid, nodes, "evaluate", r, "val")
         loss = mean_over_clients(train).get("train_loss")
         mean = recorder.log_round(r, "val", val, train={"train_loss": loss} if loss is not None else None)
         log(INFO, "round %d/%d (local, no aggregation) · val balanced_accuracy %.3f · accuracy %.3f · %.1f s",
             r, cfg.num_server_rounds, mean.get("balanced_accuracy", float("nan")), mean.get("accuracy", float("nan")),
-            time.monotonic() - start)
+            time.monotonic() - started)
+        save_round(grid, recorder, DEFAULT_STAGE, r, {"arrays": {}, "strategy": {}, "recorder": recorder.state()},
+                   keep=cfg.keep_checkpoints)
     test, replies = _ask(grid, nodes, "evaluate", cfg.num_server_rounds, "test")
     save_pr_curves(recorder, replies, classes, cfg.method)
     recorder.set_final(test, best_round=None)

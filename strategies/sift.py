@@ -165,8 +165,9 @@ class SiftStrategy(Tracked, FedAvg):
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.ring_log, self.partition_of = list(state["ring_log"]), dict(state["partition_of"])
-        self.pair = None if state["pair"] is None else {k: wire.to_record(v) for k, v in state["pair"].items()}
+        # node ids are new in a resumed run: the partition ids come from this run's handshake
+        self.ring_log = list(state["ring_log"])
+        self.pair = None if state["pair"] is None else {k: ArrayRecord(v) for k, v in state["pair"].items()}
 
 
 def build_strategy(cfg, recorder) -> SiftStrategy:

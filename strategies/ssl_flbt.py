@@ -40,6 +40,7 @@ from .finetune import LocalFinetune, pretrain
 from .flbt import build_strategy
 from .flbt_family import projected_net, run_strategy
 from .local import run as run_local
+from .probe import probe_due, probe_round
 
 
 def collect_pseudo_images(grid: Grid, node_ids: list[int], timeout: float = 7200):
@@ -127,6 +128,8 @@ def run(grid: Grid, cfg, recorder, classes: list[str]) -> None:
     where, tasks, finetune = (str(cfg.option(k)) for k in ("ssl.pretrain", "ssl.tasks", "ssl.finetune"))
     recorder.update_extra({"ssl": {"pretrain": where, "tasks": tasks, "finetune": finetune}})
     encoder = pseudo_stage(grid, cfg, recorder, tasks) if where == "pseudo" else original_images_stage(grid, cfg, recorder)
+    if where == "pseudo" and probe_due(cfg, 1, 1):  # the server's one pre-training, probed as round 1
+        probe_round(grid, cfg, recorder, 1, to_record(encoder))
     recorder.save_model(encoder, name="ssl-encoder.pt")
 
     net = projected_net(cfg, classes)

@@ -18,6 +18,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 import registry
 import sim
 from clients.fedclf import BANK
+from clients.state import client_state
 from fedderm import moco as moco_module
 from fedderm.augment import ContrastiveAugment
 from fedderm.moco import FeatureQueue, build_moco, info_nce, moco_round
@@ -278,7 +279,7 @@ def test_clients_receive_exactly_the_others_features_end_to_end(tmp_path):
             latest[msg.metadata.dst_node_id] = uploaded
     # each client keeps its bank (client-only state); uploads are K = 24 features of 128 floats
     for ctx in grid.contexts.values():
-        assert ctx.state[BANK]["features"].numpy().shape == (24, 128)
+        assert tuple(client_state(ctx).tensors(BANK)["features"].shape) == (24, 128)
     assert all(latest[n].shape == (24, 128) for n in latest)
 
 
@@ -333,7 +334,7 @@ def test_baselines_run_their_plan(tmp_path, method, finetune):
         # nothing averaged: round 2 carries no weights, clients keep diverging models
         pre_msgs = [m for m in grid.sent if m.metadata.message_type == "train.pretrain"]
         assert [len(m.content["arrays"]) > 0 for m in pre_msgs] == [True, True, False, False]
-        own = [ctx.state["fedclf-model"]["backbone.0.0.weight"].numpy() for ctx in grid.contexts.values()]
+        own = [client_state(ctx).tensors("fedclf-model")["backbone.0.0.weight"].numpy() for ctx in grid.contexts.values()]
         assert not np.array_equal(own[0], own[1])
         assert all(FEATURES not in r.content for r in grid.replies)
 
@@ -346,9 +347,9 @@ def test_localcl_finetunes_from_the_clients_own_backbone(tmp_path):
     grid = FakeGrid(tiny(tmp_path, method="localcl"), 1)
     ctx = next(iter(grid.contexts.values()))
     initial = {"backbone.w": np.zeros(2, np.float32), "head.0.weight": np.zeros(1, np.float32)}
-    ctx.state[INITIAL] = ConfigRecord({"digest": backbone_digest(ArrayRecord({k: Array(v) for k, v in initial.items()}))})
-    ctx.state["fedclf-model"] = ArrayRecord({"backbone.w": Array(np.ones(2, np.float32)),
-                                             "head.0.weight": Array(np.zeros(1, np.float32))})
+    state = client_state(ctx)
+    state.put(INITIAL, meta={"digest": backbone_digest(ArrayRecord({k: Array(v) for k, v in initial.items()}))})
+    state.put("fedclf-model", {"backbone.w": torch.ones(2), "head.0.weight": torch.zeros(1)})
 
     def instruction(backbone):
         return Message(RecordDict({"arrays": ArrayRecord({"backbone.w": Array(np.asarray(backbone, np.float32)),

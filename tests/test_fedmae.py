@@ -14,6 +14,7 @@ from flwr.serverapp.strategy import FedAvg
 import registry
 import sim
 from clients import fedmae as mae_client
+from clients.state import client_state
 from fedderm.config import ConfigError
 from fedderm.mae import (
     EXCLUDE_PRESETS,
@@ -323,7 +324,7 @@ def test_rounds_with_real_clients_keep_the_excluded_part_local(tmp_path, exclude
         kept = set(excluded_keys(build_mae(strategy.cfg), exclude))
         assert kept and not sent & kept  # the excluded parameters never travel during the rounds
         assert (LOCAL_RECORD in replies[0].content) == (rnd == 2)
-        own = [ctx.state[mae_client.KEPT].to_torch_state_dict() for ctx in contexts]
+        own = [client_state(ctx).tensors(mae_client.KEPT) for ctx in contexts]
         weights = [int(r.content["metrics"]["num-examples"]) for r in replies]
         arrays, _ = strategy.aggregate_train(rnd, replies)
         if rnd == 1:

@@ -1,5 +1,5 @@
 """The 004 client handlers, called directly with Flower messages (no Ray): what they send, what
-they keep in context.state."""
+they keep in their client state (clients.state.client_state)."""
 
 import itertools
 
@@ -12,6 +12,7 @@ from flwr.supercore.task_identity import TaskIdentity
 import registry
 from clients import fedbn, flbt, local, moon, ssl_flbt
 from clients.common import session
+from clients.state import client_state
 from fedderm.flbt import batchnorm_keys, build_projected_net
 from fedderm.models import create_model
 from fedderm.msggan import Generator, generate_images, scales_for
@@ -96,7 +97,7 @@ def test_fedbn_keeps_the_20_resnet18_batchnorm_modules_local(make_context):
     sent = set(reply.content["arrays"].keys())
     assert sent == set(init) - bn  # exactly the non-BN keys leave the client
     assert not any("downsample.1" in k for k in sent) and any("downsample.0" in k for k in sent)
-    stored = ctx.state["fedbn-bn-r1"].to_torch_state_dict()
+    stored = client_state(ctx).tensors("fedbn-bn-r1")
     assert set(stored) == bn
     trained = session(ctx).model().state_dict()
     assert all(torch.equal(stored[k], trained[k]) for k in bn)
@@ -121,13 +122,13 @@ def test_moon_persists_the_previous_local_model_per_client(make_context):
     init = ArrayRecord(build_projected_net("tiny-cnn", 5, 32).state_dict())
     r1 = moon.train(message("train", 1, init), ctx)
     assert r1.content["metrics"]["train_term"] == 0  # no previous model yet: plain CE
-    prev = ctx.state[moon.PREVIOUS].to_torch_state_dict()
+    prev = client_state(ctx).tensors(moon.PREVIOUS)
     sent = r1.content["arrays"].to_torch_state_dict()
     assert all(torch.equal(prev[k], sent[k]) for k in sent)
     r2 = moon.train(message("train", 2, init), ctx)
     assert r2.content["metrics"]["train_term"] > 0
     other = make_context(partition=1, method="moon")
-    assert moon.PREVIOUS not in other.state
+    assert moon.PREVIOUS not in client_state(other)
 
 
 def test_flbt_client_takes_mu_from_the_server_and_sends_the_004_network(make_context):
@@ -153,7 +154,7 @@ def test_local_client_sends_no_weights_and_tests_its_own_best_model(make_context
     r1 = local.train(message("train", 1, init), ctx)
     assert "arrays" not in r1.content and sent_keys(r1) <= set(registry.get_method("local").sends)
     local.evaluate(message("evaluate", 1, split="val"), ctx)
-    best_round = int(ctx.state[local.BEST]["round"])
+    best_round = int(client_state(ctx).meta(local.BEST)["round"])
     test = local.evaluate(message("evaluate", 2, split="test"), ctx)
     assert test.content["metrics"]["best-round"] == best_round
     with pytest.raises(RuntimeError, match="no model yet"):

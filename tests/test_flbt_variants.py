@@ -8,6 +8,7 @@ from flwr.app import ArrayRecord, Message, RecordDict
 
 import registry
 from clients import ssl_flbt as ssl_client
+from clients.state import client_state
 from fedderm.config import ConfigError
 from fedderm.flbt import build_projected_net
 from fedderm.results import RunRecorder
@@ -63,7 +64,7 @@ def test_ssl_fed_r_pretrains_each_centre_alone_and_starts_fl_from_its_own_encode
         sent = Message(RecordDict({"arrays": ArrayRecord(net.state_dict())}), dst_node_id=node, message_type="train")
         msg = ssl_client.with_own_encoder(sent, context)
         swapped = msg.content["arrays"].to_torch_state_dict()
-        mine = backbone_arrays(context.state[ssl_client.OWN_SSL].to_torch_state_dict(), "encoder.")
+        mine = backbone_arrays(client_state(context).tensors(ssl_client.OWN_SSL), "encoder.")
         assert all(torch.equal(swapped[f"encoder.{k}"], v) for k, v in mine.items())
         assert torch.equal(swapped["head.weight"], net.state_dict()["head.weight"])  # the rest as sent
         own.append(mine)

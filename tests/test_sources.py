@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fedderm.data import sources
+from fedderm.data import decode
 from fedderm.data.pool import DataError, ImagePool, resize_square
 from fedderm.data.sources import load_csv, load_folder, load_npz, load_source
 
@@ -367,7 +367,7 @@ def test_cache_hit_and_invalidation(tmp_path, monkeypatch):
     files = list(cache.glob("*.pt"))
     assert len(files) == 1 and not list(cache.glob("*.tmp"))
 
-    monkeypatch.setattr(sources, "_read_image", _fail)
+    monkeypatch.setattr(decode, "_read_image", _fail)
     again = load_csv(csv, S, cache_dir=cache)
     assert torch.equal(again.images, first.images) and again.labels.tolist() == first.labels.tolist()
     assert again.classes == first.classes
@@ -391,7 +391,7 @@ def test_cache_keeps_sites_groups_and_skipped(tmp_path, monkeypatch):
     meta = make_ham(tmp_path)
     (tmp_path / "HAM10000_images_part_2" / "ISIC_0025030.jpg").write_bytes(b"garbage")
     first = load_csv(meta, S, cache_dir=tmp_path / "c", skip_bad_files=True)
-    monkeypatch.setattr(sources, "_read_image", _fail)
+    monkeypatch.setattr(decode, "_read_image", _fail)
     again = load_csv(meta, S, cache_dir=tmp_path / "c", skip_bad_files=True)
     assert len(again) == 5 and again.skipped == first.skipped and len(again.skipped) == 1
     assert again.sites.tolist() == first.sites.tolist() and again.site_names == first.site_names

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..testset import GLOBAL_SPLIT, global_split, test_pool
+from .. import testset  # module, not names: fedderm.testset imports fedderm.data (either may load first)
 from .checks import check_pool, check_split
 from .partition import ClientSplit, partition_indices, split_client
 from .pool import DataError, ImagePool
@@ -72,7 +72,7 @@ class ClientData:
     def tensors(self, which: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(uint8 images N×3×S×S, int64 labels N) of split ``train``|``val``|``test``|``labelled``, or
         ``global-test`` (the global test set of ``test-set="global"``)."""
-        if which == GLOBAL_SPLIT:
+        if which == testset.GLOBAL_SPLIT:
             if self.global_test is None:
                 raise DataError(f"client {self.partition_id} was asked for the global test set, but the "
                                 "run has test-set='per-client'")
@@ -120,7 +120,7 @@ def load_client_data(cfg, partition_id: int, num_partitions: int, *, data_path: 
         if own and not cfg.test_data_path:
             raise DataError("test-set='global' with a hospital's own data (node-config data-path) needs the "
                             "run-config key 'test-data-path': a test set every client can read")
-        held = global_split(pool, cfg, path) if not own else None
+        held = testset.global_split(pool, cfg) if not own else None
     if own:
         idx = np.arange(len(pool))
     else:
@@ -160,7 +160,7 @@ def load_client_data(cfg, partition_id: int, num_partitions: int, *, data_path: 
         def loader(pool=pool, held=held):
             if held is not None and not cfg.test_data_path:
                 return pool, held.test
-            return test_pool(pool, cfg, load_test)
+            return testset.test_pool(pool, cfg, load_test)
     data = ClientData(pool=pool, split=split, partition_id=partition_id, global_test=loader)
     log.info("%r", data)
     return data

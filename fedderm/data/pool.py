@@ -2,7 +2,7 @@
 
 An :class:`ImagePool` is what a loader in :mod:`fedderm.data.sources` returns: every
 image decoded once, resized to a common square size and stored as one ``uint8``
-tensor, plus integer labels and optional site and group codes. Splitting a pool
+tensor, plus integer labels and optional site, group and split codes. Splitting a pool
 into clients and train/val/test parts is done elsewhere.
 """
 
@@ -14,7 +14,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-__all__ = ["DataError", "ImagePool", "resize_square"]
+__all__ = ["SPLIT_NAMES", "DataError", "ImagePool", "resize_square"]
+
+#: The data's own splits, by code: ``ImagePool.splits`` holds indices into this tuple.
+SPLIT_NAMES = ("train", "val", "test")
 
 # 16-bit (and 32-bit integer) grayscale modes; ``Image.convert("RGB")`` would clip them.
 _WIDE_GRAY_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N"})
@@ -40,6 +43,10 @@ class ImagePool:
             so that splits never put one group on both sides; ``None`` if absent.
         skipped: files (or CSV rows / array entries) skipped because they were bad;
             only ever non-empty when the loader ran with ``skip_bad_files=True``.
+        splits: ``int64`` array ``(N,)`` of indices into :data:`SPLIT_NAMES`: the split the data
+            itself puts each image in (MedMNIST's arrays, a CSV ``split`` column, a folder's
+            ``train/``, ``val/``, ``test/``); ``None`` when the data has none.  Only
+            ``test-set="global"`` reads it (:mod:`fedderm.testset`).
     """
 
     images: torch.Tensor
@@ -49,6 +56,7 @@ class ImagePool:
     site_names: list[str] = field(default_factory=list)
     groups: np.ndarray | None = None
     skipped: list[str] = field(default_factory=list)
+    splits: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.labels = np.asarray(self.labels, dtype=np.int64)
@@ -58,6 +66,8 @@ class ImagePool:
             self.sites = np.asarray(self.sites, dtype=np.int64)
         if self.groups is not None:
             self.groups = np.asarray(self.groups, dtype=np.int64)
+        if self.splits is not None:
+            self.splits = np.asarray(self.splits, dtype=np.int64)
         self._validate()
 
     def __len__(self) -> int:
@@ -74,6 +84,7 @@ class ImagePool:
             site_names=list(self.site_names),
             groups=None if self.groups is None else self.groups[idx],
             skipped=list(self.skipped),
+            splits=None if self.splits is None else self.splits[idx],
         )
 
     def _validate(self) -> None:
@@ -89,6 +100,8 @@ class ImagePool:
             _check_codes("sites", self.sites, n, len(self.site_names))
         if self.groups is not None and self.groups.shape != (n,):
             raise ValueError(f"ImagePool.groups must have shape ({n},), got {self.groups.shape}")
+        if self.splits is not None:
+            _check_codes("splits", self.splits, n, len(SPLIT_NAMES))
 
 
 def _check_codes(name: str, codes: np.ndarray, n: int, num_names: int) -> None:

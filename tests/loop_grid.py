@@ -1,0 +1,73 @@
+"""The fedderm ServerApp and ClientApp (all its mods) in one process, over an in-memory Grid.
+
+What ``sim.py`` runs, without Ray: :func:`run_app` calls the ServerApp's ``main`` with a
+:class:`LoopGrid` that hands every pushed message (a deep copy, as serialisation would) to
+``client_app.app`` with that node's Context and keeps the reply for the next pull.  Each call
+is a new Flower run (new run id and node ids, fresh client contexts), as a restart is.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import uuid
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.supercore.task_identity import TaskIdentity
+
+_RUN_IDS = itertools.count(5_000_000)
+_NODE_IDS = itertools.count(80_001, 1000)
+
+
+class LoopGrid:
+    def __init__(self, run_config: dict, num_clients: int, client_app):
+        self.run_id = next(_RUN_IDS)
+        first = next(_NODE_IDS)
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, self.run_id, SUPERLINK_NODE_ID
+        self.app = client_app
+        self.contexts = {first + 7 * i: Context(run_id=self.run_id, node_id=first + 7 * i,
+                                                node_config={"partition-id": i, "num-partitions": num_clients},
+                                                state=RecordDict(), run_config=dict(run_config))
+                         for i in range(num_clients)}
+        self.replies: dict[str, Message] = {}
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = str(uuid.uuid4())
+            delivered = copy.deepcopy(msg)
+            try:
+                reply = self.app(delivered, self.contexts[msg.metadata.dst_node_id])
+            except Exception as err:  # noqa: BLE001 - as Flower's runtime: an error reply
+                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=repr(err)),
+                                reply_to=delivered)
+            self.replies[msg.metadata.message_id] = copy.deepcopy(reply)
+            ids.append(msg.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self.replies.pop(m) for m in list(message_ids) if m in self.replies]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        ids = self.push_messages(messages)
+        return self.pull_messages(ids)
+
+
+def run_app(overrides: dict, num_clients: int = 2, client_app=None):
+    """One run of fedderm's ServerApp + ClientApp in this process; returns the run folder."""
+    import server_app
+    import sim
+
+    if client_app is None:
+        from client_app import app as client_app
+    run_config = sim.resolved_run_config(overrides)
+    grid = LoopGrid(run_config, num_clients, client_app)
+    context = Context(run_id=grid.run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    server_app.main(grid, context)
+    from pathlib import Path
+
+    return Path(context.state["fedderm"]["run-dir"])
