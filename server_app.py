@@ -31,13 +31,17 @@ HANDSHAKE_TIMEOUT = 1800.0
 def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> dict[int, ConfigRecord]:
     """Hand every client the resolved run config and ask for its class list and split sizes
     (``query.info``); check that they agree."""
-    msgs = [Message(RecordDict({"config": ConfigRecord(cfg.to_flat())}), dst_node_id=n, message_type="query.info")
-            for n in node_ids]
+    msgs = [
+        Message(RecordDict({"config": ConfigRecord(cfg.to_flat())}), dst_node_id=n, message_type="query.info")
+        for n in node_ids
+    ]
     infos, failed = {}, []
     for reply in grid.send_and_receive(msgs, timeout=timeout):
         if reply.has_error():
             reason = " ".join(short_reason(reply.error.reason, 2000).split())  # data errors name the client
-            failed.append(reason if reason.startswith("client ") else f"node {reply.metadata.src_node_id}: {reason}")
+            failed.append(
+                reason if reason.startswith("client ") else f"node {reply.metadata.src_node_id}: {reason}"
+            )
         else:
             infos[reply.metadata.src_node_id] = reply.content["info"]
     if failed:
@@ -47,28 +51,46 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
         log(WARNING, "nodes %s did not answer the handshake within %.0f s", silent, timeout)
     held = holdout_nodes(cfg, infos)  # a centre kept out of the federation (holdout-centre)
     if len(infos) - len(held) < cfg.min_clients:
-        raise RuntimeError(f"only {len(infos) - len(held)} of {len(node_ids) - len(held)} federated clients answered "
-                           f"the handshake within {timeout:.0f} s (min-clients={cfg.min_clients})")
+        raise RuntimeError(
+            f"only {len(infos) - len(held)} of {len(node_ids) - len(held)} federated clients answered "
+            f"the handshake within {timeout:.0f} s (min-clients={cfg.min_clients})"
+        )
     by_pid: dict[int, list[int]] = {}
     for nid, info in infos.items():
         by_pid.setdefault(int(info["partition-id"]), []).append(nid)
     clashes = {pid: nids for pid, nids in by_pid.items() if len(nids) > 1}
     if clashes:
-        raise RuntimeError(f"several clients report the same partition-id {clashes} (partition-id: node ids); "
-                           "give each SuperNode its own --node-config 'partition-id=N'")
+        raise RuntimeError(
+            f"several clients report the same partition-id {clashes} (partition-id: node ids); "
+            "give each SuperNode its own --node-config 'partition-id=N'"
+        )
     classes = {tuple(info["classes"]) for nid, info in infos.items() if nid not in held}
     if len(classes) != 1:
-        raise RuntimeError(f"clients disagree on the class list: {sorted(classes)}; set the run-config "
-                           "key 'classes' so that every hospital maps labels the same way")
-    counts = {f"client {info['partition-id']}": list(info["class-counts"]) for nid, info in infos.items()
-              if nid not in held and "class-counts" in info}
+        raise RuntimeError(
+            f"clients disagree on the class list: {sorted(classes)}; set the run-config "
+            "key 'classes' so that every hospital maps labels the same way"
+        )
+    counts = {
+        f"client {info['partition-id']}": list(info["class-counts"])
+        for nid, info in infos.items()
+        if nid not in held and "class-counts" in info
+    }
     if counts:  # every class must have images somewhere (docs/data-checks.md)
         check_union(counts, list(next(iter(classes))))
     for nid, info in sorted(infos.items(), key=lambda kv: kv[1]["partition-id"]):
         site = f" {info['site']!r}" if info.get("site") else ""
-        log(INFO, "client %d%s (node %d): train %d (labelled %d) · val %d · test %d%s", info["partition-id"], site,
-            nid, info["train"], info["labelled"], info["val"], info["test"],
-            f" · {info['skipped-files']} bad files skipped" if info["skipped-files"] else "")
+        log(
+            INFO,
+            "client %d%s (node %d): train %d (labelled %d) · val %d · test %d%s",
+            info["partition-id"],
+            site,
+            nid,
+            info["train"],
+            info["labelled"],
+            info["val"],
+            info["test"],
+            f" · {info['skipped-files']} bad files skipped" if info["skipped-files"] else "",
+        )
     return infos
 
 
@@ -76,16 +98,23 @@ def record_classes(recorder: RunRecorder, cfg, method, classes: list[str], infos
     """Print the class list (label order) with images per class per client and split, and record it
     in summary.json and the model files' metadata (fedderm.inference reads it)."""
     splits = ("train", "labelled", "val", "test")
-    counts = {str(info["partition-id"]): {s: [int(v) for v in info[f"counts-{s}"]] for s in splits}
-              for info in infos.values() if f"counts-{splits[0]}" in info}
+    counts = {
+        str(info["partition-id"]): {s: [int(v) for v in info[f"counts-{s}"]] for s in splits}
+        for info in infos.values()
+        if f"counts-{splits[0]}" in info
+    }
     meta = {"method": cfg.method, "model": cfg.model, "image_size": cfg.image_size, "network": method.network}
     if "flbt.proj-dim" in cfg.options:
         meta["proj_dim"] = int(cfg.option("flbt.proj-dim"))
     recorder.set_classes(classes, counts, meta)
     log(INFO, "classes (label order): %s", ", ".join(f"{i}={name}" for i, name in enumerate(classes)))
     for pid, per_split in sorted(counts.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else kv[0]):
-        log(INFO, "  client %s images per class: %s", pid,
-            " · ".join(f"{s} {per_split[s]}" for s in ("train", "val", "test")))
+        log(
+            INFO,
+            "  client %s images per class: %s",
+            pid,
+            " · ".join(f"{s} {per_split[s]}" for s in ("train", "val", "test")),
+        )
 
 
 def run_dir_for(cfg, run_id: int) -> Path:
@@ -118,7 +147,9 @@ CURRENT: dict[str, RunRecorder] = {}
 
 def saved_run_config(folder: Path) -> dict:
     """A run folder's config.json as run-config keys (without the ``preset``/``overrides`` record)."""
-    return {k: v for k, v in json.loads((Path(folder) / "config.json").read_text()).items() if k not in _CLI_KEYS}
+    return {
+        k: v for k, v in json.loads((Path(folder) / "config.json").read_text()).items() if k not in _CLI_KEYS
+    }
 
 
 def user_overrides(grid: Grid, context: Context) -> tuple[dict, str]:
@@ -143,13 +174,19 @@ def resolve_config(run_config: dict, overrides: dict | None = None):
     folder = Path(cfg.resume).expanduser().resolve()
     saved_path = folder / "config.json"
     if not saved_path.exists():
-        raise FileNotFoundError(f"resume={cfg.resume!r}: no config.json in {folder}; name a fedderm run folder")
+        raise FileNotFoundError(
+            f"resume={cfg.resume!r}: no config.json in {folder}; name a fedderm run folder"
+        )
     saved = saved_run_config(folder)
     given = run_config if overrides is None else overrides
     changed = sorted(k for k, v in given.items() if k not in _RESUME_FREE and saved.get(k) != v)
     if changed:
-        log(WARNING, "resume: ignoring %s; the run continues with the settings in %s",
-            ", ".join(f"{k}={given[k]!r} (saved {saved.get(k)!r})" for k in changed), saved_path)
+        log(
+            WARNING,
+            "resume: ignoring %s; the run continues with the settings in %s",
+            ", ".join(f"{k}={given[k]!r} (saved {saved.get(k)!r})" for k in changed),
+            saved_path,
+        )
     return registry.load_config({**saved, "resume": str(folder)})
 
 
@@ -173,7 +210,9 @@ def one_line(err: BaseException) -> str:
 def main(grid: Grid, context: Context) -> None:
     if type(grid).__name__ != "InMemoryGrid":  # deployment: Flower's object pulls back off 1, 2, 4, 8 s
         fast_object_pulls()
-    grid = FastPollGrid(grid)  # replies within 0.1 s (simulation: 0.02 s) instead of Flower's 3 s pull interval
+    grid = FastPollGrid(
+        grid
+    )  # replies within 0.1 s (simulation: 0.02 s) instead of Flower's 3 s pull interval
     overrides, preset = user_overrides(grid, context)
     cfg = resolve_config(context.run_config, overrides)
     method = registry.get_method(cfg.method)
@@ -186,11 +225,18 @@ def main(grid: Grid, context: Context) -> None:
     # client state (fedderm.state_store): keyed by the run folder's name, rolled back on resume
     grid.state_clock = StateClock.for_run(recorder.run_dir, cfg, type(grid.inner).__name__ == "InMemoryGrid")
     if cfg.resume:
-        log(INFO, "resume: clients continue from their state at step %d (the newest checkpoint)",
-            grid.state_clock.resume)
+        log(
+            INFO,
+            "resume: clients continue from their state at step %d (the newest checkpoint)",
+            grid.state_clock.resume,
+        )
     log(INFO, "fedderm: method %s · model %s · %s", cfg.method, cfg.model, method.description)
-    log(INFO, "results %s %s (on the host running the ServerApp)", "continue in" if cfg.resume else
-        "will be written to", recorder.run_dir)
+    log(
+        INFO,
+        "results %s %s (on the host running the ServerApp)",
+        "continue in" if cfg.resume else "will be written to",
+        recorder.run_dir,
+    )
     try:
         run_dir = run_plan(grid, cfg, method, recorder)
     except BaseException as err:  # the run folder records why the run stopped
@@ -208,12 +254,16 @@ def run_plan(grid: Grid, cfg, method, recorder: RunRecorder) -> Path:
     # first use decodes) every client's data: its replies may take longer
     handshake_timeout = max(cfg.round_timeout, HANDSHAKE_TIMEOUT)
     held_out = 1 if cfg.holdout_centre else 0
-    infos = meet_clients(grid, wait_for_nodes(grid, cfg.min_clients + held_out, cfg.round_timeout), cfg,
-                         handshake_timeout)
+    infos = meet_clients(
+        grid, wait_for_nodes(grid, cfg.min_clients + held_out, cfg.round_timeout), cfg, handshake_timeout
+    )
     recorder.node_partitions = {nid: int(info["partition-id"]) for nid, info in infos.items()}
     held = holdout_nodes(cfg, infos)
-    skipped = {str(info["partition-id"]): int(info["skipped-files"]) for info in infos.values()
-               if info["skipped-files"]}
+    skipped = {
+        str(info["partition-id"]): int(info["skipped-files"])
+        for info in infos.values()
+        if info["skipped-files"]
+    }
     if skipped:
         recorder.update_extra({"skipped_files": skipped})
     classes = list(next(info for nid, info in infos.items() if nid not in held)["classes"])
@@ -227,7 +277,9 @@ def run_plan(grid: Grid, cfg, method, recorder: RunRecorder) -> Path:
         finetune_holdout(grid, cfg, recorder, nid, list(infos[nid]["classes"]))
     run_dir = recorder.finish()
     if recorder.final is None and cfg.finetune != "none":  # finetune="none": pre-training only, no test
-        raise RuntimeError("the run ended without final test metrics: every client failed or left "
-                           "(summary.json: missing_clients)")
+        raise RuntimeError(
+            "the run ended without final test metrics: every client failed or left "
+            "(summary.json: missing_clients)"
+        )
     recorder.update_extra({"status": "done", "error": ""})
     return run_dir

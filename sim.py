@@ -75,10 +75,12 @@ def check_before_start(run_config: dict, num_supernodes: int) -> None:
 
     need = run_config["min-clients"] + (1 if run_config["holdout-centre"] else 0)
     if need > num_supernodes:
-        raise ConfigError(f"run-config key 'min-clients' is {run_config['min-clients']}"
-                          f"{' (+1 held-out centre)' if run_config['holdout-centre'] else ''} but the "
-                          f"federation has {num_supernodes} clients (--num-supernodes): raise --num-supernodes "
-                          f"to {need} or lower min-clients")
+        raise ConfigError(
+            f"run-config key 'min-clients' is {run_config['min-clients']}"
+            f"{' (+1 held-out centre)' if run_config['holdout-centre'] else ''} but the "
+            f"federation has {num_supernodes} clients (--num-supernodes): raise --num-supernodes "
+            f"to {need} or lower min-clients"
+        )
     keys = ["resume"] + (["data-path", "image-dir"] if run_config["dataset"] != "synthetic" else [])
     for key in keys:
         path = str(run_config.get(key) or "")
@@ -138,9 +140,16 @@ def check_data(run_config: dict, num_supernodes: int) -> None:
         class_texts(cfg.option("sift.class-texts"), clients[0].classes)
 
 
-def simulate(overrides: dict, num_supernodes: int | None = None, cpus_per_client: int = 1,
-             gpus_per_client: float = 0.0, verbose: bool = False, client_app=None, preset: str = "",
-             user_overrides: dict | None = None) -> Path:
+def simulate(
+    overrides: dict,
+    num_supernodes: int | None = None,
+    cpus_per_client: int = 1,
+    gpus_per_client: float = 0.0,
+    verbose: bool = False,
+    client_app=None,
+    preset: str = "",
+    user_overrides: dict | None = None,
+) -> Path:
     """Run one simulation with ``num_supernodes`` virtual hospitals (default: ``min-clients``, plus
     one for a held-out centre); return the run folder.
 
@@ -171,15 +180,24 @@ def simulate(overrides: dict, num_supernodes: int | None = None, cpus_per_client
     state = RecordDict({CLI_RECORD: ConfigRecord({"preset": preset, "overrides": json.dumps(given)})})
     context = Context(run_id=run_id, node_id=0, node_config={}, state=state, run_config=run_config)
     result = _run_simulation(
-        num_supernodes=num_supernodes, exit_event=Ev.PYTHON_API_RUN_SIMULATION_LEAVE,
-        client_app=client_app, server_app=server_app, server_app_context=context,
-        backend_config={"client_resources": {"num_cpus": cpus_per_client, "num_gpus": gpus_per_client},
-                        "init_args": {"num_cpus": max(os.cpu_count() or 1, cpus_per_client),
-                                      # the clients' output is Ray's per-round chatter; their errors
-                                      # come back in their replies
-                                      **({} if verbose else {"log_to_driver": False,
-                                                             "logging_level": logging.ERROR})}},
-        app_dir=str(APP_DIR), is_app=True, run=run, verbose_logging=verbose,
+        num_supernodes=num_supernodes,
+        exit_event=Ev.PYTHON_API_RUN_SIMULATION_LEAVE,
+        client_app=client_app,
+        server_app=server_app,
+        server_app_context=context,
+        backend_config={
+            "client_resources": {"num_cpus": cpus_per_client, "num_gpus": gpus_per_client},
+            "init_args": {
+                "num_cpus": max(os.cpu_count() or 1, cpus_per_client),
+                # the clients' output is Ray's per-round chatter; their errors
+                # come back in their replies
+                **({} if verbose else {"log_to_driver": False, "logging_level": logging.ERROR}),
+            },
+        },
+        app_dir=str(APP_DIR),
+        is_app=True,
+        run=run,
+        verbose_logging=verbose,
     )
     state = result.context.state
     if "fedderm" not in state:
@@ -227,13 +245,24 @@ def _reason_from_log(path: Path) -> str:
 
 
 def _config_mismatch(saved: dict, wanted: dict) -> list[str]:
-    return [f"{k}: {saved.get(k)!r} there, {v!r} now" for k, v in sorted(wanted.items())
-            if k not in _NOT_COMPARED and saved.get(k) != v]
+    return [
+        f"{k}: {saved.get(k)!r} there, {v!r} now"
+        for k, v in sorted(wanted.items())
+        if k not in _NOT_COMPARED and saved.get(k) != v
+    ]
 
 
-def run_sweep(path: str, quick: bool = False, out: str | None = None, seeds: list[int] | None = None,
-             sets: dict | None = None, cpus_per_client: int = 1, gpus_per_client: float = 0.0,
-             verbose: bool = False, echo=print) -> Path:
+def run_sweep(
+    path: str,
+    quick: bool = False,
+    out: str | None = None,
+    seeds: list[int] | None = None,
+    sets: dict | None = None,
+    cpus_per_client: int = 1,
+    gpus_per_client: float = 0.0,
+    verbose: bool = False,
+    echo=print,
+) -> Path:
     """Run every row × seed (× fold) of a sweep file through :func:`simulate`; write table.md and
     table.json into the sweep folder; return the table.md path.
 
@@ -256,9 +285,11 @@ def run_sweep(path: str, quick: bool = False, out: str | None = None, seeds: lis
         folder = root / "sweeps" / f"{spec.name}{'-quick' if quick else ''}-{datetime.now():%Y%m%d-%H%M%S}"
     (folder / "logs").mkdir(parents=True, exist_ok=True)
     runs = spec.runs()
-    echo(f"sweep {spec.name}{' (--quick)' if quick else ''}: {len(spec.rows())} rows × {len(spec.seeds)} seed(s)"
-         f"{f' × {spec.cv_folds} folds' if spec.cv_folds else ''} = {len(runs)} runs, "
-         f"{spec.num_supernodes} clients each -> {folder}")
+    echo(
+        f"sweep {spec.name}{' (--quick)' if quick else ''}: {len(spec.rows())} rows × {len(spec.seeds)} seed(s)"
+        f"{f' × {spec.cv_folds} folds' if spec.cv_folds else ''} = {len(runs)} runs, "
+        f"{spec.num_supernodes} clients each -> {folder}"
+    )
     started = time.monotonic()
     results = []
     for run in runs:
@@ -269,11 +300,21 @@ def run_sweep(path: str, quick: bool = False, out: str | None = None, seeds: lis
         if ft.is_complete(summary):
             mismatch = _config_mismatch(summary.get("config") or {}, wanted)
             if mismatch:
-                raise fs.SweepError(f"{run_dir} holds a finished run with other settings ({'; '.join(mismatch)}); "
-                                   f"use another --out, or remove that folder to run it again")
+                raise fs.SweepError(
+                    f"{run_dir} holds a finished run with other settings ({'; '.join(mismatch)}); "
+                    f"use another --out, or remove that folder to run it again"
+                )
             echo(f"{head} ... done before, skipped")
-            results.append({"run": run.index, "dir": str(run_dir), "status": "done", "seconds": None,
-                            "summary": summary, "reason": ""})
+            results.append(
+                {
+                    "run": run.index,
+                    "dir": str(run_dir),
+                    "status": "done",
+                    "seconds": None,
+                    "summary": summary,
+                    "reason": "",
+                }
+            )
             continue
         overrides = {**run.overrides, "output-dir": str(folder), "run-name": run.name}
         if run_dir.exists():
@@ -293,13 +334,25 @@ def run_sweep(path: str, quick: bool = False, out: str | None = None, seeds: lis
                 done_dir = simulate(overrides, spec.num_supernodes, cpus_per_client, gpus_per_client, verbose)
             summary = ft.read_summary(done_dir)
         except Exception as err:  # noqa: BLE001 - a failed run is recorded and the sweep goes on
-            done_dir, summary, reason = run_dir if run_dir.exists() else None, None, f"{type(err).__name__}: {err}"
+            done_dir, summary, reason = (
+                run_dir if run_dir.exists() else None,
+                None,
+                f"{type(err).__name__}: {err}",
+            )
         seconds = time.monotonic() - t0
         ok = ft.is_complete(summary)
         if not ok:
             reason = " ".join((reason or _reason_from_log(log) or "no final metrics (see the log)").split())
-        results.append({"run": run.index, "dir": str(done_dir) if done_dir else None, "seconds": round(seconds, 1),
-                        "status": "done" if ok else "failed", "reason": reason, "summary": summary if ok else None})
+        results.append(
+            {
+                "run": run.index,
+                "dir": str(done_dir) if done_dir else None,
+                "seconds": round(seconds, 1),
+                "status": "done" if ok else "failed",
+                "reason": reason,
+                "summary": summary if ok else None,
+            }
+        )
         echo(f"{head} ... {seconds:.0f} s" + ("" if ok else f" FAILED: {reason} (log: {log})"))
         _write_tables(spec, results, folder, time.monotonic() - started, path, quick)
     text, table_md = _write_tables(spec, results, folder, time.monotonic() - started, path, quick)
@@ -315,9 +368,11 @@ def _write_tables(spec, results, folder: Path, seconds: float, path: str, quick:
     table = ft.aggregate(spec, results)
     ran = [r for r in results if r.get("seconds") is not None]
     failed = sum(r["status"] != "done" for r in results)
-    footer = (f"`python sim.py --sweep {path}{' --quick' if quick else ''} --out {folder}`: "
-              f"{len(results)} runs ({len(results) - len(ran)} done before, {failed} failed); "
-              f"wall time {seconds:.0f} s. Run folders: {folder}/")
+    footer = (
+        f"`python sim.py --sweep {path}{' --quick' if quick else ''} --out {folder}`: "
+        f"{len(results)} runs ({len(results) - len(ran)} done before, {failed} failed); "
+        f"wall time {seconds:.0f} s. Run folders: {folder}/"
+    )
     table["wall_time_s"] = round(seconds, 1)
     text = ft.render_markdown(table, footer)
     (folder / "table.json").write_text(json.dumps(table, indent=2, allow_nan=False) + "\n")
@@ -326,27 +381,48 @@ def _write_tables(spec, results, folder: Path, seconds: float, path: str, quick:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--num-supernodes", type=int, default=2, help="number of simulated hospitals")
-    parser.add_argument("--run-config", nargs="*", default=None,
-                        help="overrides 'key=value ...' (TOML values, strings quoted) or one .toml file")
+    parser.add_argument(
+        "--run-config",
+        nargs="*",
+        default=None,
+        help="overrides 'key=value ...' (TOML values, strings quoted) or one .toml file",
+    )
     parser.add_argument("--cpus-per-client", type=int, default=1, help="CPU cores reserved per client")
     parser.add_argument("--gpus-per-client", type=float, default=0.0, help="GPU share per client")
-    parser.add_argument("--verbose", action="store_true", help="Flower debug logging (with --sweep: the runs' "
-                        "output on the console instead of <out>/logs/)")
-    sweep = parser.add_argument_group("experiment sweeps (README, \"Experiment sweeps\")")
-    sweep.add_argument("--sweep", metavar="FILE", help="a sweeps/*.toml sweep: run every row and seed, write table.md")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="Flower debug logging (with --sweep: the runs' output on the console instead of <out>/logs/)",
+    )
+    sweep = parser.add_argument_group('experiment sweeps (README, "Experiment sweeps")')
+    sweep.add_argument(
+        "--sweep", metavar="FILE", help="a sweeps/*.toml sweep: run every row and seed, write table.md"
+    )
     sweep.add_argument("--grid", dest="old_grid", metavar="FILE", help="old name of --sweep (deprecated)")
     sweep.add_argument("--quick", action="store_true", help="with --sweep: apply the file's [quick] section")
-    sweep.add_argument("--out", help="with --sweep: the sweep folder (run folders, logs/, table.md, table.json); "
-                      "the same folder again resumes. Default <output-dir>/sweeps/<name>-<time>")
+    sweep.add_argument(
+        "--out",
+        help="with --sweep: the sweep folder (run folders, logs/, table.md, table.json); "
+        "the same folder again resumes. Default <output-dir>/sweeps/<name>-<time>",
+    )
     sweep.add_argument("--seeds", help="with --sweep: comma-separated seeds, replacing sweep.seeds")
-    sweep.add_argument("--set", nargs="*", default=None, metavar="KEY=VALUE",
-                      help="with --sweep: run-config keys or sweep.<key> / sweep.axes.<axis> (TOML values)")
+    sweep.add_argument(
+        "--set",
+        nargs="*",
+        default=None,
+        metavar="KEY=VALUE",
+        help="with --sweep: run-config keys or sweep.<key> / sweep.axes.<axis> (TOML values)",
+    )
     args = parser.parse_args(argv)
     if args.old_grid:
-        print("sim.py: --grid is deprecated and will be removed: use --sweep (sweep files are in sweeps/)",
-              file=sys.stderr)
+        print(
+            "sim.py: --grid is deprecated and will be removed: use --sweep (sweep files are in sweeps/)",
+            file=sys.stderr,
+        )
         args.sweep = args.sweep or args.old_grid
 
     from fedderm import console
@@ -363,12 +439,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.sweep:
             seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else None
-            run_sweep(args.sweep, args.quick, args.out, seeds, parse_sets(args.set) if args.set else None,
-                     args.cpus_per_client, args.gpus_per_client, args.verbose)
+            run_sweep(
+                args.sweep,
+                args.quick,
+                args.out,
+                seeds,
+                parse_sets(args.set) if args.set else None,
+                args.cpus_per_client,
+                args.gpus_per_client,
+                args.verbose,
+            )
             return 0
         overrides, preset, given = parse_run_config(args.run_config)
-        run_dir = simulate(overrides, args.num_supernodes, args.cpus_per_client, args.gpus_per_client,
-                           args.verbose, preset=preset, user_overrides=given)
+        run_dir = simulate(
+            overrides,
+            args.num_supernodes,
+            args.cpus_per_client,
+            args.gpus_per_client,
+            args.verbose,
+            preset=preset,
+            user_overrides=given,
+        )
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -379,7 +470,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {_failure_line(err)}", file=sys.stderr)
         folder = _current_run_dir()
         if folder:
-            print(f"the run failed; its folder records why (summary.json: status, error): {folder}", file=sys.stderr)
+            print(
+                f"the run failed; its folder records why (summary.json: status, error): {folder}",
+                file=sys.stderr,
+            )
         return 1
     print(f"results: {run_dir}")
     return 0

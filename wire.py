@@ -58,8 +58,11 @@ def values(array: Array) -> np.ndarray:
         return array.numpy()
     header = data[:start]
     dtype = np.dtype(array.dtype)
-    if (dtype.hasobject or b"'fortran_order': False" not in header
-            or f"'descr': '{dtype.str}'".encode() not in header):
+    if (
+        dtype.hasobject
+        or b"'fortran_order': False" not in header
+        or f"'descr': '{dtype.str}'".encode() not in header
+    ):
         return array.numpy()
     count = math.prod(array.shape)
     if len(data) - start != count * dtype.itemsize:
@@ -96,7 +99,9 @@ def to_array(value: np.ndarray | torch.Tensor) -> Array:
     if value.dtype.hasobject or not value.flags.c_contiguous:
         return Array(np.ascontiguousarray(value) if not value.dtype.hasobject else value)
     data = b"".join((_npy_header(value), memoryview(value.reshape(-1)).cast("B")))
-    return Array(dtype=str(value.dtype), shape=tuple(int(d) for d in value.shape), stype=SType.NUMPY, data=data)
+    return Array(
+        dtype=str(value.dtype), shape=tuple(int(d) for d in value.shape), stype=SType.NUMPY, data=data
+    )
 
 
 def to_record(state: Mapping[str, torch.Tensor | np.ndarray]) -> ArrayRecord:

@@ -39,15 +39,23 @@ def machine() -> dict:
         flwr_version = flwr.__version__
     except Exception:  # noqa: BLE001 - the plain benches run without Flower
         flwr_version = "n/a"
-    return {"cpus": os.cpu_count(), "cpu_model": model or "unknown", "python": platform.python_version(),
-            "torch": torch.__version__, "flwr": flwr_version, "torch_threads": torch.get_num_threads(),
-            "loadavg": [round(x, 2) for x in os.getloadavg()]}
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model or "unknown",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "flwr": flwr_version,
+        "torch_threads": torch.get_num_threads(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def print_machine(info: dict | None = None) -> dict:
     info = info or machine()
-    print(f"machine: {info['cpus']} CPUs · {info['cpu_model']} · python {info['python']} · torch {info['torch']}"
-          f" · flwr {info['flwr']} · load average {' '.join(f'{x:.2f}' for x in info['loadavg'])}")
+    print(
+        f"machine: {info['cpus']} CPUs · {info['cpu_model']} · python {info['python']} · torch {info['torch']}"
+        f" · flwr {info['flwr']} · load average {' '.join(f'{x:.2f}' for x in info['loadavg'])}"
+    )
     return info
 
 
@@ -112,11 +120,21 @@ def run_child(args: list[str], env: dict | None = None, quiet: bool = True) -> t
     Returns (that JSON, peak RSS of its process tree in bytes, wall seconds).  The child gets its
     launch time in ``BENCH_T0`` (``time.time()``), so it can report its own start-up.
     """
-    env = {**os.environ, **(env or {}), "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}".rstrip(":")}
+    env = {
+        **os.environ,
+        **(env or {}),
+        "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}".rstrip(":"),
+    }
     env["BENCH_T0"] = repr(time.time())
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE if quiet else None, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE if quiet else None,
+        text=True,
+    )
     with PeakRSS(proc.pid) as mem:
         out, err = proc.communicate()
     wall = time.monotonic() - start
@@ -150,5 +168,6 @@ def table(rows: list[list], header: list[str]) -> str:
     cells = [[str(c) for c in row] for row in [header, *rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     fmt = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
-    return "\n".join([fmt(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-                      *(fmt(r) for r in cells[1:])])
+    return "\n".join(
+        [fmt(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *(fmt(r) for r in cells[1:])]
+    )

@@ -39,8 +39,10 @@ def machine() -> str:
     import torch
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{platform.node()} · {os.cpu_count()} CPUs · {platform.processor() or platform.machine()} · "
-            f"torch {torch.__version__} · flwr {flwr.__version__} · load average {load:.2f}")
+    return (
+        f"{platform.node()} · {os.cpu_count()} CPUs · {platform.processor() or platform.machine()} · "
+        f"torch {torch.__version__} · flwr {flwr.__version__} · load average {load:.2f}"
+    )
 
 
 def run_logged(overrides: dict, num_supernodes: int, workdir: Path) -> list[dict]:
@@ -50,11 +52,15 @@ def run_logged(overrides: dict, num_supernodes: int, workdir: Path) -> list[dict
     audit = workdir / "audit"
     os.environ["FEDDERM_AUDIT_DIR"] = str(audit)
     try:
-        sim.simulate({**overrides, "output-dir": str(workdir / "runs"), "cache-dir": str(workdir / "cache")},
-                     num_supernodes=num_supernodes)
+        sim.simulate(
+            {**overrides, "output-dir": str(workdir / "runs"), "cache-dir": str(workdir / "cache")},
+            num_supernodes=num_supernodes,
+        )
     finally:
         os.environ.pop("FEDDERM_AUDIT_DIR", None)
-    return [json.loads(line) for f in sorted(audit.glob("audit-*.jsonl")) for line in f.read_text().splitlines()]
+    return [
+        json.loads(line) for f in sorted(audit.glob("audit-*.jsonl")) for line in f.read_text().splitlines()
+    ]
 
 
 def per_stage(entries: list[dict]) -> dict[str, dict]:
@@ -96,8 +102,11 @@ def table(results: dict[str, dict[str, dict[str, dict]]], transports: list[str])
             row = [method, stage, _kb(model)]
             for t in transports:
                 s = by_transport.get(t, {}).get(stage)
-                row += ([_kb(s["down"]), _kb(s["up"]), f"{s['down'] / model:.3f}", f"{s['up'] / model:.3f}"]
-                        if s else ["n/a"] * 4)
+                row += (
+                    [_kb(s["down"]), _kb(s["up"]), f"{s['down'] / model:.3f}", f"{s['up'] / model:.3f}"]
+                    if s
+                    else ["n/a"] * 4
+                )
             other = {k: v for k, v in base[stage].items() if k not in ("down", "up", "model")}
             row.append(", ".join(f"{k} {_kb(v)}" for k, v in sorted(other.items())) or "-")
             lines.append("| " + " | ".join(row) + " |")
@@ -105,11 +114,15 @@ def table(results: dict[str, dict[str, dict[str, dict]]], transports: list[str])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--methods", default=",".join(sorted(registry.METHODS)))
     parser.add_argument("--transports", default="float32,float16")
     parser.add_argument("--num-supernodes", type=int, default=2)
-    parser.add_argument("--model", default=None, help="replace the tiny model of non-ViT methods, e.g. resnet18")
+    parser.add_argument(
+        "--model", default=None, help="replace the tiny model of non-ViT methods, e.g. resnet18"
+    )
     parser.add_argument("--image-size", type=int, default=None)
     parser.add_argument("--out", default=None, help="write the table here as Markdown too")
     args = parser.parse_args(argv)
@@ -129,11 +142,14 @@ def main(argv: list[str] | None = None) -> int:
             results[method] = {}
             for t in transports:
                 start = time.monotonic()
-                entries = run_logged({**settings, "transport-dtype": t}, args.num_supernodes,
-                                     Path(tmp) / f"{method}-{t}")
+                entries = run_logged(
+                    {**settings, "transport-dtype": t}, args.num_supernodes, Path(tmp) / f"{method}-{t}"
+                )
                 results[method][t] = per_stage(entries)
-                print(f"{method} ({t}): {len(entries)} messages audited, {time.monotonic() - start:.0f} s",
-                      flush=True)
+                print(
+                    f"{method} ({t}): {len(entries)} messages audited, {time.monotonic() - start:.0f} s",
+                    flush=True,
+                )
             # the table so far, after every method: a crash later loses nothing
             print("\n".join(table({method: results[method]}, transports).split("\n")[2:]), flush=True)
             if args.out:

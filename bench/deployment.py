@@ -35,26 +35,41 @@ def round_times(summary: dict) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--method", default="fedavg")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--per-class", type=int, default=12, help="images per class per hospital")
     parser.add_argument("--model", default="tiny-cnn", help="e.g. resnet18 (default tiny-cnn)")
     parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--launcher", choices=("warm", "flower", "both"), default="both",
-                        help="which SuperNode launcher to measure (default both, one federation each)")
+    parser.add_argument(
+        "--launcher",
+        choices=("warm", "flower", "both"),
+        default="both",
+        help="which SuperNode launcher to measure (default both, one federation each)",
+    )
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="fedderm-deploy-bench-"))
     print(machine(), flush=True)
-    config = {"num-server-rounds": args.rounds, "round-timeout": 600.0, "model": args.model,
-              "image-size": args.image_size}
+    config = {
+        "num-server-rounds": args.rounds,
+        "round-timeout": 600.0,
+        "model": args.model,
+        "image-size": args.image_size,
+    }
 
     rows = []
-    for launcher in (("warm", "flower") if args.launcher == "both" else (args.launcher,)):
-        with Loopback(root / f"loopback-{launcher}", args.nodes, per_class=args.per_class,
-                      image_size=args.image_size, launcher=launcher) as fed:
+    for launcher in ("warm", "flower") if args.launcher == "both" else (args.launcher,):
+        with Loopback(
+            root / f"loopback-{launcher}",
+            args.nodes,
+            per_class=args.per_class,
+            image_size=args.image_size,
+            launcher=launcher,
+        ) as fed:
             start = time.monotonic()
             fed.start()
             setup = time.monotonic() - start
@@ -63,28 +78,45 @@ def main(argv: list[str] | None = None) -> int:
             print(f"deployment run ({launcher} launcher) failed:\n  " + "\n  ".join(outcome.problems))
             return 1
         deployed = json.loads((outcome.run_dir / "summary.json").read_text())
-        label = {"warm": "loopback, fedderm warm launcher", "flower": "loopback, Flower's own processes"}[launcher]
+        label = {"warm": "loopback, fedderm warm launcher", "flower": "loopback, Flower's own processes"}[
+            launcher
+        ]
         rows.append((label, round_times(deployed), outcome.wall_s, setup))
 
     import sim
 
     start = time.monotonic()
-    run_dir = sim.simulate({**BASE_RUN_CONFIG, **config, "method": args.method, "min-clients": args.nodes,
-                            "dataset": "synthetic", "synthetic-per-class": args.per_class,
-                            "output-dir": str(root / "sim"), "cache-dir": str(root / "sim-cache")},
-                           num_supernodes=args.nodes)
+    run_dir = sim.simulate(
+        {
+            **BASE_RUN_CONFIG,
+            **config,
+            "method": args.method,
+            "min-clients": args.nodes,
+            "dataset": "synthetic",
+            "synthetic-per-class": args.per_class,
+            "output-dir": str(root / "sim"),
+            "cache-dir": str(root / "sim-cache"),
+        },
+        num_supernodes=args.nodes,
+    )
     sim_wall = time.monotonic() - start
     simulated = round_times(json.loads((run_dir / "summary.json").read_text()))
 
-    print(f"\n{args.method}, {args.nodes} clients, {args.rounds} rounds, {args.model} {args.image_size} px, "
-          f"{args.per_class} images per class per client; TLS + SuperNode authentication on loopback")
+    print(
+        f"\n{args.method}, {args.nodes} clients, {args.rounds} rounds, {args.model} {args.image_size} px, "
+        f"{args.per_class} images per class per client; TLS + SuperNode authentication on loopback"
+    )
     print(f"{'':<36} {'median round':>13} {'mean round':>11} {'x simulation':>13} {'run wall':>9}")
     sim_median = statistics.median(simulated)
     for label, times, wall, setup in rows:
-        print(f"{label:<36} {statistics.median(times):>12.2f}s {statistics.fmean(times):>10.2f}s "
-              f"{statistics.median(times) / sim_median:>12.1f}x {wall:>8.1f}s   (set-up {setup:.1f} s)")
-    print(f"{'simulation (sim.py)':<36} {sim_median:>12.2f}s {statistics.fmean(simulated):>10.2f}s "
-          f"{1.0:>12.1f}x {sim_wall:>8.1f}s")
+        print(
+            f"{label:<36} {statistics.median(times):>12.2f}s {statistics.fmean(times):>10.2f}s "
+            f"{statistics.median(times) / sim_median:>12.1f}x {wall:>8.1f}s   (set-up {setup:.1f} s)"
+        )
+    print(
+        f"{'simulation (sim.py)':<36} {sim_median:>12.2f}s {statistics.fmean(simulated):>10.2f}s "
+        f"{1.0:>12.1f}x {sim_wall:>8.1f}s"
+    )
     print(f"(work folder {root})")
     return 0
 

@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main(argv: list[str] | None = None) -> int:
     run_config = tomllib.loads((ROOT / "sweeps" / "004-tables-2-4.toml").read_text())["run-config"]
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=run_config["model"])
     parser.add_argument("--image-size", type=int, default=run_config["image-size"])
     parser.add_argument("--classes", type=int, default=4, help="classes of the task (004: 4)")
@@ -34,14 +36,25 @@ def main(argv: list[str] | None = None) -> int:
 
     from fedderm.costs import cost_table
 
-    rows = cost_table(args.model, args.classes, args.image_size, args.centres, args.rounds, args.proj_dim,
-                      args.pseudo_per_centre)
-    print(f"004 Table XII for {args.model} at {args.image_size} px, {args.classes} classes, {args.centres} centres")
+    rows = cost_table(
+        args.model,
+        args.classes,
+        args.image_size,
+        args.centres,
+        args.rounds,
+        args.proj_dim,
+        args.pseudo_per_centre,
+    )
+    print(
+        f"004 Table XII for {args.model} at {args.image_size} px, {args.classes} classes, {args.centres} centres"
+    )
     print("| Algorithm | # comm rounds | # comm params / round | Params | MACs / image |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['method']} | {r['comm_rounds']} | {r['comm_params_per_round'] / 1e6:.2f}M"
-              f" | {r['params'] / 1e6:.2f}M | {r['macs'] / 1e9:.3f}G |")
+        print(
+            f"| {r['method']} | {r['comm_rounds']} | {r['comm_params_per_round'] / 1e6:.2f}M"
+            f" | {r['params'] / 1e6:.2f}M | {r['macs'] / 1e9:.3f}G |"
+        )
     return 0
 
 

@@ -61,8 +61,14 @@ def per_stage(ends: dict[tuple[str, int], float], work: list, waits: list) -> di
                 continue
             lo, hi = ends[(stage, r - 1)], ends[(stage, r)]
             loops = union(work, lo, hi)
-            rows.append({"round": hi - lo, "loops": loops, "outside": hi - lo - loops,
-                         "server": hi - lo - union(waits, lo, hi)})
+            rows.append(
+                {
+                    "round": hi - lo,
+                    "loops": loops,
+                    "outside": hi - lo - loops,
+                    "server": hi - lo - union(waits, lo, hi),
+                }
+            )
         if rows:
             out[stage] = {k: benchlib.median(row[k] for row in rows) for k in rows[0]} | {"rounds": len(rows)}
     return out
@@ -102,19 +108,36 @@ def child(settings: dict, clients: int) -> None:
     work = [tuple(span) for e in entries for span in e["spans"]]
     if any(stage == "pretrain" for stage, _ in ends):  # the val rounds after pre-training fine-tune
         ends = {("finetune" if stage == "train" else stage, r): t for (stage, r), t in ends.items()}
-    benchlib.emit({"stages": per_stage(ends, work, waits), "wall": time.time() - t0,
-                   "workers": len({e["pid"] for e in entries})})
+    benchlib.emit(
+        {
+            "stages": per_stage(ends, work, waits),
+            "wall": time.time() - t0,
+            "workers": len({e["pid"] for e in entries}),
+        }
+    )
 
 
 def settings_for(method: str, args, workdir: Path) -> dict:
     own = registry.get_method(method).smallest
-    s = registry.smallest_run(method, **{"num-server-rounds": args.rounds, "finetune-rounds": args.rounds,
-                                         "ssl.rounds": args.rounds, "min-clients": args.clients,
-                                         "output-dir": str(workdir / method), "cache-dir": str(workdir / "cache"),
-                                         "keep-checkpoints": 1})
+    s = registry.smallest_run(
+        method,
+        **{
+            "num-server-rounds": args.rounds,
+            "finetune-rounds": args.rounds,
+            "ssl.rounds": args.rounds,
+            "min-clients": args.clients,
+            "output-dir": str(workdir / method),
+            "cache-dir": str(workdir / "cache"),
+            "keep-checkpoints": 1,
+        },
+    )
     if "ssl.rounds" not in registry.get_method(method).options:
         del s["ssl.rounds"]
-    for key, value in (("model", args.model), ("image-size", args.image_size), ("synthetic-per-class", args.per_class)):
+    for key, value in (
+        ("model", args.model),
+        ("image-size", args.image_size),
+        ("synthetic-per-class", args.per_class),
+    ):
         if value is not None and key not in own:  # the ViT methods keep their ViT
             s[key] = value
     return s
@@ -142,29 +165,64 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown methods {unknown}; valid: {', '.join(sorted(registry.METHODS))}")
     info = benchlib.print_machine()
-    print(f"settings: each method's smallest run, {args.rounds} rounds per stage, {args.clients} clients"
-          + (f", model {args.model}" if args.model else "") + (f", {args.image_size} px" if args.image_size else ""),
-          flush=True)
-    header = ["method", "stage", "model", "per round s", "in local loops s", "outside local loops s",
-              "server busy s", "run wall s"]
+    print(
+        f"settings: each method's smallest run, {args.rounds} rounds per stage, {args.clients} clients"
+        + (f", model {args.model}" if args.model else "")
+        + (f", {args.image_size} px" if args.image_size else ""),
+        flush=True,
+    )
+    header = [
+        "method",
+        "stage",
+        "model",
+        "per round s",
+        "in local loops s",
+        "outside local loops s",
+        "server busy s",
+        "run wall s",
+    ]
     rows: list[list] = []
     with tempfile.TemporaryDirectory(prefix="fedderm-methods-") as tmp:
         for method in methods:
             s = settings_for(method, args, Path(tmp))
-            result, _, wall = benchlib.run_child(["-m", "bench.methods", "--child", "--clients", str(args.clients),
-                                                  "--settings", json.dumps(s)])
+            result, _, wall = benchlib.run_child(
+                [
+                    "-m",
+                    "bench.methods",
+                    "--child",
+                    "--clients",
+                    str(args.clients),
+                    "--settings",
+                    json.dumps(s),
+                ]
+            )
             for stage, m in result["stages"].items():
-                rows.append([method, stage, s["model"], f"{m['round']:.3f}", f"{m['loops']:.3f}",
-                             f"{m['outside']:.3f}", f"{m['server']:.3f}", f"{wall:.0f}"])
-                print(f"  {method} {stage}: per round {m['round']:.3f} s · in local loops {m['loops']:.3f} s · "
-                      f"outside {m['outside']:.3f} s · server busy {m['server']:.3f} s ({m['rounds']} rounds) · "
-                      f"load {os.getloadavg()[0]:.2f}", flush=True)
+                rows.append(
+                    [
+                        method,
+                        stage,
+                        s["model"],
+                        f"{m['round']:.3f}",
+                        f"{m['loops']:.3f}",
+                        f"{m['outside']:.3f}",
+                        f"{m['server']:.3f}",
+                        f"{wall:.0f}",
+                    ]
+                )
+                print(
+                    f"  {method} {stage}: per round {m['round']:.3f} s · in local loops {m['loops']:.3f} s · "
+                    f"outside {m['outside']:.3f} s · server busy {m['server']:.3f} s ({m['rounds']} rounds) · "
+                    f"load {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
             if args.out:
                 Path(args.out).write_text(benchlib.table(rows, header) + "\n")
     print()
     print(benchlib.table(rows, header))
-    print(f"load average at start {' '.join(map(str, info['loadavg']))}, now "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"load average at start {' '.join(map(str, info['loadavg']))}, now "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     return 0
 
 

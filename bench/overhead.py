@@ -56,12 +56,24 @@ class Settings:
     extra: dict = dataclasses.field(default_factory=dict)  # more run-config keys (bench/scale.py)
 
     def overrides(self) -> dict:
-        return {"method": self.method, "model": self.model, "image-size": self.image_size,
-                "synthetic-per-class": self.per_class, "local-epochs": self.epochs,
-                "batch-size": self.batch_size, "num-server-rounds": self.rounds, "seed": self.seed,
-                "min-clients": self.clients, "optimizer": "adam", "lr": 1e-3, "lr-schedule": "cosine",
-                "cache-dir": str(Path(self.workdir) / "cache"), "output-dir": str(Path(self.workdir) / "runs"),
-                **METHOD_KEYS.get(self.method, {}), **self.extra}
+        return {
+            "method": self.method,
+            "model": self.model,
+            "image-size": self.image_size,
+            "synthetic-per-class": self.per_class,
+            "local-epochs": self.epochs,
+            "batch-size": self.batch_size,
+            "num-server-rounds": self.rounds,
+            "seed": self.seed,
+            "min-clients": self.clients,
+            "optimizer": "adam",
+            "lr": 1e-3,
+            "lr-schedule": "cosine",
+            "cache-dir": str(Path(self.workdir) / "cache"),
+            "output-dir": str(Path(self.workdir) / "runs"),
+            **METHOD_KEYS.get(self.method, {}),
+            **self.extra,
+        }
 
 
 # ----------------------------------------------------------------------------- A: plain loop
@@ -78,7 +90,7 @@ def _plain_train(model, images, labels, *, epochs, batch_size, lr, weight_decay,
     for _ in range(epochs):
         order = torch.randperm(n, generator=g)
         for i in range(0, n, batch_size):
-            idx = order[i:i + batch_size]
+            idx = order[i : i + batch_size]
             if len(idx) < 2:
                 continue
             x = images[idx]
@@ -101,8 +113,12 @@ def _plain_eval(model, images, labels, num_classes):
 
     model.eval()
     with torch.no_grad():
-        probs = torch.cat([torch.softmax(model((images[i:i + 256].float() / 255.0 - 0.5) / 0.5), 1)
-                           for i in range(0, len(images), 256)])
+        probs = torch.cat(
+            [
+                torch.softmax(model((images[i : i + 256].float() / 255.0 - 0.5) / 0.5), 1)
+                for i in range(0, len(images), 256)
+            ]
+        )
     return classification_metrics(labels.numpy(), probs.numpy(), num_classes)
 
 
@@ -133,9 +149,17 @@ def plain_worker(tasks, results, s: Settings) -> None:
         t = time.perf_counter()
         if kind == "train":
             images, labels = d.tensors("labelled")
-            _plain_train(model, images, labels, epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-                         lr=round_lr(cfg.lr, rnd, cfg.num_server_rounds, cfg.lr_schedule), seed=rnd * 100 + pid,
-                         weight_decay=cfg.weight_decay, mu=cfg.proximal_mu if s.method == "fedprox" else 0.0)
+            _plain_train(
+                model,
+                images,
+                labels,
+                epochs=cfg.local_epochs,
+                batch_size=cfg.batch_size,
+                lr=round_lr(cfg.lr, rnd, cfg.num_server_rounds, cfg.lr_schedule),
+                seed=rnd * 100 + pid,
+                weight_decay=cfg.weight_decay,
+                mu=cfg.proximal_mu if s.method == "fedprox" else 0.0,
+            )
             work = time.perf_counter() - t
             out = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
             results.put((kind, pid, (out, len(labels)), work))
@@ -156,7 +180,9 @@ def _average(replies: list[tuple[dict, int]], local_keys: set[str]) -> dict:
         if key in local_keys:
             continue
         acc = sum(torch.from_numpy(w[key]).double() * (n / total) for w, n in replies)
-        out[key] = (acc.round() if first.dtype.kind in "iu" else acc).to(torch.from_numpy(first).dtype).numpy()
+        out[key] = (
+            (acc.round() if first.dtype.kind in "iu" else acc).to(torch.from_numpy(first).dtype).numpy()
+        )
     return out
 
 
@@ -203,7 +229,7 @@ def run_plain(s: Settings) -> dict:
         got, w_train = wave("train", rnd)
         replies = [g[2] for g in got]
         weights = {**weights, **_average(replies, bn)}
-        for (_, pid, (w, _), _) in got:
+        for _, pid, (w, _), _ in got:
             if bn:
                 local[pid] = {k: v for k, v in w.items() if k in bn}
         work[rnd] = w_train + wave("val", rnd)[1]
@@ -228,8 +254,11 @@ def run_fedderm(s: Settings) -> dict:
 
     ev: dict = {}
     ends: dict[int, float] = {}
-    evaluate_round, configure_train, save = (common.Tracked.evaluate_round, common.Tracked.configure_train,
-                                             common.save_checkpoint)
+    evaluate_round, configure_train, save = (
+        common.Tracked.evaluate_round,
+        common.Tracked.configure_train,
+        common.save_checkpoint,
+    )
 
     def timed_evaluate_round(self, grid, server_round, *args, **kwargs):
         ev.setdefault("start", time.time())
@@ -270,10 +299,15 @@ def _summarise(t0, start, round0_end, ends, work, t_end) -> dict:
         prev = ends[r]
     per_round = benchlib.median(times.values())
     work_round = benchlib.median(work[r] for r in rounds)
-    return {"startup": start - t0, "round0": round0_end - start, "round_times": times,
-            "per_round": per_round, "work": work_round,
-            "outside": benchlib.median(times[r] - work[r] / WORKERS for r in rounds),
-            "finish": t_end - ends[rounds[-1]]}
+    return {
+        "startup": start - t0,
+        "round0": round0_end - start,
+        "round_times": times,
+        "per_round": per_round,
+        "work": work_round,
+        "outside": benchlib.median(times[r] - work[r] / WORKERS for r in rounds),
+        "finish": t_end - ends[rounds[-1]],
+    }
 
 
 # ----------------------------------------------------------------------------- driver
@@ -308,39 +342,79 @@ def main(argv=None) -> int:
     repeats = args.repeats or (2 if args.quick else 3)
     s.workdir = args.workdir or tempfile.mkdtemp(prefix="fedderm-overhead-")
     info = benchlib.print_machine()
-    print(f"settings: {s.method} · {s.model} · {s.image_size} px · {s.clients} clients · "
-          f"{s.per_class} images/class/client · {s.epochs} local epoch · {s.rounds} rounds · {repeats} x (A, B)")
+    print(
+        f"settings: {s.method} · {s.model} · {s.image_size} px · {s.clients} clients · "
+        f"{s.per_class} images/class/client · {s.epochs} local epoch · {s.rounds} rounds · {repeats} x (A, B)"
+    )
     # generate the data once, outside the timings
-    benchlib.run_child(["-m", "bench.overhead", "--child", "A", "--settings",
-                        json.dumps({**dataclasses.asdict(s), "rounds": 1})])
+    benchlib.run_child(
+        [
+            "-m",
+            "bench.overhead",
+            "--child",
+            "A",
+            "--settings",
+            json.dumps({**dataclasses.asdict(s), "rounds": 1}),
+        ]
+    )
     runs: dict[str, list] = {"A": [], "B": []}
     for i in range(repeats):
         for which in ("A", "B"):
-            result, peak, wall = benchlib.run_child(["-m", "bench.overhead", "--child", which, "--settings",
-                                                     json.dumps(dataclasses.asdict(s))])
+            result, peak, wall = benchlib.run_child(
+                ["-m", "bench.overhead", "--child", which, "--settings", json.dumps(dataclasses.asdict(s))]
+            )
             result.update(peak=peak, wall=wall)
             runs[which].append(result)
-            print(f"  {which}{i + 1}: start-up {result['startup']:.2f} s · round 0 {result['round0']:.2f} s · "
-                  f"per round {result['per_round']:.3f} s (work {result['work']:.3f} s, outside "
-                  f"{result['outside']:.3f} s) · peak {benchlib.mib(peak):.0f} MiB · load "
-                  f"{os.getloadavg()[0]:.2f}", flush=True)
-    med = {w: {k: benchlib.median(r[k] for r in rs) for k in ("startup", "round0", "per_round", "work",
-                                                               "outside", "peak", "finish")}
-           for w, rs in runs.items()}
+            print(
+                f"  {which}{i + 1}: start-up {result['startup']:.2f} s · round 0 {result['round0']:.2f} s · "
+                f"per round {result['per_round']:.3f} s (work {result['work']:.3f} s, outside "
+                f"{result['outside']:.3f} s) · peak {benchlib.mib(peak):.0f} MiB · load "
+                f"{os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    med = {
+        w: {
+            k: benchlib.median(r[k] for r in rs)
+            for k in ("startup", "round0", "per_round", "work", "outside", "peak", "finish")
+        }
+        for w, rs in runs.items()
+    }
     a, b = med["A"], med["B"]
-    rows = [[name, f"{m['startup']:.2f}", f"{m['round0']:.2f}", f"{m['per_round']:.3f}", f"{m['work']:.3f}",
-             f"{m['outside']:.3f}", f"{benchlib.mib(m['peak']):.0f}"] for name, m in (("A plain PyTorch", a),
-                                                                                   (f"B fedderm {s.method}", b))]
-    rows.append(["B / A", f"{b['startup'] / a['startup']:.2f}", "", f"{b['per_round'] / a['per_round']:.3f}",
-                 f"{b['work'] / a['work']:.3f}", f"+{b['per_round'] - a['per_round']:.3f} s",
-                 f"{b['peak'] / a['peak']:.2f}"])
+    rows = [
+        [
+            name,
+            f"{m['startup']:.2f}",
+            f"{m['round0']:.2f}",
+            f"{m['per_round']:.3f}",
+            f"{m['work']:.3f}",
+            f"{m['outside']:.3f}",
+            f"{benchlib.mib(m['peak']):.0f}",
+        ]
+        for name, m in (("A plain PyTorch", a), (f"B fedderm {s.method}", b))
+    ]
+    rows.append(
+        [
+            "B / A",
+            f"{b['startup'] / a['startup']:.2f}",
+            "",
+            f"{b['per_round'] / a['per_round']:.3f}",
+            f"{b['work'] / a['work']:.3f}",
+            f"+{b['per_round'] - a['per_round']:.3f} s",
+            f"{b['peak'] / a['peak']:.2f}",
+        ]
+    )
     print()
-    print(benchlib.table(rows, ["", "start-up s", "round 0 s", "per round s", "work s", "outside s",
-                                "peak MiB"]))
-    print(f"\nper-round ratio B/A {b['per_round'] / a['per_round']:.3f} · fedderm per round outside training "
-          f"{b['outside']:.3f} s (plain {a['outside']:.3f} s) · start-up {b['startup']:.1f} s vs "
-          f"{a['startup']:.1f} s · memory {b['peak'] / a['peak']:.2f}x · load average at start "
-          f"{' '.join(map(str, info['loadavg']))}, now {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        benchlib.table(
+            rows, ["", "start-up s", "round 0 s", "per round s", "work s", "outside s", "peak MiB"]
+        )
+    )
+    print(
+        f"\nper-round ratio B/A {b['per_round'] / a['per_round']:.3f} · fedderm per round outside training "
+        f"{b['outside']:.3f} s (plain {a['outside']:.3f} s) · start-up {b['startup']:.1f} s vs "
+        f"{a['startup']:.1f} s · memory {b['peak'] / a['peak']:.2f}x · load average at start "
+        f"{' '.join(map(str, info['loadavg']))}, now {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
     return 0
 
 

@@ -33,22 +33,40 @@ def measure(workdir: Path, launcher: str, hops: int, nodes: int, import_fedderm:
     with Loopback(workdir, nodes, fast_superexec=False, per_class=4, launcher=launcher) as fed:
         fed.start()
         out = workdir / "ringprobe.json"
-        run_id, status, _ = fed.flwr_run(PROBE, {"hops": hops, "min-nodes": nodes, "modes": "flower,fast",
-                                                 "import-fedderm": import_fedderm, "out": str(out)},
-                                         "ringprobe", timeout=1800)
+        run_id, status, _ = fed.flwr_run(
+            PROBE,
+            {
+                "hops": hops,
+                "min-nodes": nodes,
+                "modes": "flower,fast",
+                "import-fedderm": import_fedderm,
+                "out": str(out),
+            },
+            "ringprobe",
+            timeout=1800,
+        )
         if status != "finished:completed" or not out.exists():
             raise RuntimeError(f"ring probe run {run_id} ended {status!r}; see {workdir / 'logs'}")
         return json.loads(out.read_text())
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--hops", type=int, default=9)
     parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--no-fedderm-imports", action="store_true",
-                        help="numpy-only ClientApp (pure messaging cost, no torch start-up per hop)")
-    parser.add_argument("--launcher", action="append", choices=("flower", "warm"),
-                        help="SuperNode side to measure; repeat for both (default both)")
+    parser.add_argument(
+        "--no-fedderm-imports",
+        action="store_true",
+        help="numpy-only ClientApp (pure messaging cost, no torch start-up per hop)",
+    )
+    parser.add_argument(
+        "--launcher",
+        action="append",
+        choices=("flower", "warm"),
+        help="SuperNode side to measure; repeat for both (default both)",
+    )
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="fedderm-ring-"))
@@ -58,20 +76,30 @@ def main(argv: list[str] | None = None) -> int:
         res = measure(root / launcher, launcher, args.hops, args.nodes, not args.no_fedderm_imports)
         for mode, m in res["modes"].items():
             rows.append((sides[launcher], mode, m))
-    print(f"ring hop time on loopback, {args.nodes} SuperNodes, TLS + node auth, {args.hops} hops per setting, "
-          f"ClientApp {'without' if args.no_fedderm_imports else 'with'} fedderm's imports")
-    print(f"{'SuperNode side':<22} {'ServerApp side':<36} {'median':>7} {'mean':>7} {'min':>6} {'max':>6}"
-          f" | mean of: {'pickup':>7} {'startup':>8} {'work':>6} {'return':>7}")
+    print(
+        f"ring hop time on loopback, {args.nodes} SuperNodes, TLS + node auth, {args.hops} hops per setting, "
+        f"ClientApp {'without' if args.no_fedderm_imports else 'with'} fedderm's imports"
+    )
+    print(
+        f"{'SuperNode side':<22} {'ServerApp side':<36} {'median':>7} {'mean':>7} {'min':>6} {'max':>6}"
+        f" | mean of: {'pickup':>7} {'startup':>8} {'work':>6} {'return':>7}"
+    )
     names = {"flower": "Grid.send_and_receive (3 s pulls)", "fast": "send_and_receive_fast (0.1 s)"}
     for side, mode, m in rows:
         p = m.get("parts_mean_s", {})
-        print(f"{side:<22} {names[mode]:<36} {m['median_s']:>6.2f}s {m['mean_s']:>6.2f}s "
-              f"{m['min_s']:>5.2f}s {m['max_s']:>5.2f}s |          "
-              + " ".join(f"{p.get(k, float('nan')):>{w}.2f}s" for k, w in
-                         (("pickup", 6), ("startup", 7), ("work", 5), ("return", 6))))
-    print("pickup: push -> ClientApp process started or forked (SuperNode idle poll, SuperExec poll); "
-          "startup: process start -> handler (imports); return: reply -> ServerApp has it (SuperNode "
-          "reply push, ServerApp poll)")
+        print(
+            f"{side:<22} {names[mode]:<36} {m['median_s']:>6.2f}s {m['mean_s']:>6.2f}s "
+            f"{m['min_s']:>5.2f}s {m['max_s']:>5.2f}s |          "
+            + " ".join(
+                f"{p.get(k, float('nan')):>{w}.2f}s"
+                for k, w in (("pickup", 6), ("startup", 7), ("work", 5), ("return", 6))
+            )
+        )
+    print(
+        "pickup: push -> ClientApp process started or forked (SuperNode idle poll, SuperExec poll); "
+        "startup: process start -> handler (imports); return: reply -> ServerApp has it (SuperNode "
+        "reply push, ServerApp poll)"
+    )
     print(f"(logs under {root})")
     return 0
 

@@ -28,7 +28,9 @@ def main() -> int:
     from fedderm.train import evaluate, train_supervised
 
     torch.set_num_threads(1)
-    cfg = registry.load_config({"model": "tiny-cnn", "image-size": 32, "synthetic-per-class": 40, "partition": "iid"})
+    cfg = registry.load_config(
+        {"model": "tiny-cnn", "image-size": 32, "synthetic-per-class": 40, "partition": "iid"}
+    )
     data = load_client_data(cfg, 0, 1)
     W = class_text_embeddings(cfg.option("sift.text-model"), data.classes, cache_dir=cfg.cache_path)
     x, y = data.tensors("train")

@@ -36,8 +36,10 @@ from bench import benchlib  # noqa: E402
 
 def _data(n: int, size: int, classes: int = 5, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, 256, (n, 3, size, size), generator=g, dtype=torch.uint8),
-            torch.randint(0, classes, (n,), generator=g))
+    return (
+        torch.randint(0, 256, (n, 3, size, size), generator=g, dtype=torch.uint8),
+        torch.randint(0, classes, (n,), generator=g),
+    )
 
 
 def _normal(x):
@@ -46,15 +48,16 @@ def _normal(x):
 
 def _batches(n, batch_size, g):
     order = torch.randperm(n, generator=g)
-    return [order[i:i + batch_size] for i in range(0, n, batch_size) if len(order[i:i + batch_size]) > 1]
+    return [order[i : i + batch_size] for i in range(0, n, batch_size) if len(order[i : i + batch_size]) > 1]
 
 
 # ----------------------------------------------------------------------------- supervised
 def supervised_fedderm(model, images, labels, bs):
     from fedderm.train import train_supervised
 
-    train_supervised(model, images, labels, epochs=1, batch_size=bs, lr=1e-3, optimizer="adam",
-                     weight_decay=5e-4, seed=1)
+    train_supervised(
+        model, images, labels, epochs=1, batch_size=bs, lr=1e-3, optimizer="adam", weight_decay=5e-4, seed=1
+    )
 
 
 def supervised_plain(model, images, labels, bs):
@@ -82,8 +85,22 @@ def moco_fedderm(model, images, labels, bs):
     from fedderm.moco import FeatureQueue, moco_round
 
     bank = FeatureQueue(256, 128, _bank())
-    moco_round(model, images, bank, remote=None, feature_sharing=False, local_negatives=True, queue_size=256,
-               temperature=0.2, key_momentum=0.99, epochs=1, batch_size=bs, lr=1e-3, optimizer="adam", seed=1)
+    moco_round(
+        model,
+        images,
+        bank,
+        remote=None,
+        feature_sharing=False,
+        local_negatives=True,
+        queue_size=256,
+        temperature=0.2,
+        key_momentum=0.99,
+        epochs=1,
+        batch_size=bs,
+        lr=1e-3,
+        optimizer="adam",
+        seed=1,
+    )
 
 
 def moco_plain(model, images, labels, bs):
@@ -114,7 +131,7 @@ def augment_only(images, bs) -> float:
     augment, g = ContrastiveAugment(images.shape[-1]), torch.Generator().manual_seed(0)
     t = time.perf_counter()
     for i in range(0, len(images), bs):
-        two_views(images[i:i + bs], augment, g, torch.device("cpu"))
+        two_views(images[i : i + bs], augment, g, torch.device("cpu"))
     return len(images) / (time.perf_counter() - t)
 
 
@@ -146,9 +163,16 @@ def _models(quick: bool, size: int):
     from fedderm.models import create_model
 
     cnn, vit = ("tiny-cnn", "vit-micro") if quick else ("resnet18", "vit-tiny")
-    mae_cfg = registry.load_config({"method": "fedmae", "model": vit, "image-size": size,
-                                    "fedmae.decoder-embed-dim": 64 if quick else 128, "fedmae.decoder-depth": 2,
-                                    "fedmae.decoder-num-heads": 4})
+    mae_cfg = registry.load_config(
+        {
+            "method": "fedmae",
+            "model": vit,
+            "image-size": size,
+            "fedmae.decoder-embed-dim": 64 if quick else 128,
+            "fedmae.decoder-depth": 2,
+            "fedmae.decoder-num-heads": 4,
+        }
+    )
     return {
         "supervised": (f"{cnn}", lambda: create_model(cnn, 5, size), supervised_fedderm, supervised_plain),
         "moco": (f"{cnn} MoCo", lambda: build_moco(cnn, size), moco_fedderm, moco_plain),
@@ -171,8 +195,10 @@ def main(argv=None) -> int:
     size = args.image_size or (32 if args.quick else 64)
     repeats = args.repeats or 3
     info = benchlib.print_machine()
-    print(f"settings: {n} images of {size} px per epoch · batch {args.batch_size} · {args.threads} torch thread(s)"
-          f" · {repeats} alternations")
+    print(
+        f"settings: {n} images of {size} px per epoch · batch {args.batch_size} · {args.threads} torch thread(s)"
+        f" · {repeats} alternations"
+    )
     images, labels = _data(n, size)
     rows = []
     models = _models(args.quick, size)
@@ -180,8 +206,8 @@ def main(argv=None) -> int:
         name, build, ours, plain = models[case]
         torch.manual_seed(0)
         model = build()
-        ours(model, images[:2 * args.batch_size], labels[:2 * args.batch_size], args.batch_size)  # warm-up
-        plain(model, images[:2 * args.batch_size], labels[:2 * args.batch_size], args.batch_size)
+        ours(model, images[: 2 * args.batch_size], labels[: 2 * args.batch_size], args.batch_size)  # warm-up
+        plain(model, images[: 2 * args.batch_size], labels[: 2 * args.batch_size], args.batch_size)
         rates = {"fedderm": [], "plain": []}
         for _ in range(repeats):
             for which, fn in (("fedderm", ours), ("plain", plain)):
@@ -189,13 +215,19 @@ def main(argv=None) -> int:
                 fn(model, images, labels, args.batch_size)
                 rates[which].append(n / (time.perf_counter() - t))
         a, b = benchlib.median(rates["fedderm"]), benchlib.median(rates["plain"])
-        extra = f"augmentation alone {augment_only(images, args.batch_size):.0f} img/s" if case == "moco" else ""
+        extra = (
+            f"augmentation alone {augment_only(images, args.batch_size):.0f} img/s" if case == "moco" else ""
+        )
         rows.append([case, name, f"{a:.1f}", f"{b:.1f}", f"{a / b:.2f}", f"{max(0.0, 1 - a / b):.0%}", extra])
         print(f"  {case}: fedderm {a:.1f} img/s · plain {b:.1f} img/s {extra}", flush=True)
     print()
-    print(benchlib.table(rows, ["case", "model", "fedderm img/s", "plain img/s", "ratio", "pipeline share", ""]))
-    print(f"load average at start {' '.join(map(str, info['loadavg']))}, now "
-          f"{' '.join(f'{x:.2f}' for x in __import__('os').getloadavg())}")
+    print(
+        benchlib.table(rows, ["case", "model", "fedderm img/s", "plain img/s", "ratio", "pipeline share", ""])
+    )
+    print(
+        f"load average at start {' '.join(map(str, info['loadavg']))}, now "
+        f"{' '.join(f'{x:.2f}' for x in __import__('os').getloadavg())}"
+    )
     return 0
 
 

@@ -23,9 +23,14 @@ from clients.audit import audit_mod
 from clients.state import state_mod
 
 #: The local loops, as (module, function): the work a plain PyTorch loop would do too.
-LOOPS = [("fedderm.train", "train_epochs"), ("fedderm.train", "evaluate"),
-         ("fedderm.flbt", "train_with_model_term"), ("fedderm.ssl_pseudo", "train_multitask"),
-         ("fedderm.msggan", "train_msggan"), ("fedderm.sift", "update_long_term")]
+LOOPS = [
+    ("fedderm.train", "train_epochs"),
+    ("fedderm.train", "evaluate"),
+    ("fedderm.flbt", "train_with_model_term"),
+    ("fedderm.ssl_pseudo", "train_multitask"),
+    ("fedderm.msggan", "train_msggan"),
+    ("fedderm.sift", "update_long_term"),
+]
 
 _WORK = [0.0]
 _SPANS: list[list[float]] = []
@@ -44,6 +49,7 @@ def _timed(fn):
             if _DEPTH[0] == 0:  # a loop called inside another (train_supervised -> train_epochs) counts once
                 _WORK[0] += time.perf_counter() - t
                 _SPANS.append([wall, time.time()])
+
     wrapper.__wrapped__ = fn
     return wrapper
 
@@ -77,9 +83,16 @@ def timing_mod(msg, context, call_next):
     t0 = time.time()
     out = call_next(msg, context)
     t1 = time.time()
-    entry = {"type": msg.metadata.message_type, "pid": os.getpid(),
-             "partition": context.node_config.get("partition-id"), "t0": t0, "t1": t1, "work": _WORK[0], "spans": list(_SPANS),
-             "threads": __import__("torch").get_num_threads()}
+    entry = {
+        "type": msg.metadata.message_type,
+        "pid": os.getpid(),
+        "partition": context.node_config.get("partition-id"),
+        "t0": t0,
+        "t1": t1,
+        "work": _WORK[0],
+        "spans": list(_SPANS),
+        "threads": __import__("torch").get_num_threads(),
+    }
     with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a", encoding="utf-8") as fh:
         fh.write(json.dumps(entry) + "\n")
     return out

@@ -36,14 +36,25 @@ def _describe(msg: Message) -> tuple[dict, dict[str, np.ndarray]]:
             for key, array in record.items():
                 values = wire_values(array)
                 arrays[f"{name}/{key}"] = values
-                desc[key] = {"shape": list(values.shape), "dtype": str(values.dtype), "nbytes": int(values.nbytes),
-                             "sha256": hashlib.sha256(values.tobytes()).hexdigest()}
-            entry["records"][name] = {"type": "arrays", "arrays": desc,
-                                      "bytes": sum(int(d["nbytes"]) for d in desc.values())}
+                desc[key] = {
+                    "shape": list(values.shape),
+                    "dtype": str(values.dtype),
+                    "nbytes": int(values.nbytes),
+                    "sha256": hashlib.sha256(values.tobytes()).hexdigest(),
+                }
+            entry["records"][name] = {
+                "type": "arrays",
+                "arrays": desc,
+                "bytes": sum(int(d["nbytes"]) for d in desc.values()),
+            }
         else:
             kind = "metrics" if name in msg.content.metric_records else "config"
-            entry["records"][name] = {"type": kind, "values": {k: (v if not isinstance(v, bytes) else
-                                                                   f"<{len(v)} bytes>") for k, v in record.items()}}
+            entry["records"][name] = {
+                "type": kind,
+                "values": {
+                    k: (v if not isinstance(v, bytes) else f"<{len(v)} bytes>") for k, v in record.items()
+                },
+            }
     return entry, arrays
 
 
@@ -54,9 +65,17 @@ def audit_mod(msg: Message, context: Context, call_next) -> Message:
         return call_next(msg, context)
     # measured before the inner mods and the handler see (and may replace) the incoming content
     received = recorddict_to_proto(msg.content).ByteSize() if msg.has_content() else 0
-    received_records = ({name: sum(wire_values(a).nbytes for a in record.values())
-                         for name, record in msg.content.array_records.items()} if msg.has_content() else {})
-    config = dict(msg.content["config"]) if msg.has_content() and "config" in msg.content.config_records else {}
+    received_records = (
+        {
+            name: sum(wire_values(a).nbytes for a in record.values())
+            for name, record in msg.content.array_records.items()
+        }
+        if msg.has_content()
+        else {}
+    )
+    config = (
+        dict(msg.content["config"]) if msg.has_content() and "config" in msg.content.config_records else {}
+    )
     out = call_next(msg, context)
     if out.has_error():
         return out
@@ -65,10 +84,18 @@ def audit_mod(msg: Message, context: Context, call_next) -> Message:
     pid = context.node_config.get("partition-id", context.node_id)
     entry, arrays = _describe(out)
     n = sum(1 for _ in folder.glob(f"{pid}-*.npz"))
-    entry.update({"time": time.time(), "message_type": msg.metadata.message_type, "partition-id": pid,
-                  "server-round": config.get("server-round"), "arrays_file": f"{pid}-{n}.npz",
-                  "sent_bytes": recorddict_to_proto(out.content).ByteSize(),
-                  "received_bytes": received, "received_records": received_records})
+    entry.update(
+        {
+            "time": time.time(),
+            "message_type": msg.metadata.message_type,
+            "partition-id": pid,
+            "server-round": config.get("server-round"),
+            "arrays_file": f"{pid}-{n}.npz",
+            "sent_bytes": recorddict_to_proto(out.content).ByteSize(),
+            "received_bytes": received,
+            "received_records": received_records,
+        }
+    )
     np.savez(folder / entry["arrays_file"], **arrays)
     with open(folder / f"audit-{pid}.jsonl", "a", encoding="utf-8") as fh:
         fh.write(json.dumps(entry, default=str) + "\n")

@@ -48,9 +48,13 @@ class ClientSession:
     node: NodeSettings
     _models: dict = field(default_factory=dict)
 
-    def model(self, arrays: ArrayRecord | None = None, key: str = "classifier",
-              factory: Callable[[], torch.nn.Module] | None = None,
-              state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+    def model(
+        self,
+        arrays: ArrayRecord | None = None,
+        key: str = "classifier",
+        factory: Callable[[], torch.nn.Module] | None = None,
+        state: dict[str, torch.Tensor] | None = None,
+    ) -> torch.nn.Module:
         """The client's model ``key`` (built once per process by ``factory``;
         default: the classifier ``cfg.model``, shared by the clients of a process: load it with
         ``arrays`` or a full state before use), loaded with ``arrays`` if given, on the client's
@@ -60,11 +64,15 @@ class ClientSession:
             if factory is None and key == "classifier":
                 shared = (self.cfg.model, self.data.num_classes, self.cfg.image_size, str(self.device))
                 if shared not in _CLASSIFIERS:
-                    _CLASSIFIERS[shared] = create_model(self.cfg.model, self.data.num_classes, self.cfg.image_size)
+                    _CLASSIFIERS[shared] = create_model(
+                        self.cfg.model, self.data.num_classes, self.cfg.image_size
+                    )
                 self._models[key] = _CLASSIFIERS[shared]
             else:
-                self._models[key] = (factory or (lambda: create_model(
-                    self.cfg.model, self.data.num_classes, self.cfg.image_size)))()
+                self._models[key] = (
+                    factory
+                    or (lambda: create_model(self.cfg.model, self.data.num_classes, self.cfg.image_size))
+                )()
         model = self._models[key]
         if arrays is not None:  # read-only views of the message's bytes; load_state_dict copies
             model.load_state_dict(wire.to_state_dict(arrays), strict=True)
@@ -82,7 +90,9 @@ class ClientSession:
         and ``lr-decay``: the one place every training stage takes its learning rate from."""
         return round_lr(base_lr, step, steps, self.cfg.lr_schedule, self.cfg.lr_decay)
 
-    def local_kwargs(self, server_round: int, num_rounds: int | None = None, *, finetune: bool = False) -> dict:
+    def local_kwargs(
+        self, server_round: int, num_rounds: int | None = None, *, finetune: bool = False
+    ) -> dict:
         """The local-training settings for round ``server_round`` of ``num_rounds``, as keyword
         arguments of the local training loops: the spine's (``local-epochs``, ``lr``,
         ``optimizer``; default ``num-server-rounds``) or, with ``finetune``, the fine-tuning
@@ -90,24 +100,53 @@ class ClientSession:
         ``finetune-rounds``).  ``lr`` follows ``lr-schedule``/``lr-decay`` in both."""
         cfg = self.cfg
         if finetune:
-            epochs, base_lr, optimizer, rounds, salt = (cfg.finetune_epochs, cfg.finetune_lr,
-                                                        cfg.finetune_optimizer, cfg.finetune_rounds, 7)
+            epochs, base_lr, optimizer, rounds, salt = (
+                cfg.finetune_epochs,
+                cfg.finetune_lr,
+                cfg.finetune_optimizer,
+                cfg.finetune_rounds,
+                7,
+            )
         else:
-            epochs, base_lr, optimizer, rounds, salt = cfg.local_epochs, cfg.lr, cfg.optimizer, cfg.num_server_rounds, 0
+            epochs, base_lr, optimizer, rounds, salt = (
+                cfg.local_epochs,
+                cfg.lr,
+                cfg.optimizer,
+                cfg.num_server_rounds,
+                0,
+            )
         rounds = rounds if num_rounds is None else num_rounds
-        return dict(epochs=epochs, batch_size=cfg.batch_size, lr=self.lr_at(base_lr, server_round, rounds),
-                    optimizer=optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                    seed=self.seed(server_round, salt), device=self.device)
+        return dict(
+            epochs=epochs,
+            batch_size=cfg.batch_size,
+            lr=self.lr_at(base_lr, server_round, rounds),
+            optimizer=optimizer,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            seed=self.seed(server_round, salt),
+            device=self.device,
+        )
 
     def mim_kwargs(self, server_round: int, num_rounds: int) -> dict:
         """:meth:`local_kwargs` of an MAE/BEiT pre-training round with the ``mim.*`` schedule
         (:func:`fedderm.train.mim_schedule`: warm-up, cosine per iteration, AdamW β2, blr scaling)."""
         cfg, o = self.cfg, self.cfg.option
-        return {**self.local_kwargs(server_round, num_rounds), **mim_schedule(
-            cfg.lr, server_round=server_round, num_rounds=num_rounds, local_epochs=cfg.local_epochs,
-            batch_size=cfg.batch_size, lr_step=o("mim.lr-step"), warmup_epochs=o("mim.warmup-epochs"),
-            adam_beta2=o("mim.adam-beta2"), lr_scaling=o("mim.lr-scaling"), schedule=cfg.lr_schedule,
-            decay=cfg.lr_decay)}
+        return {
+            **self.local_kwargs(server_round, num_rounds),
+            **mim_schedule(
+                cfg.lr,
+                server_round=server_round,
+                num_rounds=num_rounds,
+                local_epochs=cfg.local_epochs,
+                batch_size=cfg.batch_size,
+                lr_step=o("mim.lr-step"),
+                warmup_epochs=o("mim.warmup-epochs"),
+                adam_beta2=o("mim.adam-beta2"),
+                lr_scaling=o("mim.lr-scaling"),
+                schedule=cfg.lr_schedule,
+                decay=cfg.lr_decay,
+            ),
+        }
 
     def seed(self, server_round: int, salt: int = 0) -> int:
         """A seed unique to (run seed, round, client): same seed, same numbers."""
@@ -119,8 +158,10 @@ class ClientSession:
         Raises naming the node-config key when the SuperNode was started without ``state-dir``.
         """
         if self.node.state_dir is None:
-            raise RuntimeError(f"this client needs persistent state ({name!r}) but its SuperNode has no "
-                               "node-config 'state-dir': start it with --node-config '... state-dir=\"/path\"'")
+            raise RuntimeError(
+                f"this client needs persistent state ({name!r}) but its SuperNode has no "
+                "node-config 'state-dir': start it with --node-config '... state-dir=\"/path\"'"
+            )
         path = self.node.state_dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
@@ -147,8 +188,9 @@ def session(context: Context) -> ClientSession:
         if cache:
             cfg = dataclasses.replace(cfg, cache_dir=cache)
         try:
-            data = load_client_data(cfg, node.partition_id, node.num_partitions,
-                                    data_path=node.data_path, dataset=node.dataset)
+            data = load_client_data(
+                cfg, node.partition_id, node.num_partitions, data_path=node.data_path, dataset=node.dataset
+            )
         except DataError as err:
             if str(err).startswith(f"client {node.partition_id}"):
                 raise
@@ -173,12 +215,22 @@ def info(msg: Message, context: Context) -> Message:
         context.state[RUN_CONFIG] = msg.content["config"]
     s = session(context)
     sp = s.data.split
-    record = ConfigRecord({"classes": list(s.data.classes), "partition-id": s.partition_id, "site": s.node.site,
-                           "train": len(sp.train), "labelled": len(sp.labelled), "val": len(sp.val),
-                           "test": len(sp.test), "skipped-files": len(s.data.pool.skipped),
-                           "class-counts": class_counts(s.data.pool.labels[np.concatenate([sp.train, sp.val, sp.test])],
-                                                         s.data.num_classes).tolist(),
-                           **{f"counts-{k}": v for k, v in s.data.class_counts().items()}})
+    record = ConfigRecord(
+        {
+            "classes": list(s.data.classes),
+            "partition-id": s.partition_id,
+            "site": s.node.site,
+            "train": len(sp.train),
+            "labelled": len(sp.labelled),
+            "val": len(sp.val),
+            "test": len(sp.test),
+            "skipped-files": len(s.data.pool.skipped),
+            "class-counts": class_counts(
+                s.data.pool.labels[np.concatenate([sp.train, sp.val, sp.test])], s.data.num_classes
+            ).tolist(),
+            **{f"counts-{k}": v for k, v in s.data.class_counts().items()},
+        }
+    )
     return Message(RecordDict({"info": record}), reply_to=msg)
 
 

@@ -19,8 +19,14 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(config["server-round"])
     model = s.model(msg.content["arrays"])
     images, labels = s.data.tensors("labelled")
-    metrics = train_supervised(model, images, labels, proximal_mu=float(config.get("proximal-mu", 0.0)),
-                               augment=s.augment("finetune"), **s.local_kwargs(server_round))
+    metrics = train_supervised(
+        model,
+        images,
+        labels,
+        proximal_mu=float(config.get("proximal-mu", 0.0)),
+        augment=s.augment("finetune"),
+        **s.local_kwargs(server_round),
+    )
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics, to_record(model.state_dict()))  # ArrayRecord(...)'s bytes, one copy
 

@@ -25,7 +25,7 @@ PREFIX = "fedbn-bn-r"
 
 
 def _stored_rounds(context: Context) -> list[int]:
-    return sorted(int(k[len(PREFIX):]) for k in client_state(context).names() if k.startswith(PREFIX))
+    return sorted(int(k[len(PREFIX) :]) for k in client_state(context).names() if k.startswith(PREFIX))
 
 
 def local_model(msg: Message, context: Context, up_to_round: int) -> torch.nn.Module:
@@ -38,8 +38,10 @@ def local_model(msg: Message, context: Context, up_to_round: int) -> torch.nn.Mo
     if rounds:
         state.update(client_state(context).tensors(f"{PREFIX}{rounds[-1]}"))
     elif not bn <= state.keys():
-        raise RuntimeError(f"fedbn client {s.partition_id}: no local BatchNorm state up to round {up_to_round} "
-                           "and the server's model carries none")
+        raise RuntimeError(
+            f"fedbn client {s.partition_id}: no local BatchNorm state up to round {up_to_round} "
+            "and the server's model carries none"
+        )
     model.load_state_dict(state, strict=True)
     return model
 
@@ -49,8 +51,9 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(msg.content["config"]["server-round"])
     model = local_model(msg, context, server_round - 1)
     images, labels = s.data.tensors("labelled")
-    metrics = train_supervised(model, images, labels, augment=s.augment("finetune"),
-                               **s.local_kwargs(server_round))
+    metrics = train_supervised(
+        model, images, labels, augment=s.augment("finetune"), **s.local_kwargs(server_round)
+    )
     shared, local = split_state(model.state_dict(), batchnorm_keys(model))
     client_state(context).put(f"{PREFIX}{server_round}", local)
     metrics["partition-id"] = s.partition_id

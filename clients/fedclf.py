@@ -52,12 +52,18 @@ class MocoOptions:
     @classmethod
     def from_config(cls, cfg, feature_sharing: bool | None = None) -> MocoOptions:
         """The ``fedclf.*`` keys; ``feature_sharing`` fixed by FedMoCo / Local CL (False)."""
-        return cls(queue_size=cfg.option("fedclf.queue-size"), temperature=cfg.option("fedclf.temperature"),
-                   momentum=cfg.option("fedclf.momentum"),
-                   feature_sharing=cfg.option("fedclf.feature-sharing") if feature_sharing is None else feature_sharing,
-                   local_negatives=cfg.option("fedclf.local-negatives"),
-                   feature_dtype=cfg.option("fedclf.feature-dtype"), relay_clip=cfg.option("fedclf.relay-clip"),
-                   relay_noise=cfg.option("fedclf.relay-noise-multiplier"))
+        return cls(
+            queue_size=cfg.option("fedclf.queue-size"),
+            temperature=cfg.option("fedclf.temperature"),
+            momentum=cfg.option("fedclf.momentum"),
+            feature_sharing=cfg.option("fedclf.feature-sharing")
+            if feature_sharing is None
+            else feature_sharing,
+            local_negatives=cfg.option("fedclf.local-negatives"),
+            feature_dtype=cfg.option("fedclf.feature-dtype"),
+            relay_clip=cfg.option("fedclf.relay-clip"),
+            relay_noise=cfg.option("fedclf.relay-noise-multiplier"),
+        )
 
 
 def moco_model(s: ClientSession, arrays: ArrayRecord | None) -> MoCo:
@@ -71,8 +77,14 @@ def local_bank(context: Context, s: ClientSession, model: MoCo, queue_size: int)
     if saved is not None:
         return FeatureQueue(queue_size, FEATURE_DIM, saved["features"], device=s.device)
     images, _ = s.data.tensors("train")
-    keys = encode_keys(copy.deepcopy(model), images, queue_size, batch_size=s.cfg.batch_size,
-                       seed=s.seed(0, salt=11), device=s.device)
+    keys = encode_keys(
+        copy.deepcopy(model),
+        images,
+        queue_size,
+        batch_size=s.cfg.batch_size,
+        seed=s.seed(0, salt=11),
+        device=s.device,
+    )
     return FeatureQueue(queue_size, FEATURE_DIM, keys, device=s.device)
 
 
@@ -102,8 +114,11 @@ def features(msg: Message, context: Context, feature_sharing: bool | None = None
     opts = MocoOptions.from_config(s.cfg, feature_sharing)
     bank = local_bank(context, s, moco_model(s, msg.content["arrays"]), opts.queue_size)
     save_bank(context, bank)
-    return reply(msg, {"partition-id": s.partition_id, "num-examples": len(bank), **relay_metrics(s, opts)},
-                 **{FEATURES: upload(bank, opts.feature_dtype, opts, s.seed(0, salt=13))})
+    return reply(
+        msg,
+        {"partition-id": s.partition_id, "num-examples": len(bank), **relay_metrics(s, opts)},
+        **{FEATURES: upload(bank, opts.feature_dtype, opts, s.seed(0, salt=13))},
+    )
 
 
 def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None) -> Message:
@@ -114,8 +129,11 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     server_round, local = int(config["server-round"]), bool(config.get("local", False))
     state = client_state(context)
     if local and server_round > 1:
-        model = s.model(key="moco", factory=lambda: build_moco(s.cfg.model, s.cfg.image_size),
-                        state=state.tensors(OWN_MODEL))
+        model = s.model(
+            key="moco",
+            factory=lambda: build_moco(s.cfg.model, s.cfg.image_size),
+            state=state.tensors(OWN_MODEL),
+        )
     else:
         model = moco_model(s, msg.content["arrays"])
     bank = local_bank(context, s, model, opts.queue_size)
@@ -124,9 +142,17 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
         remote = torch.from_numpy(values(msg.content[REMOTE]["features"]).astype(np.float32))
     images, _ = s.data.tensors("train")
     metrics = moco_round(
-        model, images, bank, remote=remote, feature_sharing=opts.feature_sharing,
-        local_negatives=opts.local_negatives, queue_size=opts.queue_size, temperature=opts.temperature,
-        key_momentum=opts.momentum, **s.local_kwargs(server_round, int(config["num-rounds"])))
+        model,
+        images,
+        bank,
+        remote=remote,
+        feature_sharing=opts.feature_sharing,
+        local_negatives=opts.local_negatives,
+        queue_size=opts.queue_size,
+        temperature=opts.temperature,
+        key_momentum=opts.momentum,
+        **s.local_kwargs(server_round, int(config["num-rounds"])),
+    )
     metrics["partition-id"] = s.partition_id
     metrics["remote-features"] = 0 if remote is None else len(remote)
     save_bank(context, bank)
@@ -134,8 +160,11 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
         state.put(OWN_MODEL, model.state_dict())
         return reply(msg, metrics)
     weights = to_record(model.state_dict())
-    extra = {FEATURES: upload(bank, opts.feature_dtype, opts, s.seed(server_round, salt=13))} \
-        if opts.feature_sharing else {}
+    extra = (
+        {FEATURES: upload(bank, opts.feature_dtype, opts, s.seed(server_round, salt=13))}
+        if opts.feature_sharing
+        else {}
+    )
     if opts.feature_sharing:
         metrics.update(relay_metrics(s, opts))
     return reply(msg, metrics, weights, **extra)

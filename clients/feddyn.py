@@ -26,8 +26,14 @@ def train(msg: Message, context: Context) -> Message:
     images, labels = s.data.tensors("labelled")
     state = client_state(context)
     h_local = state.tensors(STATE_KEY) or {}
-    metrics, new_h = feddyn_train(model, images, labels, h_local=h_local, alpha=float(s.cfg.option("feddyn.alpha")),
-                                  **s.local_kwargs(server_round))
+    metrics, new_h = feddyn_train(
+        model,
+        images,
+        labels,
+        h_local=h_local,
+        alpha=float(s.cfg.option("feddyn.alpha")),
+        **s.local_kwargs(server_round),
+    )
     state.put(STATE_KEY, new_h)
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics, to_record(model.state_dict()))

@@ -46,7 +46,8 @@ def pretrain(msg: Message, context: Context) -> Message:
 
     images, labels = s.data.tensors("train")
     metrics = train_epochs(
-        model, images, labels, loss_fn, **s.mim_kwargs(server_round, int(config["num-rounds"])))
+        model, images, labels, loss_fn, **s.mim_kwargs(server_round, int(config["num-rounds"]))
+    )
     metrics["partition-id"] = s.partition_id
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     extra = {}

@@ -8,10 +8,13 @@ from . import finetune
 
 
 def _rotation_round(s, model, images, labels, **kwargs) -> dict:
-    return train_epochs(model, images, labels, lambda m, xb, yb, g: rotation_loss(m, xb, s.device, g), **kwargs)
+    return train_epochs(
+        model, images, labels, lambda m, xb, yb, g: rotation_loss(m, xb, s.device, g), **kwargs
+    )
 
 
 pretrain = finetune.pretrain_handler(
-    "rotation", lambda s: create_model(s.cfg.model, NUM_ROTATIONS, s.cfg.image_size), _rotation_round)
+    "rotation", lambda s: create_model(s.cfg.model, NUM_ROTATIONS, s.cfg.image_size), _rotation_round
+)
 
 HANDLERS = {"train.pretrain": pretrain, **finetune.HANDLERS}

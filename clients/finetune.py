@@ -27,8 +27,9 @@ LOCAL, BEST, BEST_SCORE = "finetune-model", "finetune-best", "finetune-best-scor
 PretrainLoop = Callable[..., dict]
 
 
-def pretrain_handler(key: str, factory: Callable[[ClientSession], torch.nn.Module],
-                     loop: PretrainLoop, mim: bool = False) -> Callable[[Message, Context], Message]:
+def pretrain_handler(
+    key: str, factory: Callable[[ClientSession], torch.nn.Module], loop: PretrainLoop, mim: bool = False
+) -> Callable[[Message, Context], Message]:
     """The ``train.pretrain`` handler of an SSL method whose clients train the whole global model:
     load the server's weights into the client's model ``key`` (built once per client session by
     ``factory(session)``), run ``loop`` on all training images (labels unused) with the round's
@@ -59,9 +60,13 @@ def train(msg: Message, context: Context) -> Message:
     else:
         model = s.model(msg.content["arrays"])
     images, labels = s.data.tensors("labelled")
-    metrics = train_supervised(model, images, labels, **s.local_kwargs(
-        server_round, int(config.get("num-rounds", cfg.finetune_rounds)), finetune=True),
-        augment=s.augment("finetune"))
+    metrics = train_supervised(
+        model,
+        images,
+        labels,
+        **s.local_kwargs(server_round, int(config.get("num-rounds", cfg.finetune_rounds)), finetune=True),
+        augment=s.augment("finetune"),
+    )
     metrics["partition-id"] = s.partition_id
     if local:
         state.put(LOCAL, model.state_dict())

@@ -27,8 +27,16 @@ def train(msg: Message, context: Context) -> Message:
     images, labels = s.data.tensors("labelled")
     kwargs = {**s.local_kwargs(server_round), "augment": s.augment("finetune")}
     if mu > 0:
-        metrics = train_flbt(model, frozen_copy(model), images, labels, mu=mu, lambd=float(cfg.option("flbt.lambda")),
-                             normalize=str(cfg.option("flbt.normalize")), **kwargs)
+        metrics = train_flbt(
+            model,
+            frozen_copy(model),
+            images,
+            labels,
+            mu=mu,
+            lambd=float(cfg.option("flbt.lambda")),
+            normalize=str(cfg.option("flbt.normalize")),
+            **kwargs,
+        )
     else:
         metrics = train_with_model_term(model, images, labels, term=None, **kwargs)
     metrics["partition-id"] = s.partition_id

@@ -18,8 +18,9 @@ from .common import ClientSession, reply
 
 def projected(s: ClientSession):
     """Builder of the 004 network on ``cfg.model`` (for ``ClientSession.model``)."""
-    return lambda: build_projected_net(s.cfg.model, s.data.num_classes, s.cfg.image_size,
-                                       int(s.cfg.option("flbt.proj-dim")))
+    return lambda: build_projected_net(
+        s.cfg.model, s.data.num_classes, s.cfg.image_size, int(s.cfg.option("flbt.proj-dim"))
+    )
 
 
 def evaluation_reply(msg: Message, s: ClientSession, model, split: str) -> Message:

@@ -30,7 +30,9 @@ from .flbt_family import evaluation_reply
 OUTPUT_LAYER = "head."  # the output layer of the classifier and of the 004 network
 
 
-def build_network(network: str, model: str, num_classes: int, image_size: int, proj_dim: int) -> torch.nn.Module:
+def build_network(
+    network: str, model: str, num_classes: int, image_size: int, proj_dim: int
+) -> torch.nn.Module:
     """The method's network (registry ``Method.network``) with an output layer for ``num_classes``."""
     if network == "projected":
         return build_projected_net(model, num_classes, image_size, proj_dim)
@@ -53,7 +55,9 @@ def transfer(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> list[s
         raise ValueError(f"the global model lacks arrays: {sorted(set(missing) - batchnorm_keys(model))[:3]}")
     for key, value in incoming.items():
         if tuple(value.shape) != tuple(own[key].shape):
-            raise ValueError(f"{key!r} is {tuple(value.shape)} in the global model, {tuple(own[key].shape)} here")
+            raise ValueError(
+                f"{key!r} is {tuple(value.shape)} in the global model, {tuple(own[key].shape)} here"
+            )
     model.load_state_dict({**own, **incoming}, strict=True)
     return missing
 
@@ -63,7 +67,9 @@ def train_holdout(msg: Message, context: Context) -> Message:
     cfg = s.cfg
     network = registry.get_method(cfg.method).network
     torch.manual_seed(s.seed(0, salt=11))
-    model = build_network(network, cfg.model, s.data.num_classes, cfg.image_size, int(cfg.option("flbt.proj-dim")))
+    model = build_network(
+        network, cfg.model, s.data.num_classes, cfg.image_size, int(cfg.option("flbt.proj-dim"))
+    )
     sent = msg.content.array_records.get("arrays")
     kept_own = transfer(model, to_state_dict(sent)) if sent is not None and len(sent) else None
     model = model.to(s.device)
@@ -72,10 +78,19 @@ def train_holdout(msg: Message, context: Context) -> Message:
     curve: dict[str, list[float]] = {"val-balanced_accuracy": [], "val-accuracy": [], "train-loss": []}
     best, best_epoch, best_state = float("-inf"), 0, copy.deepcopy(model.state_dict())
     for epoch in range(1, cfg.holdout_epochs + 1):
-        out = train_supervised(model, images, labels, epochs=1, batch_size=cfg.batch_size,
-                               lr=s.lr_at(cfg.holdout_lr, epoch, cfg.holdout_epochs),
-                               optimizer=cfg.optimizer, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                               seed=s.seed(epoch, salt=11), device=s.device)
+        out = train_supervised(
+            model,
+            images,
+            labels,
+            epochs=1,
+            batch_size=cfg.batch_size,
+            lr=s.lr_at(cfg.holdout_lr, epoch, cfg.holdout_epochs),
+            optimizer=cfg.optimizer,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            seed=s.seed(epoch, salt=11),
+            device=s.device,
+        )
         val = evaluate_model(model, val_images, val_labels, s.data.num_classes, device=s.device)
         curve["val-balanced_accuracy"].append(float(val[SELECTION_METRIC]))
         curve["val-accuracy"].append(float(val["accuracy"]))
@@ -85,8 +100,14 @@ def train_holdout(msg: Message, context: Context) -> Message:
     model.load_state_dict(best_state)
     out = evaluation_reply(msg, s, model, "test")
     metrics = out.content["metrics"]
-    metrics.update({"best-epoch": best_epoch, "start": 0 if kept_own is None else 1,
-                    "own-init-arrays": 0 if kept_own is None else len(kept_own), **curve})
+    metrics.update(
+        {
+            "best-epoch": best_epoch,
+            "start": 0 if kept_own is None else 1,
+            "own-init-arrays": 0 if kept_own is None else len(kept_own),
+            **curve,
+        }
+    )
     return out
 
 

@@ -37,8 +37,9 @@ def train(msg: Message, context: Context, build=None) -> Message:
     server_round = int(msg.content["config"]["server-round"])
     model = own_model(msg, context, build=build)
     images, labels = s.data.tensors("labelled")
-    metrics = train_supervised(model, images, labels, augment=s.augment("finetune"),
-                               **s.local_kwargs(server_round))
+    metrics = train_supervised(
+        model, images, labels, augment=s.augment("finetune"), **s.local_kwargs(server_round)
+    )
     client_state(context).put(MODEL, model.state_dict())
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics)

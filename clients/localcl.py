@@ -48,8 +48,9 @@ def with_own_backbone(msg: Message, context: Context) -> Message:
     if not len(arrays) or backbone_digest(arrays) != state.meta(INITIAL)["digest"]:
         return msg
     own = state.tensors(fedclf.OWN_MODEL)
-    msg.content["arrays"] = ArrayRecord({k: to_array(own[k]) if k.startswith("backbone.") else v
-                                         for k, v in arrays.items()})
+    msg.content["arrays"] = ArrayRecord(
+        {k: to_array(own[k]) if k.startswith("backbone.") else v for k, v in arrays.items()}
+    )
     return msg
 
 

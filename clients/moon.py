@@ -30,9 +30,17 @@ def train(msg: Message, context: Context) -> Message:
         previous = frozen_copy(model)  # a copy, not a new network: no random initialisation
         previous.load_state_dict(state.tensors(PREVIOUS), strict=True)
     images, labels = s.data.tensors("labelled")
-    metrics = train_moon(model, global_model, previous, images, labels, mu=float(cfg.option("moon.mu")),
-                         tau=float(cfg.option("moon.tau")), augment=s.augment("finetune"),
-                         **s.local_kwargs(server_round))
+    metrics = train_moon(
+        model,
+        global_model,
+        previous,
+        images,
+        labels,
+        mu=float(cfg.option("moon.mu")),
+        tau=float(cfg.option("moon.tau")),
+        augment=s.augment("finetune"),
+        **s.local_kwargs(server_round),
+    )
     trained = to_record(model.state_dict())
     state.put(PREVIOUS, model.state_dict())
     metrics["partition-id"] = s.partition_id

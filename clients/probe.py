@@ -44,11 +44,18 @@ def probe(msg: Message, context: Context) -> Message:
     train_x, train_y = s.data.tensors("labelled")
     val_x, val_y = s.data.tensors("val")
     kwargs = dict(batch_size=max(cfg.batch_size, 64), device=s.device)
-    results = probe_metrics(encode(model, train_x, **kwargs), train_y.numpy(), encode(model, val_x, **kwargs),
-                            val_y.numpy(), s.data.num_classes, seed=cfg.seed)
+    results = probe_metrics(
+        encode(model, train_x, **kwargs),
+        train_y.numpy(),
+        encode(model, val_x, **kwargs),
+        val_y.numpy(),
+        s.data.num_classes,
+        seed=cfg.seed,
+    )
     metrics = {f"{kind}.{name}": float(value) for kind in PROBES for name, value in results[kind].items()}
-    metrics.update({"partition-id": s.partition_id, "num-examples": int(len(val_y)),
-                    "labelled": int(len(train_y))})
+    metrics.update(
+        {"partition-id": s.partition_id, "num-examples": int(len(val_y)), "labelled": int(len(train_y))}
+    )
     return reply(msg, metrics)
 
 

@@ -28,8 +28,9 @@ def train(msg: Message, context: Context) -> Message:
     c_global = to_state_dict(msg.content["control"]) if "control" in msg.content else {}
     state = client_state(context)
     c_local = state.tensors(STATE_KEY) or {}
-    metrics, new_local, delta = scaffold_train(model, images, labels, c_global=c_global, c_local=c_local,
-                                               **s.local_kwargs(server_round))
+    metrics, new_local, delta = scaffold_train(
+        model, images, labels, c_global=c_global, c_local=c_local, **s.local_kwargs(server_round)
+    )
     state.put(STATE_KEY, new_local)
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics, to_record(model.state_dict()), **{"control-delta": to_record(delta)})

@@ -24,8 +24,13 @@ from .common import reply, session
 
 def _model(s, arrays: ArrayRecord):
     cfg = s.cfg
-    model = sift_model_from_state(cfg.model, to_state_dict(arrays), image_size=cfg.image_size,
-                                  temperature=cfg.option("sift.temperature"), variant=cfg.option("sift.variant"))
+    model = sift_model_from_state(
+        cfg.model,
+        to_state_dict(arrays),
+        image_size=cfg.image_size,
+        temperature=cfg.option("sift.temperature"),
+        variant=cfg.option("sift.variant"),
+    )
     return model.to(s.device)
 
 
@@ -39,9 +44,15 @@ def train(msg: Message, context: Context) -> Message:
     metrics = train_supervised(short, images, labels, **s.local_kwargs(server_round))
     records = {"short": to_record(short.state_dict())}
     if "long" in msg.content.array_records:
-        long_state = update_long_term(to_state_dict(msg.content["long"]), short,
-                                      float(cfg.option("sift.ema-beta")), bn=cfg.option("sift.long-bn"),
-                                      images=images, batch_size=cfg.batch_size, device=s.device)
+        long_state = update_long_term(
+            to_state_dict(msg.content["long"]),
+            short,
+            float(cfg.option("sift.ema-beta")),
+            bn=cfg.option("sift.long-bn"),
+            images=images,
+            batch_size=cfg.batch_size,
+            device=s.device,
+        )
         records["long"] = to_record(long_state)
     metrics["partition-id"] = s.partition_id
     metrics["client-seconds"] = time.monotonic() - started

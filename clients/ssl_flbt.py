@@ -36,22 +36,36 @@ def train_gan(msg: Message, context: Context) -> Message:
     select = bool(cfg.option("ssl.fid-select"))
     snapshots: list = []
     generator, metrics = train_msggan(
-        images, steps=steps, batch_size=int(cfg.option("ssl.gan-batch")),
-        latent_dim=int(cfg.option("ssl.gan-latent")), width=int(cfg.option("ssl.gan-width")),
-        lr=float(cfg.option("ssl.gan-lr")), seed=seed, device=s.device,
+        images,
+        steps=steps,
+        batch_size=int(cfg.option("ssl.gan-batch")),
+        latent_dim=int(cfg.option("ssl.gan-latent")),
+        width=int(cfg.option("ssl.gan-width")),
+        lr=float(cfg.option("ssl.gan-lr")),
+        seed=seed,
+        device=s.device,
         snapshot_at=snapshot_steps(steps, int(cfg.option("ssl.fid-checkpoints"))) if select else (),
-        snapshots=snapshots)
+        snapshots=snapshots,
+    )
     if select:  # 004 §III-A: keep the generated images with the smallest FID to this centre's images
         start = time.monotonic()
         extractor = load_feature_extractor(str(cfg.option("ssl.fid-features")))
-        pseudo, fids = select_pseudo_images(generator.cpu(), snapshots, images, n,
-                                            keep=int(cfg.option("ssl.fid-keep")), extractor=extractor, seed=seed + 1)
+        pseudo, fids = select_pseudo_images(
+            generator.cpu(),
+            snapshots,
+            images,
+            n,
+            keep=int(cfg.option("ssl.fid-keep")),
+            extractor=extractor,
+            seed=seed + 1,
+        )
         metrics.update(fids)
         metrics["fid_seconds"] = time.monotonic() - start
     else:
         pseudo = generate_images(generator, n, seed=seed + 1)
-    metrics.update({"partition-id": s.partition_id, "num-examples": int(len(pseudo)),
-                    "real-images": int(len(images))})
+    metrics.update(
+        {"partition-id": s.partition_id, "num-examples": int(len(pseudo)), "real-images": int(len(images))}
+    )
     return reply(msg, metrics, **{PSEUDO: ArrayRecord({PSEUDO: to_array(pseudo)})})
 
 
@@ -93,13 +107,27 @@ def pretrain(msg: Message, context: Context) -> Message:
     else:
         model = s.model(sent, key="ssl", factory=lambda: ssl_network(cfg))
     images, _ = s.data.tensors("train")
-    common = dict(epochs=int(cfg.option("ssl.epochs")), batch_size=cfg.batch_size, lr=float(cfg.option("ssl.lr")),
-                  optimizer="adam", seed=s.seed(server_round, salt=3), device=s.device)
+    common = dict(
+        epochs=int(cfg.option("ssl.epochs")),
+        batch_size=cfg.batch_size,
+        lr=float(cfg.option("ssl.lr")),
+        optimizer="adam",
+        seed=s.seed(server_round, salt=3),
+        device=s.device,
+    )
     if cfg.option("ssl.tasks") == "simclr":
-        metrics = simclr_round(model, images, temperature=float(cfg.option("fedsimclr.temperature")), **common)
+        metrics = simclr_round(
+            model, images, temperature=float(cfg.option("fedsimclr.temperature")), **common
+        )
     else:
-        metrics = train_multitask(model, images, None, patch=int(cfg.option("ssl.swap-patch")),
-                                  swaps=int(cfg.option("ssl.swaps")), **common)
+        metrics = train_multitask(
+            model,
+            images,
+            None,
+            patch=int(cfg.option("ssl.swap-patch")),
+            swaps=int(cfg.option("ssl.swaps")),
+            **common,
+        )
     metrics = {k: v for k, v in metrics.items() if v == v}
     metrics.setdefault("train_loss", metrics.get("ssl_loss", float("nan")))
     metrics["partition-id"] = s.partition_id
@@ -112,7 +140,11 @@ def pretrain(msg: Message, context: Context) -> Message:
 def probe_state(msg: Message, context: Context) -> dict:
     """The encoder a probe scores (``probe-every``): with ``ssl.pretrain="local"`` this centre's own
     pre-trained network (the server only has the initial one), else the model sent."""
-    own = client_state(context).tensors(OWN_SSL) if session(context).cfg.option("ssl.pretrain") == "local" else None
+    own = (
+        client_state(context).tensors(OWN_SSL)
+        if session(context).cfg.option("ssl.pretrain") == "local"
+        else None
+    )
     return dict(own) if own is not None else to_state_dict(msg.content["arrays"])
 
 
@@ -129,22 +161,32 @@ def with_own_encoder(msg: Message, context: Context) -> Message:
     if digest(received) != state.meta(INITIAL)["digest"]:
         return msg
     own = backbone_arrays(dict(state.tensors(OWN_SSL)), ssl_prefix(session(context).cfg))
-    msg.content["arrays"] = ArrayRecord({k: to_array(own[k[len("encoder."):]]) if k[len("encoder."):] in own else v
-                                         for k, v in arrays.items()})
+    msg.content["arrays"] = ArrayRecord(
+        {
+            k: to_array(own[k[len("encoder.") :]]) if k[len("encoder.") :] in own else v
+            for k, v in arrays.items()
+        }
+    )
     return msg
 
 
 def stage2(kind: str):
     """Stage 2's handler for ``kind`` (train | evaluate): FL-BT / FedAvg on the 004 network, or
     each centre alone (``ssl.finetune="local"``: SSL-L-FT), after the own-encoder swap."""
+
     def handle(msg: Message, context: Context) -> Message:
         s = session(context)
         msg = with_own_encoder(msg, context)
         if s.cfg.option("ssl.finetune") == "local":
             return local.HANDLERS[kind](msg, context, build=projected(s))
         return FLBT_HANDLERS[kind](msg, context)
+
     return handle
 
 
-HANDLERS = {"train.gan": train_gan, "train.pretrain": pretrain, "train": stage2("train"),
-            "evaluate": stage2("evaluate")}
+HANDLERS = {
+    "train.gan": train_gan,
+    "train.pretrain": pretrain,
+    "train": stage2("train"),
+    "evaluate": stage2("evaluate"),
+}

@@ -33,7 +33,11 @@ _MEMORY: dict[tuple[int, int], Snapshot] = {}  # handlers called without the mod
 
 
 def default_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "fedderm" / "client-state"
+    return (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+        / "fedderm"
+        / "client-state"
+    )
 
 
 def state_folder(context: Context, stamp) -> tuple[Path, str]:

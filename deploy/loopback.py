@@ -48,8 +48,16 @@ METHODS: dict[str, dict] = {
     "sift": {},  # the ring method (paper 002): messages hop from hospital to hospital
 }
 # Small and fast: a tiny CNN on 32 px images, one local epoch.
-BASE_RUN_CONFIG = {"model": "tiny-cnn", "image-size": 32, "local-epochs": 1, "batch-size": 16,
-                   "optimizer": "sgd", "lr": 0.05, "lr-schedule": "constant", "seed": 0}
+BASE_RUN_CONFIG = {
+    "model": "tiny-cnn",
+    "image-size": 32,
+    "local-epochs": 1,
+    "batch-size": 16,
+    "optimizer": "sgd",
+    "lr": 0.05,
+    "lr-schedule": "constant",
+    "seed": 0,
+}
 CONNECTION = "loopback"
 OUTSIDER = "outsider"
 
@@ -61,8 +69,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_hospital_data(root: Path, hospitals: list[str], per_class: int = 12, image_size: int = 32,
-                       seed: int = 0) -> dict[str, Path]:
+def make_hospital_data(
+    root: Path, hospitals: list[str], per_class: int = 12, image_size: int = 32, seed: int = 0
+) -> dict[str, Path]:
     """One ImageFolder per hospital (``root/<hospital>/<class>/<n>.png``), each a different
     synthetic site (its own skin tone and lighting), as a hospital's export would look."""
     from PIL import Image
@@ -128,9 +137,18 @@ class RunOutcome:
 class Loopback:
     """Start, use and stop a TLS + node-auth federation on 127.0.0.1 (a context manager)."""
 
-    def __init__(self, workdir: str | Path, num_hospitals: int = 3, *, fast_superexec: bool = True,
-                 per_class: int = 12, image_size: int = 32, echo=print, launcher: str = "warm",
-                 allow_lists: dict[str, Path] | None = None):
+    def __init__(
+        self,
+        workdir: str | Path,
+        num_hospitals: int = 3,
+        *,
+        fast_superexec: bool = True,
+        per_class: int = 12,
+        image_size: int = 32,
+        echo=print,
+        launcher: str = "warm",
+        allow_lists: dict[str, Path] | None = None,
+    ):
         self.workdir = Path(workdir).resolve()
         self.hospitals = [f"hospital-{chr(ord('a') + i)}" for i in range(num_hospitals)]
         self.fast_superexec, self.per_class, self.image_size = fast_superexec, per_class, image_size
@@ -150,16 +168,20 @@ class Loopback:
     # -- processes -----------------------------------------------------------------------
     def env(self, home: str) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({
-            "FLWR_HOME": str(self.workdir / "homes" / home),
-            "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            # the app's code wins over any installed copy of fedderm (e.g. an editable install
-            # of another checkout); the FAB that flwr run ships is this same folder
-            "PYTHONPATH": os.pathsep.join([str(APP_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]),
-            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-        })
+        env.update(
+            {
+                "FLWR_HOME": str(self.workdir / "homes" / home),
+                "FLWR_TELEMETRY_ENABLED": "0",
+                "FLWR_DISABLE_UPDATE_CHECK": "1",
+                "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+                # the app's code wins over any installed copy of fedderm (e.g. an editable install
+                # of another checkout); the FAB that flwr run ships is this same folder
+                "PYTHONPATH": os.pathsep.join([str(APP_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+                "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1",
+            }
+        )
         if self.fast_superexec:
             # Flower's SuperExec checks for new work every 1 s by default (0.01-60 s allowed)
             env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "0.1"
@@ -172,17 +194,29 @@ class Loopback:
         log = self.workdir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "wb") as out:
-            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env(home),
-                                     cwd=self.workdir, start_new_session=True)
+            popen = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env(home),
+                cwd=self.workdir,
+                start_new_session=True,
+            )
         proc = Proc(name, popen, log)
         self.procs.append(proc)
         return proc
 
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         """Run the ``flwr`` CLI against the loopback SuperLink (own process group; killed on timeout)."""
-        popen = subprocess.Popen([_bin("flwr"), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 env={**self.env("cli"), "COLUMNS": "200"}, cwd=self.workdir,
-                                 start_new_session=True, text=True)
+        popen = subprocess.Popen(
+            [_bin("flwr"), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**self.env("cli"), "COLUMNS": "200"},
+            cwd=self.workdir,
+            start_new_session=True,
+            text=True,
+        )
         proc = Proc("flwr " + " ".join(args[:2]), popen, Path(os.devnull))
         self.procs.append(proc)  # so that stop() ends it if we are interrupted meanwhile
         try:
@@ -190,7 +224,9 @@ class Loopback:
         except subprocess.TimeoutExpired:
             _stop_group(popen)
             out, _ = popen.communicate()
-            raise TimeoutError(f"flwr {' '.join(args)} did not finish within {timeout:.0f} s:\n{out[-3000:]}") from None
+            raise TimeoutError(
+                f"flwr {' '.join(args)} did not finish within {timeout:.0f} s:\n{out[-3000:]}"
+            ) from None
         finally:
             if popen.poll() is not None:
                 self.procs.remove(proc)
@@ -212,25 +248,51 @@ class Loopback:
     def prepare(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.data = make_hospital_data(self.workdir / "data", self.hospitals, self.per_class, self.image_size)
-        self.echo(f"data: {len(self.hospitals)} hospitals, {self.per_class} images per class each, "
-                  f"under {self.workdir / 'data'}")
-        self.secrets = make_certs(self.workdir / "secrets", ["127.0.0.1", "localhost"],
-                                  [*self.hospitals, OUTSIDER], connection=CONNECTION)
-        self.echo(f"certificates: CA, SuperLink (SAN 127.0.0.1, localhost), {len(self.hospitals) + 1} "
-                  f"EC key pairs under {self.secrets.out}")
+        self.echo(
+            f"data: {len(self.hospitals)} hospitals, {self.per_class} images per class each, "
+            f"under {self.workdir / 'data'}"
+        )
+        self.secrets = make_certs(
+            self.workdir / "secrets",
+            ["127.0.0.1", "localhost"],
+            [*self.hospitals, OUTSIDER],
+            connection=CONNECTION,
+        )
+        self.echo(
+            f"certificates: CA, SuperLink (SAN 127.0.0.1, localhost), {len(self.hospitals) + 1} "
+            f"EC key pairs under {self.secrets.out}"
+        )
 
     def start_superlink(self, timeout: float = 60) -> None:
         s = self.secrets
         self.port = free_port()
-        self.spawn("superlink", [
-            _bin("flower-superlink"), "--ssl-ca-certfile", str(s.superlink_ca), "--ssl-certfile", str(s.server_cert),
-            "--ssl-keyfile", str(s.server_key), "--enable-supernode-auth",
-            "--disable-runtime-dependency-installation", "--database", str(self.workdir / "superlink.db"),
-            "--host", "127.0.0.1", "--port", str(self.port)], home="superlink")
+        self.spawn(
+            "superlink",
+            [
+                _bin("flower-superlink"),
+                "--ssl-ca-certfile",
+                str(s.superlink_ca),
+                "--ssl-certfile",
+                str(s.server_cert),
+                "--ssl-keyfile",
+                str(s.server_key),
+                "--enable-supernode-auth",
+                "--disable-runtime-dependency-installation",
+                "--database",
+                str(self.workdir / "superlink.db"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            home="superlink",
+        )
         config = self.workdir / "homes" / "cli" / "config.toml"
         config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-                          f'address = "127.0.0.1:{self.port}"\nroot-certificates = "{s.ca_cert}"\n')
+        config.write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "127.0.0.1:{self.port}"\nroot-certificates = "{s.ca_cert}"\n'
+        )
         deadline = time.monotonic() + timeout
         while True:
             self._check_alive("superlink")
@@ -238,15 +300,27 @@ class Loopback:
             if _json_tail(res.stdout).get("success"):  # flwr exits 0 on connection errors too
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the SuperLink did not answer within {timeout:.0f} s "
-                                   f"(log: {self.workdir / 'logs' / 'superlink.log'})")
+                raise TimeoutError(
+                    f"the SuperLink did not answer within {timeout:.0f} s "
+                    f"(log: {self.workdir / 'logs' / 'superlink.log'})"
+                )
             time.sleep(1)
-        self.echo(f"superlink: up on 127.0.0.1:{self.port} (TLS, SuperNode authentication on, "
-                  "runtime dependency installation off)")
+        self.echo(
+            f"superlink: up on 127.0.0.1:{self.port} (TLS, SuperNode authentication on, "
+            "runtime dependency installation off)"
+        )
 
     def register(self, name: str) -> int:
-        res = self.flwr("supernode", "register", str(self.secrets.hospitals[name]["public"]), CONNECTION,
-                        "--name", name, "--format", "json")
+        res = self.flwr(
+            "supernode",
+            "register",
+            str(self.secrets.hospitals[name]["public"]),
+            CONNECTION,
+            "--name",
+            name,
+            "--format",
+            "json",
+        )
         data = _json_tail(res.stdout)
         if res.returncode != 0 or not data.get("success"):
             raise RuntimeError(f"flwr supernode register failed for {name}:\n{res.stdout}")
@@ -255,9 +329,20 @@ class Loopback:
 
     def supernode_argv(self, name: str, node_config: str) -> list[str]:
         keys = self.secrets.hospitals[name]
-        args = ["--root-certificates", str(keys["ca"]),
-                "--superlink", f"127.0.0.1:{self.port}", "--auth-supernode-private-key", str(keys["private"]),
-                "--node-config", node_config, "--host", "127.0.0.1", "--port", str(free_port())]
+        args = [
+            "--root-certificates",
+            str(keys["ca"]),
+            "--superlink",
+            f"127.0.0.1:{self.port}",
+            "--auth-supernode-private-key",
+            str(keys["private"]),
+            "--node-config",
+            node_config,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+        ]
         if self.launcher == "flower":
             return [_bin("flower-supernode"), *args]
         if name in self.allow_lists:
@@ -265,8 +350,10 @@ class Loopback:
         return [sys.executable, "-m", "fedderm.launcher", "supernode", *args]
 
     def node_config(self, i: int, name: str) -> str:
-        return (f'partition-id={i} site="{name}" dataset="folder" data-path="{self.data[name]}" '
-                f'state-dir="{self.workdir / "state" / name}"')
+        return (
+            f'partition-id={i} site="{name}" dataset="folder" data-path="{self.data[name]}" '
+            f'state-dir="{self.workdir / "state" / name}"'
+        )
 
     def start_supernodes(self, timeout: float = 90) -> None:
         for i, name in enumerate(self.hospitals):
@@ -276,11 +363,14 @@ class Loopback:
             for name in self.hospitals:
                 self._check_alive(f"supernode-{name}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"SuperNodes online after {timeout:.0f} s: {sorted(online)}; "
-                                   f"registered: {self.node_ids}")
+                raise TimeoutError(
+                    f"SuperNodes online after {timeout:.0f} s: {sorted(online)}; registered: {self.node_ids}"
+                )
             time.sleep(1)
-        self.echo(f"nodes connected: {len(online)}/{len(self.hospitals)} online — "
-                  + ", ".join(f"{n} (node {self.node_ids[n]})" for n in self.hospitals))
+        self.echo(
+            f"nodes connected: {len(online)}/{len(self.hospitals)} online — "
+            + ", ".join(f"{n} (node {self.node_ids[n]})" for n in self.hospitals)
+        )
 
     def restart_supernode(self, name: str, allow_list: Path | None = None, timeout: float = 90) -> None:
         """Stop hospital ``name``'s SuperNode (and its SuperExec) and start it again, optionally
@@ -316,7 +406,9 @@ class Loopback:
 
     def try_outsider(self, timeout: float = 90) -> dict:
         """Start a SuperNode whose key was never registered; return how it ended."""
-        proc = self.spawn("supernode-outsider", self.supernode_argv(OUTSIDER, f'site="{OUTSIDER}"'), home=OUTSIDER)
+        proc = self.spawn(
+            "supernode-outsider", self.supernode_argv(OUTSIDER, f'site="{OUTSIDER}"'), home=OUTSIDER
+        )
         try:
             rc = proc.popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -331,8 +423,14 @@ class Loopback:
     def run(self, method: str, run_config: dict, timeout: float = 900) -> RunOutcome:
         """``flwr run`` the app for ``method`` and check its results folder."""
         out_dir = self.workdir / "results"
-        config = {**BASE_RUN_CONFIG, "min-clients": len(self.hospitals), **run_config, "method": method,
-                  "output-dir": str(out_dir), "run-name": method}
+        config = {
+            **BASE_RUN_CONFIG,
+            "min-clients": len(self.hospitals),
+            **run_config,
+            "method": method,
+            "output-dir": str(out_dir),
+            "run-name": method,
+        }
         run_id, status, wall = self.flwr_run(APP_DIR, config, f"run-{method}", timeout)
         outcome = RunOutcome(method, run_id, status, out_dir / method, wall)
         outcome.problems = check_results(outcome, len(self.hospitals), config["num-server-rounds"])
@@ -346,8 +444,15 @@ class Loopback:
         ``flwr run`` exits 0 even when the run failed, so the status comes from ``flwr ls``.
         """
         start = time.monotonic()
-        res = self.flwr("run", str(app), CONNECTION, "--stream", "--run-config", run_config_arg(run_config),
-                        timeout=timeout)
+        res = self.flwr(
+            "run",
+            str(app),
+            CONNECTION,
+            "--stream",
+            "--run-config",
+            run_config_arg(run_config),
+            timeout=timeout,
+        )
         wall = time.monotonic() - start
         (self.workdir / "logs" / f"{log_name}.log").write_text(res.stdout)
         match = re.search(r"Successfully started run (\d+)", res.stdout)
@@ -355,7 +460,9 @@ class Loopback:
         status = "not started"
         if run_id is not None:
             runs = _json_tail(self.flwr("ls", CONNECTION, "--run-id", str(run_id), "--format", "json").stdout)
-            status = next((r["status"] for r in runs.get("runs", []) if int(r["run-id"]) == run_id), "unknown")
+            status = next(
+                (r["status"] for r in runs.get("runs", []) if int(r["run-id"]) == run_id), "unknown"
+            )
         return run_id, status, wall
 
     def _check_alive(self, name: str) -> None:
@@ -444,22 +551,40 @@ def available_methods(wanted: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--hospitals", type=int, default=3, help="number of SuperNodes (default 3)")
-    parser.add_argument("--method", action="append", default=None,
-                        help=f"method to run; repeat for several (default: {', '.join(METHODS)})")
+    parser.add_argument(
+        "--method",
+        action="append",
+        default=None,
+        help=f"method to run; repeat for several (default: {', '.join(METHODS)})",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="num-server-rounds per run (default 2)")
-    parser.add_argument("--per-class", type=int, default=12, help="images per class per hospital (default 12)")
+    parser.add_argument(
+        "--per-class", type=int, default=12, help="images per class per hospital (default 12)"
+    )
     parser.add_argument("--workdir", default=None, help="work folder (default: a new temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, results)")
-    parser.add_argument("--flower-superexec-polling", action="store_true",
-                        help="leave Flower's SuperExec poll interval at its 1 s default")
-    parser.add_argument("--launcher", choices=("warm", "flower"), default="warm",
-                        help="warm: fedderm's pre-warmed ClientApp launcher (default); flower: Flower's "
-                             "own flower-supernode, one new process per message")
-    parser.add_argument("--allow-list", default=None,
-                        help="a file of approved app sha256 hashes given to every hospital "
-                             "(default: no allow-list); `python -m fedderm.launcher app-hash .` prints the hash")
+    parser.add_argument(
+        "--flower-superexec-polling",
+        action="store_true",
+        help="leave Flower's SuperExec poll interval at its 1 s default",
+    )
+    parser.add_argument(
+        "--launcher",
+        choices=("warm", "flower"),
+        default="warm",
+        help="warm: fedderm's pre-warmed ClientApp launcher (default); flower: Flower's "
+        "own flower-supernode, one new process per message",
+    )
+    parser.add_argument(
+        "--allow-list",
+        default=None,
+        help="a file of approved app sha256 hashes given to every hospital "
+        "(default: no allow-list); `python -m fedderm.launcher app-hash .` prints the hash",
+    )
     parser.add_argument("--timeout", type=float, default=900, help="seconds allowed per run (default 900)")
     args = parser.parse_args(argv)
 
@@ -471,13 +596,21 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     hospitals = [f"hospital-{chr(ord('a') + i)}" for i in range(args.hospitals)]
     allow = {h: Path(args.allow_list).resolve() for h in hospitals} if args.allow_list else None
-    with Loopback(workdir, args.hospitals, fast_superexec=not args.flower_superexec_polling,
-                  per_class=args.per_class, launcher=args.launcher, allow_lists=allow) as fed:
+    with Loopback(
+        workdir,
+        args.hospitals,
+        fast_superexec=not args.flower_superexec_polling,
+        per_class=args.per_class,
+        launcher=args.launcher,
+        allow_lists=allow,
+    ) as fed:
         try:
             fed.start()
             outsider = fed.try_outsider()
             if outsider["refused"]:
-                print(f"unregistered SuperNode: refused (exit code {outsider['returncode']}: {outsider['reason']})")
+                print(
+                    f"unregistered SuperNode: refused (exit code {outsider['returncode']}: {outsider['reason']})"
+                )
             else:
                 failures.append(f"the unregistered SuperNode was not refused: {outsider}")
             for m in missing:
@@ -507,11 +640,19 @@ def describe_outcome(out: RunOutcome) -> str:
         rounds = sorted({r["round"] for r in out.summary["rounds"] if r["round"] > 0})
         final = out.summary["final"]
         lines.append(f"  rounds done: {len(rounds)} · best round on val: {out.summary.get('best_round')}")
-        lines.append("  final test metrics (mean over clients): " + ", ".join(
-            f"{k} {final[k]:.3f}" for k in ("balanced_accuracy", "accuracy", "auc") if final.get(k) is not None))
+        lines.append(
+            "  final test metrics (mean over clients): "
+            + ", ".join(
+                f"{k} {final[k]:.3f}"
+                for k in ("balanced_accuracy", "accuracy", "auc")
+                if final.get(k) is not None
+            )
+        )
         for pid, m in sorted(final["per_client"].items(), key=lambda kv: int(kv[0])):
-            lines.append(f"    client {pid}: balanced_accuracy {m['balanced_accuracy']:.3f} "
-                         f"on {m['num-examples']} test images")
+            lines.append(
+                f"    client {pid}: balanced_accuracy {m['balanced_accuracy']:.3f} "
+                f"on {m['num-examples']} test images"
+            )
         lines.append(f"  results: {out.run_dir}")
     for p in out.problems:
         lines.append(f"  PROBLEM: {p}")

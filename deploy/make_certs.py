@@ -62,8 +62,11 @@ def _write(path: Path, data: bytes, private: bool = False) -> None:
 
 
 def _pem_key(key) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    )
 
 
 def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
@@ -78,8 +81,10 @@ def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
 
 def _check_name(name: str) -> str:
     if not name or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
-        raise ValueError(f"hospital name {name!r} must be letters, digits, '-', '_' or '.' "
-                         "(it names files and the SuperNode)")
+        raise ValueError(
+            f"hospital name {name!r} must be letters, digits, '-', '_' or '.' "
+            "(it names files and the SuperNode)"
+        )
     return name
 
 
@@ -89,19 +94,39 @@ def _load_or_create_ca(out: Path, org: str, days: int) -> tuple[x509.Certificate
         key = serialization.load_pem_private_key(ca_key.read_bytes(), password=None)
         return x509.load_pem_x509_certificate(ca_crt.read_bytes()), key
     key = rsa.generate_private_key(public_exponent=65537, key_size=4096)
-    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, org),
-                      x509.NameAttribute(NameOID.COMMON_NAME, f"{org} federation CA")])
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, org),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"{org} federation CA"),
+        ]
+    )
     now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False,
-                                         encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     _write(ca_key, _pem_key(key), private=True)
     _write(ca_crt, cert.public_bytes(serialization.Encoding.PEM))
     return cert, key
@@ -110,19 +135,43 @@ def _load_or_create_ca(out: Path, org: str, days: int) -> tuple[x509.Certificate
 def _server_cert(ca: x509.Certificate, ca_key, hosts: list[str], org: str, days: int):
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, org),
-                                     x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
-            .add_extension(_san(hosts), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=True, content_commitment=False,
-                                         data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                                         crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, org),
+                    x509.NameAttribute(NameOID.COMMON_NAME, hosts[0]),
+                ]
+            )
+        )
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(_san(hosts), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_encipherment=True,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     return cert, key
 
 
@@ -133,15 +182,30 @@ def make_hospital_key(directory: Path, name: str) -> tuple[Path, Path]:
     if private.exists() and public.exists():
         return private, public
     key = ec.generate_private_key(ec.SECP384R1())
-    _write(private, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                      serialization.NoEncryption()), private=True)
-    _write(public, key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                                 serialization.PublicFormat.OpenSSH) + f" {name}\n".encode())
+    _write(
+        private,
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        ),
+        private=True,
+    )
+    _write(
+        public,
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        + f" {name}\n".encode(),
+    )
     return private, public
 
 
-def make_certs(out: str | Path, superlink_hosts: list[str], hospitals: list[str], *,
-               org: str = "fedderm", days: int = 825, connection: str = "fedderm") -> Secrets:
+def make_certs(
+    out: str | Path,
+    superlink_hosts: list[str],
+    hospitals: list[str],
+    *,
+    org: str = "fedderm",
+    days: int = 825,
+    connection: str = "fedderm",
+) -> Secrets:
     """Create (or extend) a deployment's CA, SuperLink certificate and hospital key pairs."""
     out = Path(out).expanduser().resolve()
     hosts = list(dict.fromkeys(superlink_hosts or DEFAULT_HOSTS))
@@ -155,18 +219,29 @@ def make_certs(out: str | Path, superlink_hosts: list[str], hospitals: list[str]
     _write(link / "server.key", _pem_key(key), private=True)
     _write(link / "server.pem", cert.public_bytes(serialization.Encoding.PEM))
     _write(link / "ca.crt", ca_pem)
-    secrets = Secrets(out=out, ca_cert=out / "ca" / "ca.crt", ca_key=out / "ca" / "ca.key",
-                      server_cert=link / "server.pem", server_key=link / "server.key",
-                      superlink_ca=link / "ca.crt")
+    secrets = Secrets(
+        out=out,
+        ca_cert=out / "ca" / "ca.crt",
+        ca_key=out / "ca" / "ca.key",
+        server_cert=link / "server.pem",
+        server_key=link / "server.key",
+        superlink_ca=link / "ca.crt",
+    )
     for name in names:
         folder = out / "hospitals" / name
         private, public = make_hospital_key(folder, name)
         _write(folder / "ca.crt", ca_pem)
         secrets.hospitals[name] = {"private": private, "public": public, "ca": folder / "ca.crt"}
-    lines = ["#!/usr/bin/env sh", "# Run on the machine with the flwr CLI that administers the SuperLink",
-             f"# (connection {connection!r} in $FLWR_HOME/config.toml).", "set -e"]
-    lines += [f'flwr supernode register "{p["public"]}" {connection} --name {n}'
-              for n, p in secrets.hospitals.items()]
+    lines = [
+        "#!/usr/bin/env sh",
+        "# Run on the machine with the flwr CLI that administers the SuperLink",
+        f"# (connection {connection!r} in $FLWR_HOME/config.toml).",
+        "set -e",
+    ]
+    lines += [
+        f'flwr supernode register "{p["public"]}" {connection} --name {n}'
+        for n, p in secrets.hospitals.items()
+    ]
     secrets.register_script = out / "register.sh"
     _write(secrets.register_script, ("\n".join(lines) + "\n").encode())
     os.chmod(secrets.register_script, 0o755)
@@ -194,30 +269,47 @@ def describe(secrets: Secrets, hosts: list[str], connection: str = "fedderm", po
         "",
     ]
     for name, paths in secrets.hospitals.items():
-        lines += [f"Hospital {name} (its SuperNode host) needs:",
-                  f"  {paths['ca']}    -> flower-supernode --root-certificates",
-                  f"  {paths['private']}    -> flower-supernode --auth-supernode-private-key   (private)",
-                  f"  and sends {paths['public']} to the coordinating site to be registered.", ""]
+        lines += [
+            f"Hospital {name} (its SuperNode host) needs:",
+            f"  {paths['ca']}    -> flower-supernode --root-certificates",
+            f"  {paths['private']}    -> flower-supernode --auth-supernode-private-key   (private)",
+            f"  and sends {paths['public']} to the coordinating site to be registered.",
+            "",
+        ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="output folder (created; an existing CA in it is reused)")
-    parser.add_argument("--superlink-host", action="append", default=[],
-                        help="DNS name or IP address the hospitals use to reach the SuperLink; repeat for "
-                             f"several (default: {', '.join(DEFAULT_HOSTS)})")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", required=True, help="output folder (created; an existing CA in it is reused)"
+    )
+    parser.add_argument(
+        "--superlink-host",
+        action="append",
+        default=[],
+        help="DNS name or IP address the hospitals use to reach the SuperLink; repeat for "
+        f"several (default: {', '.join(DEFAULT_HOSTS)})",
+    )
     parser.add_argument("--hospital", action="append", default=[], help="hospital name; repeat per hospital")
     parser.add_argument("--org", default="fedderm", help="organisation name in the certificates")
     parser.add_argument("--days", type=int, default=825, help="validity of the certificates in days")
-    parser.add_argument("--port", type=int, default=8000, help="the SuperLink's port (flower-superlink --port)")
-    parser.add_argument("--connection", default="fedderm",
-                        help="name of the SuperLink connection in the flwr CLI's config.toml")
+    parser.add_argument(
+        "--port", type=int, default=8000, help="the SuperLink's port (flower-superlink --port)"
+    )
+    parser.add_argument(
+        "--connection",
+        default="fedderm",
+        help="name of the SuperLink connection in the flwr CLI's config.toml",
+    )
     args = parser.parse_args(argv)
     hosts = args.superlink_host or list(DEFAULT_HOSTS)
     try:
-        secrets = make_certs(args.out, hosts, args.hospital, org=args.org, days=args.days,
-                             connection=args.connection)
+        secrets = make_certs(
+            args.out, hosts, args.hospital, org=args.org, days=args.days, connection=args.connection
+        )
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

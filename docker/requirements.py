@@ -28,8 +28,11 @@ def requirements(pyproject: str | Path) -> list[str]:
         m = re.match(r"^\s*([A-Za-z0-9_.-]+)\s*(\[[^\]]*\])?\s*(.*)$", dep)
         name, extras, rest = m.group(1), m.group(2), m.group(3)
         if extras:
-            kept = [e.strip() for e in extras[1:-1].split(",")
-                    if e.strip() and e.strip() not in SIMULATION_ONLY_EXTRAS.get(name.lower(), set())]
+            kept = [
+                e.strip()
+                for e in extras[1:-1].split(",")
+                if e.strip() and e.strip() not in SIMULATION_ONLY_EXTRAS.get(name.lower(), set())
+            ]
             extras = f"[{','.join(kept)}]" if kept else ""
         out.append(f"{name}{extras or ''}{rest}".strip())
     return out

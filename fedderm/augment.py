@@ -65,8 +65,12 @@ class ContrastiveAugment:
         flip_h, flip_v = rand(n) < 0.5, rand(n) < 0.5
         x = torch.where(flip_h[:, None, None, None], x.flip(-1), x)
         x = torch.where(flip_v[:, None, None, None], x.flip(-2), x)
-        x = self.color_jitter(x, rand(n) < self.jitter_p, rand(n, 4),
-                              torch.argsort(torch.rand(n, 4, generator=generator), dim=1).to(x.device))
+        x = self.color_jitter(
+            x,
+            rand(n) < self.jitter_p,
+            rand(n, 4),
+            torch.argsort(torch.rand(n, 4, generator=generator), dim=1).to(x.device),
+        )
         gray = rand(n) < self.gray_p
         x = torch.where(gray[:, None, None, None], TF.rgb_to_grayscale(x, num_output_channels=3), x)
         sigma = self.blur_sigma[0] + rand(n) * (self.blur_sigma[1] - self.blur_sigma[0])
@@ -78,7 +82,9 @@ class ContrastiveAugment:
         ``size`` × ``size``."""
         n, _, h, w = x.shape
         area = (self.crop_scale[0] + u[:, 0] * (self.crop_scale[1] - self.crop_scale[0])) * h * w
-        log_r = math.log(self.crop_ratio[0]) + u[:, 1] * (math.log(self.crop_ratio[1]) - math.log(self.crop_ratio[0]))
+        log_r = math.log(self.crop_ratio[0]) + u[:, 1] * (
+            math.log(self.crop_ratio[1]) - math.log(self.crop_ratio[0])
+        )
         ratio = torch.exp(log_r)
         cw = torch.sqrt(area * ratio).clamp(1.0, w)
         ch = torch.sqrt(area / ratio).clamp(1.0, h)
@@ -91,8 +97,9 @@ class ContrastiveAugment:
         grid = F.affine_grid(theta, [n, x.shape[1], self.size, self.size], align_corners=False)
         return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
-    def color_jitter(self, x: torch.Tensor, apply: torch.Tensor, u: torch.Tensor,
-                     order: torch.Tensor) -> torch.Tensor:
+    def color_jitter(
+        self, x: torch.Tensor, apply: torch.Tensor, u: torch.Tensor, order: torch.Tensor
+    ) -> torch.Tensor:
         """Brightness, contrast, saturation, hue with per-image factors, in a per-image order."""
         b = 1 + (2 * u[:, 0] - 1) * self.brightness
         c = 1 + (2 * u[:, 1] - 1) * self.contrast
@@ -198,8 +205,9 @@ class Policy:
         size = list(img.shape[-2:])
         if self.crop_scale is not None:
             top, left, h, w = crop_params(size, self.crop_scale, (3 / 4, 4 / 3), g)
-            img = TF.resized_crop(img, top, left, h, w, size, interpolation=TF.InterpolationMode.BICUBIC,
-                                  antialias=True)
+            img = TF.resized_crop(
+                img, top, left, h, w, size, interpolation=TF.InterpolationMode.BICUBIC, antialias=True
+            )
         if self.hflip and _coin(g):
             img = TF.horizontal_flip(img)
         if self.vflip and _coin(g):
@@ -221,8 +229,9 @@ def _coin(g: torch.Generator) -> bool:
     return bool(torch.rand(1, generator=g) < 0.5)
 
 
-def crop_params(size: list[int], scale: tuple[float, float], ratio: tuple[float, float],
-                g: torch.Generator) -> tuple[int, int, int, int]:
+def crop_params(
+    size: list[int], scale: tuple[float, float], ratio: tuple[float, float], g: torch.Generator
+) -> tuple[int, int, int, int]:
     """``v2.RandomResizedCrop``'s box (top, left, height, width) drawn from ``g``: area share uniform in
     ``scale``, log aspect ratio uniform in ``ratio``, 10 tries, else the centre crop."""
     height, width = size
@@ -230,7 +239,9 @@ def crop_params(size: list[int], scale: tuple[float, float], ratio: tuple[float,
     log_ratio = torch.log(torch.tensor(ratio))
     for _ in range(10):
         target = area * float(torch.empty(1).uniform_(scale[0], scale[1], generator=g))
-        aspect = math.exp(float(torch.empty(1).uniform_(float(log_ratio[0]), float(log_ratio[1]), generator=g)))
+        aspect = math.exp(
+            float(torch.empty(1).uniform_(float(log_ratio[0]), float(log_ratio[1]), generator=g))
+        )
         w = int(round(math.sqrt(target * aspect)))
         h = int(round(math.sqrt(target / aspect)))
         if 0 < w <= width and 0 < h <= height:
@@ -274,6 +285,8 @@ def policy(augment: str, stage: str, paper: str = "flip") -> Augment:
     (the method's own paper policy, ``Method.augment``) is what ``augment="paper"`` means."""
     name = paper if augment == "paper" else augment
     if (name, stage) not in POLICIES:
-        raise ValueError(f"run-config key 'augment' must be one of {list(AUGMENT_POLICIES)} and stage one of "
-                         f"{list(STAGES)}, got augment={augment!r} (policy {name!r}), stage={stage!r}")
+        raise ValueError(
+            f"run-config key 'augment' must be one of {list(AUGMENT_POLICIES)} and stage one of "
+            f"{list(STAGES)}, got augment={augment!r} (policy {name!r}), stage={stage!r}"
+        )
     return POLICIES[name, stage]

@@ -42,9 +42,15 @@ from .models import vit_arch
 
 
 # -- block-wise masking (BEiT's masking generator) -------------------------------------------------
-def block_mask(height: int, width: int, num_masking_patches: int, rng: np.random.Generator,
-               min_num_patches: int = 16, max_num_patches: int | None = None,
-               min_aspect: float = 0.3) -> np.ndarray:
+def block_mask(
+    height: int,
+    width: int,
+    num_masking_patches: int,
+    rng: np.random.Generator,
+    min_num_patches: int = 16,
+    max_num_patches: int | None = None,
+    min_aspect: float = 0.3,
+) -> np.ndarray:
     """A (height, width) bool mask of about ``num_masking_patches`` patches (never more), made
     of rectangular blocks: each block has an area uniform in [min, max] patches and a log-uniform
     aspect ratio in [min_aspect, 1/min_aspect]; up to 10 tries per block, and masking stops when
@@ -64,7 +70,7 @@ def block_mask(height: int, width: int, num_masking_patches: int, rng: np.random
             h, w = int(round(math.sqrt(area * aspect))), int(round(math.sqrt(area / aspect)))
             if 0 < h < height and 0 < w < width:
                 top, left = int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1))
-                block = mask[top:top + h, left:left + w]
+                block = mask[top : top + h, left : left + w]
                 new = h * w - int(block.sum())
                 if 0 < new <= budget:
                     block[...] = True
@@ -85,7 +91,9 @@ class RandomProjectionTokenizer(nn.Module):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.patch_size, self.vocab_size = patch_size, vocab_size
-        self.register_buffer("projection", torch.randn(patch_size * patch_size * in_chans, code_dim, generator=g))
+        self.register_buffer(
+            "projection", torch.randn(patch_size * patch_size * in_chans, code_dim, generator=g)
+        )
         self.register_buffer("codebook", F.normalize(torch.randn(vocab_size, code_dim, generator=g), dim=1))
 
     @torch.no_grad()
@@ -103,8 +111,10 @@ class ScriptedTokenizer(nn.Module):
         try:
             self.module = torch.jit.load(str(self.path), map_location="cpu")
         except Exception as err:  # noqa: BLE001 - name the file whatever went wrong
-            raise ValueError(f"fedbeit.tokenizer {str(self.path)!r}: cannot load a TorchScript module "
-                             f"({type(err).__name__}: {err})") from err
+            raise ValueError(
+                f"fedbeit.tokenizer {str(self.path)!r}: cannot load a TorchScript module "
+                f"({type(err).__name__}: {err})"
+            ) from err
         self.module.eval()
         self.vocab_size, self.grid = vocab_size, grid
 
@@ -113,16 +123,22 @@ class ScriptedTokenizer(nn.Module):
         out = self.module((imgs + 1) / 2)  # [-1, 1] -> [0, 1]
         if out.is_floating_point():
             if out.dim() != 4:
-                raise ValueError(f"fedbeit.tokenizer {str(self.path)!r}: float output must be logits "
-                                 f"(N, vocab, h, w), got shape {tuple(out.shape)}")
+                raise ValueError(
+                    f"fedbeit.tokenizer {str(self.path)!r}: float output must be logits "
+                    f"(N, vocab, h, w), got shape {tuple(out.shape)}"
+                )
             out = out.argmax(dim=1)
         ids = out.reshape(out.shape[0], -1).long()
-        if ids.shape[1] != self.grid ** 2:
-            raise ValueError(f"fedbeit.tokenizer {str(self.path)!r}: gives {ids.shape[1]} tokens per image; "
-                             f"the ViT has a {self.grid}x{self.grid} patch grid")
+        if ids.shape[1] != self.grid**2:
+            raise ValueError(
+                f"fedbeit.tokenizer {str(self.path)!r}: gives {ids.shape[1]} tokens per image; "
+                f"the ViT has a {self.grid}x{self.grid} patch grid"
+            )
         if int(ids.max()) >= self.vocab_size or int(ids.min()) < 0:
-            raise ValueError(f"fedbeit.tokenizer {str(self.path)!r}: token id {int(ids.max())} outside "
-                             f"[0, fedbeit.vocab-size={self.vocab_size})")
+            raise ValueError(
+                f"fedbeit.tokenizer {str(self.path)!r}: token id {int(ids.max())} outside "
+                f"[0, fedbeit.vocab-size={self.vocab_size})"
+            )
         return ids
 
 
@@ -131,17 +147,31 @@ class BEiTPretrainViT(nn.Module):
     """ViT for masked image modelling (BEiT names: ``patch_embed``, ``cls_token``, ``mask_token``,
     ``pos_embed``, ``blocks``, ``norm``, ``lm_head``)."""
 
-    def __init__(self, img_size: int = 224, patch_size: int = 16, in_chans: int = 3, embed_dim: int = 768,
-                 depth: int = 12, num_heads: int = 12, vocab_size: int = 8192, mlp_ratio: float = 4.0,
-                 norm_layer=LayerNorm, init_std: float = 0.02):
+    def __init__(
+        self,
+        img_size: int = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        vocab_size: int = 8192,
+        mlp_ratio: float = 4.0,
+        norm_layer=LayerNorm,
+        init_std: float = 0.02,
+    ):
         super().__init__()
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.mask_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, embed_dim))
-        self.blocks = nn.ModuleList([Block(embed_dim, num_heads, mlp_ratio, qkv_bias=True, norm_layer=norm_layer)
-                                     for _ in range(depth)])
+        self.blocks = nn.ModuleList(
+            [
+                Block(embed_dim, num_heads, mlp_ratio, qkv_bias=True, norm_layer=norm_layer)
+                for _ in range(depth)
+            ]
+        )
         self.norm = norm_layer(embed_dim)
         self.lm_head = nn.Linear(embed_dim, vocab_size)
         for p in (self.pos_embed, self.cls_token, self.mask_token):
@@ -176,7 +206,9 @@ class BEiTPretrainViT(nn.Module):
         return self.lm_head(self.forward_features(x, bool_masked_pos)[:, 1:][bool_masked_pos])
 
 
-def masked_token_loss(logits: torch.Tensor, tokens: torch.Tensor, bool_masked_pos: torch.Tensor) -> torch.Tensor:
+def masked_token_loss(
+    logits: torch.Tensor, tokens: torch.Tensor, bool_masked_pos: torch.Tensor
+) -> torch.Tensor:
     """003 Eq. 3: −(1/|M|) Σ_{i∈M} log p(z_i | x^M), the cross-entropy at the masked positions."""
     return F.cross_entropy(logits, tokens[bool_masked_pos])
 
@@ -192,7 +224,11 @@ class BEiTOptions:
 
     @classmethod
     def from_config(cls, cfg: Config) -> BEiTOptions:
-        o = cls(cfg.option("fedbeit.mask-ratio"), cfg.option("fedbeit.vocab-size"), cfg.option("fedbeit.tokenizer"))
+        o = cls(
+            cfg.option("fedbeit.mask-ratio"),
+            cfg.option("fedbeit.vocab-size"),
+            cfg.option("fedbeit.tokenizer"),
+        )
         if not 0 < o.mask_ratio < 1:
             raise ConfigError(f"run-config key 'fedbeit.mask-ratio' must be in (0, 1), got {o.mask_ratio}")
         if o.vocab_size < 2:
@@ -222,8 +258,9 @@ def num_masking_patches(grid: int, mask_ratio: float) -> int:
     return max(1, int(round(mask_ratio * grid * grid)))
 
 
-def beit_loss(model: BEiTPretrainViT, tokenizer: nn.Module, x: torch.Tensor, mask_ratio: float,
-              rng: np.random.Generator) -> torch.Tensor:
+def beit_loss(
+    model: BEiTPretrainViT, tokenizer: nn.Module, x: torch.Tensor, mask_ratio: float, rng: np.random.Generator
+) -> torch.Tensor:
     """Block-mask every image of the (normalised) batch ``x``, predict the masked visual tokens."""
     grid = model.grid
     target = num_masking_patches(grid, mask_ratio)

@@ -25,13 +25,17 @@ def checkpoint_name(stage: str, server_round: int) -> str:
 def _rounds(run_dir: Path, stage: str) -> list[tuple[int, Path]]:
     prefix = "checkpoint" if stage == DEFAULT_STAGE else f"checkpoint-{stage}"
     pattern = re.compile(re.escape(prefix) + r"-round-(\d+)\.pt$")
-    found = [(int(m.group(1)), p) for p in Path(run_dir).glob("checkpoint*-round-*.pt")
-             if (m := pattern.match(p.name))]
+    found = [
+        (int(m.group(1)), p)
+        for p in Path(run_dir).glob("checkpoint*-round-*.pt")
+        if (m := pattern.match(p.name))
+    ]
     return sorted(found)
 
 
-def save_checkpoint(run_dir: Path, stage: str, server_round: int, payload: dict[str, Any],
-                    keep: int = 3) -> Path:
+def save_checkpoint(
+    run_dir: Path, stage: str, server_round: int, payload: dict[str, Any], keep: int = 3
+) -> Path:
     """Write ``payload`` for (stage, round); keep the newest ``keep`` of this stage (0 = all)."""
     path = Path(run_dir) / checkpoint_name(stage, server_round)
     tmp = path.with_suffix(f".tmp{os.getpid()}")

@@ -27,10 +27,14 @@ def _value(key: str, text: str) -> Any:
     except tomllib.TOMLDecodeError:
         pass
     if re.fullmatch(r"[A-Za-z_][\w.\-/~]*", text):
-        raise ConfigError(f"run-config key {key!r}: {text} is not a value; strings go in double quotes: "
-                          f"{key}=\"{text}\" (quote the whole list in single quotes for the shell)")
-    raise ConfigError(f"run-config key {key!r}: {text!r} is not a TOML value (numbers, true/false, "
-                      "or strings in double quotes)")
+        raise ConfigError(
+            f"run-config key {key!r}: {text} is not a value; strings go in double quotes: "
+            f'{key}="{text}" (quote the whole list in single quotes for the shell)'
+        )
+    raise ConfigError(
+        f"run-config key {key!r}: {text!r} is not a TOML value (numbers, true/false, "
+        "or strings in double quotes)"
+    )
 
 
 def parse_pairs(text: str, seen: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -44,8 +48,10 @@ def parse_pairs(text: str, seen: dict[str, Any] | None = None) -> dict[str, Any]
         m = _PAIR.match(text, pos)
         if not m:
             token = text[pos:].split()[0]
-            raise ConfigError(f"run-config: {token!r} is not key=value (TOML values, strings in double quotes, "
-                              "e.g. method=\"fedprox\" lr=0.01)")
+            raise ConfigError(
+                f"run-config: {token!r} is not key=value (TOML values, strings in double quotes, "
+                'e.g. method="fedprox" lr=0.01)'
+            )
         key = m.group(1).strip("\"'")
         if key in out or key in seen:
             raise ConfigError(f"run-config key {key!r} is given twice")

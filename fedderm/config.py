@@ -124,8 +124,10 @@ class Config:
         try:
             return [float(t) for t in self.targets.split(",") if t.strip()]
         except ValueError:
-            raise ConfigError(f"run-config key 'targets' must be comma-separated numbers like "
-                              f"\"0.5,0.6\", got {self.targets!r}") from None
+            raise ConfigError(
+                f"run-config key 'targets' must be comma-separated numbers like "
+                f'"0.5,0.6", got {self.targets!r}'
+            ) from None
 
     def to_flat(self) -> dict[str, Any]:
         """The resolved config as flat run-config keys (for ``config.json`` and messages)."""
@@ -186,20 +188,35 @@ def _check_ranges(cfg: Config) -> None:
 
     for key, allowed in CHOICES.items():
         need(getattr(cfg, key.replace("-", "_")) in allowed, key, f"must be one of {list(allowed)}")
-    for key in ("image-size", "num-server-rounds", "local-epochs", "batch-size", "min-clients",
-                "synthetic-per-class", "finetune-rounds", "finetune-epochs"):
+    for key in (
+        "image-size",
+        "num-server-rounds",
+        "local-epochs",
+        "batch-size",
+        "min-clients",
+        "synthetic-per-class",
+        "finetune-rounds",
+        "finetune-epochs",
+    ):
         need(getattr(cfg, key.replace("-", "_")) >= 1, key, "must be >= 1")
     need(cfg.image_size >= 8, "image-size", "must be >= 8")
     need(cfg.seed >= 0, "seed", "must be >= 0")
     need(cfg.synthetic_sites >= 0, "synthetic-sites", "must be >= 0 (0 = one site per client)")
     need(cfg.dirichlet_alpha > 0, "dirichlet-alpha", "must be > 0")
     need(0 < cfg.label_fraction <= 1, "label-fraction", "must be in (0, 1]")
-    need(cfg.cv_folds == 0 or cfg.cv_folds >= 3, "cv-folds", "must be 0 (off) or >= 3 (test, val and train folds)")
+    need(
+        cfg.cv_folds == 0 or cfg.cv_folds >= 3,
+        "cv-folds",
+        "must be 0 (off) or >= 3 (test, val and train folds)",
+    )
     need(0 <= cfg.cv_fold < max(cfg.cv_folds, 1), "cv-fold", "must be in [0, cv-folds)")
     need(0 < cfg.val_fraction < 1, "val-fraction", "must be in (0, 1)")
     need(0 < cfg.test_fraction < 1, "test-fraction", "must be in (0, 1)")
-    need(cfg.val_fraction + cfg.test_fraction < 1, "val-fraction",
-         "plus test-fraction must leave a training split (< 1)")
+    need(
+        cfg.val_fraction + cfg.test_fraction < 1,
+        "val-fraction",
+        "plus test-fraction must leave a training split (< 1)",
+    )
     need(cfg.lr > 0, "lr", "must be > 0")
     need(cfg.finetune_lr > 0, "finetune-lr", "must be > 0")
     need(cfg.holdout_epochs >= 1, "holdout-epochs", "must be >= 1")
@@ -238,9 +255,7 @@ def parse_config(
         else:
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(
-                f"unknown run-config key {key!r}.{hint} Valid keys: {', '.join(valid)}"
-            )
+            raise ConfigError(f"unknown run-config key {key!r}.{hint} Valid keys: {', '.join(valid)}")
     cfg = Config(**values, options=options)
     methods = sorted(methods)
     if cfg.method not in methods:
@@ -257,37 +272,37 @@ KEY_DOCS: dict[str, str] = {
     # -- core keys (Config) --
     "method": "the method (`registry.METHODS`; the table in docs/index.md)",
     "seed": "seeds data, partitions, splits, initial weights and shuffling: same seed, same numbers on CPU, "
-            "with any number of clients",
+    "with any number of clients",
     "dataset": "the data format (docs/data.md)",
     "data-path": "the image folder, CSV file or `.npz` file (not needed for `synthetic`)",
     "image-dir": "`csv` only: the folder searched (recursively) for the images; default: the CSV's folder",
-    "classes": "comma-separated class list, e.g. `\"akiec,bcc,bkl,df,mel,nv,vasc\"`: fixes the label order; "
-               "empty: inferred from the data (a MedMNIST `.npz` named after its data set gets MedMNIST's names)",
+    "classes": 'comma-separated class list, e.g. `"akiec,bcc,bkl,df,mel,nv,vasc"`: fixes the label order; '
+    "empty: inferred from the data (a MedMNIST `.npz` named after its data set gets MedMNIST's names)",
     "site-column": "`csv` only: the column naming each image's site; `auto` uses HAM10000's `dataset` column, "
-                   "`\"\"` means none",
+    '`""` means none',
     "skip-bad-files": "`true` skips unreadable images, missing files and unknown labels (logged) instead of stopping",
     "cache-dir": "decoded, resized images are cached here, so each file is decoded once",
     "image-size": "images are resized (shorter edge) and centre-cropped to this square size (000 uses 72)",
     "synthetic-sites": "`synthetic` only: the number of sites; `0` gives one site per client",
     "synthetic-per-class": "`synthetic` only: images per class per site",
     "partition": "`source`: one site per client (000 §V-A); `iid`: shuffled equal shares; "
-                 "`dirichlet`: label proportions ~ Dir(α) per class (003 §IV-B)",
-    "dirichlet-alpha": "α of `partition=\"dirichlet\"`: 100 is near-balanced, 1.0 and 0.5 increasingly skewed",
+    "`dirichlet`: label proportions ~ Dir(α) per class (003 §IV-B)",
+    "dirichlet-alpha": 'α of `partition="dirichlet"`: 100 is near-balanced, 1.0 and 0.5 increasingly skewed',
     "val-fraction": "share of each client's images held out for validation (best-round selection)",
     "test-fraction": "share held out for the final test; the rest is train",
     "test-set": "`per-client`: each client's own test split, metrics averaged over clients (000, 004); "
-                "`global`: one test set held out before partitioning (a MedMNIST npz's `test_*`, else a "
-                "stratified `test-fraction`), never trained on; `final` reports it (002, 003; docs/test-sets.md)",
-    "test-data-path": "`test-set=\"global\"`: a separate test set (same `dataset` format and classes; an npz's "
-                      "`test_*` arrays) instead of one held out of `data-path`; needed with hospitals' own data",
+    "`global`: one test set held out before partitioning (a MedMNIST npz's `test_*`, else a "
+    "stratified `test-fraction`), never trained on; `final` reports it (002, 003; docs/test-sets.md)",
+    "test-data-path": '`test-set="global"`: a separate test set (same `dataset` format and classes; an npz\'s '
+    "`test_*` arrays) instead of one held out of `data-path`; needed with hospitals' own data",
     "label-fraction": "stratified share of train that is labelled (papers: 0.1, 0.2, 0.4, 0.8); the rest is unlabelled",
     "cv-folds": "`k` >= 3: k stratified folds per client, fold `cv-fold` is test, the next one val, the rest "
-                "train (`val-fraction`/`test-fraction` ignored; 004's cross-centre CV); `0`: off",
+    "train (`val-fraction`/`test-fraction` ignored; 004's cross-centre CV); `0`: off",
     "cv-fold": "which fold is the test fold (0 … `cv-folds` − 1)",
-    "model": "empty: the method's paper model (\"Default model per method\" below); or "
-             "`resnet18`, `resnet50` (torchvision; 3×3 stem without max-pool below 48 px), `tiny-cnn`, "
-             "`vit-micro` (tests), `vit-tiny`, `vit-small` (patch 8), `vit-base` (patch 16); "
-             "always randomly initialised, nothing is downloaded",
+    "model": 'empty: the method\'s paper model ("Default model per method" below); or '
+    "`resnet18`, `resnet50` (torchvision; 3×3 stem without max-pool below 48 px), `tiny-cnn`, "
+    "`vit-micro` (tests), `vit-tiny`, `vit-small` (patch 8), `vit-base` (patch 16); "
+    "always randomly initialised, nothing is downloaded",
     "num-server-rounds": "federated rounds (pre-training rounds for the self-supervised methods)",
     "min-clients": "the server waits until this many clients are connected, and needs this many per round",
     "local-epochs": "epochs over the client's images per round",
@@ -297,22 +312,22 @@ KEY_DOCS: dict[str, str] = {
     "momentum": "SGD momentum",
     "weight-decay": "weight decay",
     "lr-schedule": "`cosine`: lr·½(1 + cos(π(r−1)/R)); `exponential`: lr·`lr-decay`^(r−1) (SiFT §2.4); "
-                   "`constant`: no decay",
-    "lr-decay": "the factor per round of `lr-schedule=\"exponential\"`, in every stage (training and "
-                "pre-training rounds, fine-tuning rounds, held-out-centre epochs)",
-    "proximal-mu": "FedProx μ (`method=\"fedprox\"`), e.g. 0.01",
+    "`constant`: no decay",
+    "lr-decay": 'the factor per round of `lr-schedule="exponential"`, in every stage (training and '
+    "pre-training rounds, fine-tuning rounds, held-out-centre epochs)",
+    "proximal-mu": 'FedProx μ (`method="fedprox"`), e.g. 0.01',
     "device": "`auto` uses CUDA when present, else CPU",
     "finetune": "after pre-training: `federated` (FedAvg of the classifiers), `local` (each client fine-tunes "
-                "its own copy and keeps its best-on-val model) or `none` (pre-training only)",
+    "its own copy and keeps its best-on-val model) or `none` (pre-training only)",
     "finetune-rounds": "fine-tuning rounds",
     "finetune-epochs": "epochs over the labelled images per fine-tuning round",
     "augment": "augmentation of the non-contrastive stages: `flip` (h+v flips), `paper` (the method's paper: "
-               "FedMAE 000, Fed-BEiT 003, FL-BT/SSL-FL-BT/FedBN/MOON 004, else `flip`), or a paper's policy "
-               "`000` | `003` | `004` (docs/augmentation.md)",
+    "FedMAE 000, Fed-BEiT 003, FL-BT/SSL-FL-BT/FedBN/MOON 004, else `flip`), or a paper's policy "
+    "`000` | `003` | `004` (docs/augmentation.md)",
     "finetune-lr": "fine-tuning learning rate (000: Adam 1e-4), under `lr-schedule`",
     "finetune-optimizer": "fine-tuning optimiser",
     "holdout-centre": "a centre kept out of the federation (its `partition-id` or node-config `site`) that "
-                      "fine-tunes the final global model afterwards (004 Table XI); `\"\"`: off",
+    'fine-tunes the final global model afterwards (004 Table XI); `""`: off',
     "holdout-epochs": "fine-tuning epochs on the held-out centre (its best epoch on val is tested)",
     "holdout-lr": "the held-out centre's learning rate (`optimizer`, under `lr-schedule`)",
     "output-dir": "where run folders are written (an absolute path is safest)",
@@ -320,36 +335,36 @@ KEY_DOCS: dict[str, str] = {
     "resume": "a run folder to continue from its newest checkpoint (docs/failures.md)",
     "keep-checkpoints": "per-round checkpoints kept per stage (`0` keeps all)",
     "round-timeout": "seconds a round waits for replies and for `min-clients` to connect "
-                     "(keep it >= 15 s in simulation)",
+    "(keep it >= 15 s in simulation)",
     "targets": "comma-separated balanced accuracies: `rounds_to_target` in summary.json gives the first round "
-               "whose mean val balanced accuracy reaches each (002 Table 2)",
+    "whose mean val balanced accuracy reaches each (002 Table 2)",
     "transport-dtype": "`float16` sends every floating-point array as float16 (half the traffic); "
-                       "the server keeps and averages float32; integer buffers travel unchanged",
+    "the server keeps and averages float32; integer buffers travel unchanged",
     "tensorboard": "`true`: the server writes TensorBoard event files into the run folder (scalars per round, "
-                   "per client and mean; the final table as text); `tensorboard --logdir <output-dir>`",
+    "per client and mean; the final table as text); `tensorboard --logdir <output-dir>`",
     "probe-every": "`k` > 0: every k pre-training rounds (and after the last) every client scores the current "
-                   "encoder with a cosine kNN (k = 20) and a logistic-regression probe on frozen features, trained on "
-                   "its labelled images, scored on val (splits `probe-knn`, `probe-linear`; self-supervised methods "
-                   "only; docs/probes.md); `0`: off",
+    "encoder with a cosine kNN (k = 20) and a logistic-regression probe on frozen features, trained on "
+    "its labelled images, scored on val (splits `probe-knn`, `probe-linear`; self-supervised methods "
+    "only; docs/probes.md); `0`: off",
     # -- method options (registry.py) --
     "fedclf.feature-sharing": "upload and relay features; `false` = FedMoCo",
     "fedclf.local-negatives": "`false`: remote negatives only (000 Eq. 5); `true`: local and remote negatives (Eq. 4)",
     "fedclf.queue-size": "K: size of the local bank, of the negatives bank and of each client's upload "
-                         "(also read by `fedmoco`, `localcl`)",
+    "(also read by `fedmoco`, `localcl`)",
     "fedclf.temperature": "τ of 000 Eq. 6 (MoCo v2; also read by `fedmoco`, `localcl`)",
     "fedclf.momentum": "EMA coefficient of the momentum encoder (also read by `fedmoco`, `localcl`)",
     "fedclf.feature-dtype": "precision of the relayed features on the wire: `float16` | `float32`",
     "fedclf.relay-clip": "C: every relayed feature vector is clipped to L2 norm C before upload; `0`: off "
-                         "(docs/privacy.md)",
+    "(docs/privacy.md)",
     "fedclf.relay-noise-multiplier": "σ: Gaussian noise N(0, (σC)²) added to every relayed feature vector; "
-                                     "(ε, δ) per client in summary.json `relay_privacy`; `0`: no noise",
+    "(ε, δ) per client in summary.json `relay_privacy`; `0`: no noise",
     "fedclf.relay-delta": "δ of the reported (ε, δ) of the private relay",
-    "fedsimclr.temperature": "τ of SimCLR's NT-Xent (`fedsimclr`, and `ssl.tasks=\"simclr\"`)",
+    "fedsimclr.temperature": 'τ of SimCLR\'s NT-Xent (`fedsimclr`, and `ssl.tasks="simclr"`)',
     "fedmae.mask-ratio": "share of patches removed per image (000: 0.75; 003's Fed-MAE: 0.6)",
     "fedmae.exclude": "parameters kept on the clients during the rounds (000 Table V): `none`, `decoder`, "
-                      "`patch-embed`, `decoder-embed`, `cls-token`",
+    "`patch-embed`, `decoder-embed`, `cls-token`",
     "fedmae.norm-pix-loss": "`true`: per-patch normalised targets (the MAE reference's option); "
-                            "000 Eq. 7 uses raw pixels",
+    "000 Eq. 7 uses raw pixels",
     "fedmae.decoder-embed-dim": "decoder width",
     "fedmae.decoder-depth": "decoder blocks",
     "fedmae.decoder-num-heads": "decoder attention heads (the width must be a multiple of 4 × heads)",
@@ -359,23 +374,23 @@ KEY_DOCS: dict[str, str] = {
     "fedbeit.vocab-size": "number of visual tokens (DALL-E: 8192)",
     "fedbeit.tokenizer": "a TorchScript tokenizer; empty: the random-projection substitute (not the dVAE)",
     "mim.lr-step": "`fedmae`/`fedbeit` pre-training: `round` steps `lr-schedule` once per round; `iteration` "
-                   "sets the lr before every step, warm-up then cosine over all rounds × local epochs (MAE/BEiT)",
+    "sets the lr before every step, warm-up then cosine over all rounds × local epochs (MAE/BEiT)",
     "mim.warmup-epochs": "`fedmae`/`fedbeit`: linear warm-up over the first N local epochs, counted across rounds "
-                         "(003 §IV-B3: 5 for MAE, 10 for BEiT); needs `mim.lr-step=\"iteration\"`",
+    '(003 §IV-B3: 5 for MAE, 10 for BEiT); needs `mim.lr-step="iteration"`',
     "mim.adam-beta2": "`fedmae`/`fedbeit`: β2 of the pre-training Adam/AdamW (MAE's recipe, followed by 000: 0.95; "
-                      "003: 0.999)",
+    "003: 0.999)",
     "mim.lr-scaling": "`fedmae`/`fedbeit`: `batch` reads `lr` as a base rate, lr = blr × batch-size/256 "
-                      "(MAE/BEiT); `absolute` uses it as given",
+    "(MAE/BEiT); `absolute` uses it as given",
     "sift.variant": "`full` (002), or the Fig. 4 ablations `single`, `trainable-head`, `random-head`, "
-                    "`trainable-projector`",
+    "`trainable-projector`",
     "sift.ema-beta": "β of 002 Eq. 2 (long-term model EMA)",
     "sift.temperature": "τ of 002 Eq. 1 (not stated in the paper)",
     "sift.text-model": "the language model for the text head: a local folder, an installed model package "
-                       "or a Hugging Face name",
+    "or a Hugging Face name",
     "sift.text-pooling": "`mean` of the last hidden states (sentence encoders) or `cls` (BERT-style models)",
     "sift.class-texts": "one text per class, separated by a vertical bar, or a file with one per line "
-                        "(relative: to the working or the app folder, e.g. `configs/texts/ham10000.txt`); "
-                        "empty: the class names, diagnosis codes spelled out (docs/class-texts.md)",
+    "(relative: to the working or the app folder, e.g. `configs/texts/ham10000.txt`); "
+    "empty: the class names, diagnosis codes spelled out (docs/class-texts.md)",
     "sift.hop-timeout": "seconds to wait for one client's reply before skipping it (keep >= 15 s in simulation)",
     "sift.long-bn": "the long-term model's BatchNorm statistics: `recompute` on the client's images, `ema` or `copy`",
     "feddyn.alpha": "α of FedDyn's dynamic regulariser",
@@ -393,9 +408,9 @@ KEY_DOCS: dict[str, str] = {
     "ssl.fid-select": "rank generator snapshots by FID to the centre's own images and send the best one's images",
     "ssl.fid-checkpoints": "generator snapshots compared, evenly spaced over `ssl.gan-steps`",
     "ssl.fid-keep": "best snapshots whose images are sent, at most `ssl.fid-checkpoints`",
-    "ssl.fid-features": "`\"\"`: a fixed random CNN (not Inception-FID); or a TorchScript feature network",
+    "ssl.fid-features": '`""`: a fixed random CNN (not Inception-FID); or a TorchScript feature network',
     "ssl.tasks": "pretext tasks: `both` | `centre` | `restoration` on pseudo images; `restoration` | `simclr` "
-                 "on original images",
+    "on original images",
     "ssl.finetune": "stage 2: `flbt` | `fedavg` (SSL-FL) | `local` (SSL-L-FT)",
     "ssl.epochs": "server pre-training epochs over the pseudo images (per round and centre with `local`/`federated`)",
     "ssl.rounds": "pre-training rounds with `ssl.pretrain` = `local`/`federated`",

@@ -16,23 +16,29 @@ import warnings
 from collections.abc import Callable
 
 #: Flower log lines that repeat every round or say nothing a user acts on (dropped without --verbose)
-NOISE = re.compile("|".join([
-    r"configure_(train|evaluate): ",     # "Sampled 2 nodes (out of 2)"
-    r"aggregate_(train|evaluate): ",     # "Received 2 results and 0 failures"
-    r"fraction_(train|evaluate)",        # FedAvg's "fraction_evaluate ... ignored" warnings
-    r"^\[ROUND \d+",                     # Flower's round banner
-    r"^\s*$",                            # blank lines around the banners
-    r"Starting (Flower )?(ServerApp|Simulation|FedAvg strategy)",
-    r"Run finished|Summary of|History \(|Manually terminating|Stopping Simulation",
-    r"Number of rounds|ArrayRecord \(|Fraction: |Initial|└──|├──|│",
-    r"Asking Ray|Initialising: |Backend config|Flower VCE|Using default",
-]))
+NOISE = re.compile(
+    "|".join(
+        [
+            r"configure_(train|evaluate): ",  # "Sampled 2 nodes (out of 2)"
+            r"aggregate_(train|evaluate): ",  # "Received 2 results and 0 failures"
+            r"fraction_(train|evaluate)",  # FedAvg's "fraction_evaluate ... ignored" warnings
+            r"^\[ROUND \d+",  # Flower's round banner
+            r"^\s*$",  # blank lines around the banners
+            r"Starting (Flower )?(ServerApp|Simulation|FedAvg strategy)",
+            r"Run finished|Summary of|History \(|Manually terminating|Stopping Simulation",
+            r"Number of rounds|ArrayRecord \(|Fraction: |Initial|└──|├──|│",
+            r"Asking Ray|Initialising: |Backend config|Flower VCE|Using default",
+        ]
+    )
+)
 
 
 #: Flower's ERROR lines about a ClientApp that raised (with Ray's traceback): the reason comes back
 #: to the server in the client's reply, and fedderm reports it in one line naming the client
-CLIENT_TRACEBACK = re.compile(r"Traceback \(most recent call last\)|ray::ClientAppActor|processing a message by "
-                              r"RayBackend|ClientAppException|An exception occurred !!|An error was encountered")
+CLIENT_TRACEBACK = re.compile(
+    r"Traceback \(most recent call last\)|ray::ClientAppActor|processing a message by "
+    r"RayBackend|ClientAppException|An exception occurred !!|An error was encountered"
+)
 
 
 class _Quiet(logging.Filter):
@@ -49,8 +55,9 @@ def setup(verbose: bool = False, stream=None) -> None:
     from flwr.common.logger import update_console_handler
 
     stream = sys.stderr if stream is None else stream
-    update_console_handler(colored=bool(getattr(stream, "isatty", lambda: False)()) and
-                           "NO_COLOR" not in os.environ)
+    update_console_handler(
+        colored=bool(getattr(stream, "isatty", lambda: False)()) and "NO_COLOR" not in os.environ
+    )
     if verbose:
         return
     from flwr.common.logger import console_handler

@@ -34,8 +34,15 @@ def macs_per_image(model: nn.Module, image_size: int) -> int:
     return counter.get_total_flops() // 2
 
 
-def cost_table(model: str, num_classes: int, image_size: int, centres: int, rounds: int,
-               proj_dim: int = 128, pseudo_per_centre: int = 0) -> list[dict]:
+def cost_table(
+    model: str,
+    num_classes: int,
+    image_size: int,
+    centres: int,
+    rounds: int,
+    proj_dim: int = 128,
+    pseudo_per_centre: int = 0,
+) -> list[dict]:
     """Rows of Table XII for ``model`` (e.g. ``resnet50``, 4 classes, 256 px, 3 centres, 300 rounds)."""
     plain = create_model(model, num_classes, image_size)
     projected = build_projected_net(model, num_classes, image_size, proj_dim)
@@ -47,8 +54,14 @@ def cost_table(model: str, num_classes: int, image_size: int, centres: int, roun
     m_ssl = macs_per_image(ssl, image_size)
 
     def row(name, comm_rounds, comm_params, params, macs, **extra):
-        return {"method": name, "comm_rounds": comm_rounds, "comm_params_per_round": comm_params,
-                "params": params, "macs": macs, **extra}
+        return {
+            "method": name,
+            "comm_rounds": comm_rounds,
+            "comm_params_per_round": comm_params,
+            "params": params,
+            "macs": macs,
+            **extra,
+        }
 
     return [
         row("local", 0, 0, p_plain, m_plain),
@@ -57,7 +70,13 @@ def cost_table(model: str, num_classes: int, image_size: int, centres: int, roun
         row("fedbn", rounds, centres * p_shared, p_plain, m_plain),
         row("moon", rounds, centres * p_proj, p_proj, m_proj),
         row("flbt", rounds, centres * p_proj, p_proj, m_proj),
-        row("ssl-flbt stage 1", 0, 0, count_parameters(ssl), m_ssl,
-            pseudo_values_uploaded=centres * pseudo_per_centre * 3 * image_size ** 2),
+        row(
+            "ssl-flbt stage 1",
+            0,
+            0,
+            count_parameters(ssl),
+            m_ssl,
+            pseudo_values_uploaded=centres * pseudo_per_centre * 3 * image_size**2,
+        ),
         row("ssl-flbt stage 2", rounds, centres * p_proj, p_proj, m_proj),
     ]

@@ -32,9 +32,16 @@ def _get(d: Mapping[str, torch.Tensor], name: str, like: torch.Tensor) -> torch.
     return torch.zeros_like(like) if value is None else value.to(like.device, like.dtype)
 
 
-def scaffold_train(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *,
-                   c_global: Mapping[str, torch.Tensor], c_local: Mapping[str, torch.Tensor], lr: float,
-                   **train_kwargs) -> tuple[dict[str, float], Tensors, Tensors]:
+def scaffold_train(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    c_global: Mapping[str, torch.Tensor],
+    c_local: Mapping[str, torch.Tensor],
+    lr: float,
+    **train_kwargs,
+) -> tuple[dict[str, float], Tensors, Tensors]:
     """SCAFFOLD local training: every step uses the corrected gradient g(y) − c_i + c, then
     c_i⁺ = c_i − c + (x − y) / (K η_l)  (option II, K = local steps).
 
@@ -66,8 +73,9 @@ def scaffold_train(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
     return metrics, {n: t.cpu() for n, t in new_local.items()}, {n: t.cpu() for n, t in delta.items()}
 
 
-def scaffold_server_control(c_global: Mapping[str, torch.Tensor], deltas: list[Mapping[str, torch.Tensor]],
-                            num_clients: int) -> Tensors:
+def scaffold_server_control(
+    c_global: Mapping[str, torch.Tensor], deltas: list[Mapping[str, torch.Tensor]], num_clients: int
+) -> Tensors:
     """c ← c + (1/N) Σ_i Δc_i over the clients that replied (N = all clients of the round)."""
     names = set(c_global).union(*[d.keys() for d in deltas]) if deltas else set(c_global)
     out = {}
@@ -80,8 +88,15 @@ def scaffold_server_control(c_global: Mapping[str, torch.Tensor], deltas: list[M
     return out
 
 
-def feddyn_train(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *,
-                 h_local: Mapping[str, torch.Tensor], alpha: float, **train_kwargs) -> tuple[dict[str, float], Tensors]:
+def feddyn_train(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    h_local: Mapping[str, torch.Tensor],
+    alpha: float,
+    **train_kwargs,
+) -> tuple[dict[str, float], Tensors]:
     """FedDyn local training: minimise L_k(θ) − ⟨h_k, θ⟩ + (α/2)‖θ − θ^{t−1}‖², then
     h_k ← h_k − α (θ_k^t − θ^{t−1})  (h_k is the client's ∇L_k at its previous model).
 
@@ -102,9 +117,14 @@ def feddyn_train(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *
     return metrics, new_h
 
 
-def feddyn_server_step(previous: Mapping[str, torch.Tensor], client_models: list[Mapping[str, torch.Tensor]],
-                       h: Mapping[str, torch.Tensor], alpha: float, num_clients: int,
-                       names: list[str]) -> tuple[Tensors, Tensors]:
+def feddyn_server_step(
+    previous: Mapping[str, torch.Tensor],
+    client_models: list[Mapping[str, torch.Tensor]],
+    h: Mapping[str, torch.Tensor],
+    alpha: float,
+    num_clients: int,
+    names: list[str],
+) -> tuple[Tensors, Tensors]:
     """FedDyn server update for the parameters ``names``:
     h ← h − α (1/m) Σ_k (θ_k − θ^{t−1});  θ^t = (1/|P|) Σ_k θ_k − h/α.
 

@@ -23,7 +23,14 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["gaussian_fit", "frechet_distance", "fid", "RandomFeatures", "load_feature_extractor", "image_features"]
+__all__ = [
+    "gaussian_fit",
+    "frechet_distance",
+    "fid",
+    "RandomFeatures",
+    "load_feature_extractor",
+    "image_features",
+]
 
 FEATURE_SEED = 20240  # fixed: the default features must not change with the run's seed
 
@@ -51,7 +58,9 @@ def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma
     mu1, mu2 = np.atleast_1d(mu1).astype(np.float64), np.atleast_1d(mu2).astype(np.float64)
     sigma1, sigma2 = np.atleast_2d(sigma1).astype(np.float64), np.atleast_2d(sigma2).astype(np.float64)
     if mu1.shape != mu2.shape or sigma1.shape != sigma2.shape or sigma1.shape != (len(mu1), len(mu1)):
-        raise ValueError(f"shapes differ: mu {mu1.shape} / {mu2.shape}, sigma {sigma1.shape} / {sigma2.shape}")
+        raise ValueError(
+            f"shapes differ: mu {mu1.shape} / {mu2.shape}, sigma {sigma1.shape} / {sigma2.shape}"
+        )
     root1 = _psd_sqrt(sigma1)
     middle = root1 @ sigma2 @ root1
     cross = np.sqrt(np.clip(np.linalg.eigvalsh((middle + middle.T) / 2), 0, None)).sum()
@@ -96,8 +105,10 @@ def load_feature_extractor(path: str = "") -> nn.Module:
         return RandomFeatures()
     file = Path(path).expanduser()
     if not file.is_file():
-        raise FileNotFoundError(f"run-config key 'ssl.fid-features': no file {str(file)!r} (a TorchScript "
-                                "feature network; leave it empty for the built-in random-CNN features)")
+        raise FileNotFoundError(
+            f"run-config key 'ssl.fid-features': no file {str(file)!r} (a TorchScript "
+            "feature network; leave it empty for the built-in random-CNN features)"
+        )
     return torch.jit.load(str(file), map_location="cpu").eval()
 
 
@@ -106,16 +117,23 @@ def image_features(extractor: nn.Module, images: torch.Tensor, batch_size: int =
     """Features (N, D) of uint8 images (N, 3, S, S)."""
     out = []
     for i in range(0, len(images), batch_size):
-        f = extractor(images[i:i + batch_size].float())
-        if f.ndim != 2 or len(f) != len(images[i:i + batch_size]):
+        f = extractor(images[i : i + batch_size].float())
+        if f.ndim != 2 or len(f) != len(images[i : i + batch_size]):
             raise ValueError(f"the FID feature network must return (N, D) features, got {tuple(f.shape)}")
         out.append(f.double().cpu().numpy())
     return np.concatenate(out)
 
 
-def select_pseudo_images(generator: nn.Module, snapshots: list[tuple[int, dict]], real_images: torch.Tensor,
-                         n: int, *, keep: int = 1, extractor: nn.Module | None = None,
-                         seed: int = 0) -> tuple[torch.Tensor, dict[str, float]]:
+def select_pseudo_images(
+    generator: nn.Module,
+    snapshots: list[tuple[int, dict]],
+    real_images: torch.Tensor,
+    n: int,
+    *,
+    keep: int = 1,
+    extractor: nn.Module | None = None,
+    seed: int = 0,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """004 §III-A's FID selection: rank the generator ``snapshots`` ((step, state dict), from
     :func:`fedderm.msggan.train_msggan`) by the FID of ``n`` generated images to the centre's
     ``real_images`` and return ``n`` images drawn evenly from the ``keep`` snapshots with the

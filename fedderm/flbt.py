@@ -22,8 +22,16 @@ from .losses import barlow_twins, moon_contrastive
 from .models import create_model
 from .train import make_optimizer, random_flips, to_input
 
-__all__ = ["ProjectedNet", "build_projected_net", "frozen_copy", "train_flbt", "train_moon",
-           "train_with_model_term", "batchnorm_keys", "split_state"]
+__all__ = [
+    "ProjectedNet",
+    "build_projected_net",
+    "frozen_copy",
+    "train_flbt",
+    "train_moon",
+    "train_with_model_term",
+    "batchnorm_keys",
+    "split_state",
+]
 
 
 class ProjectedNet(nn.Module):
@@ -56,7 +64,9 @@ class ProjectedNet(nn.Module):
 
 def build_projected_net(model: str, num_classes: int, image_size: int, proj_dim: int = 128) -> ProjectedNet:
     """:class:`ProjectedNet` on the :mod:`fedderm.models` backbone ``model`` (random weights)."""
-    return ProjectedNet(create_model(model, num_classes=num_classes, image_size=image_size), num_classes, proj_dim)
+    return ProjectedNet(
+        create_model(model, num_classes=num_classes, image_size=image_size), num_classes, proj_dim
+    )
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:
@@ -67,11 +77,22 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     return ref
 
 
-def train_with_model_term(model: ProjectedNet, images: torch.Tensor, labels: torch.Tensor, *,
-                          term: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, epochs: int,
-                          batch_size: int, lr: float, optimizer: str = "sgd", momentum: float = 0.9,
-                          weight_decay: float = 0.0, seed: int = 0, device: torch.device | str = "cpu",
-                          augment: Augment = random_flips) -> dict[str, float]:
+def train_with_model_term(
+    model: ProjectedNet,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    term: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    optimizer: str = "sgd",
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    augment: Augment = random_flips,
+) -> dict[str, float]:
     """Cross-entropy training plus ``term(x, z_local)`` per mini-batch.
 
     Batches, augmentation (``augment``, default flips), optimiser and the skip of one-image batches are those of
@@ -81,7 +102,9 @@ def train_with_model_term(model: ProjectedNet, images: torch.Tensor, labels: tor
     """
     device = torch.device(device)
     model.to(device).train()
-    opt = make_optimizer([p for p in model.parameters() if p.requires_grad], optimizer, lr, momentum, weight_decay)
+    opt = make_optimizer(
+        [p for p in model.parameters() if p.requires_grad], optimizer, lr, momentum, weight_decay
+    )
     batches = TensorBatches(images, labels, batch_size, shuffle=True, seed=seed)
     flips = torch.Generator().manual_seed(seed + 1)
     loss_sum = term_sum = 0.0
@@ -105,12 +128,24 @@ def train_with_model_term(model: ProjectedNet, images: torch.Tensor, labels: tor
             opt.step()
             loss_sum += loss.item() * len(yb)
             seen += len(yb)
-    return {"train_loss": loss_sum / max(seen, 1), "train_term": term_sum / max(seen, 1),
-            "num-examples": int(len(labels))}
+    return {
+        "train_loss": loss_sum / max(seen, 1),
+        "train_term": term_sum / max(seen, 1),
+        "num-examples": int(len(labels)),
+    }
 
 
-def train_flbt(model: ProjectedNet, reference: nn.Module, images: torch.Tensor, labels: torch.Tensor, *,
-               mu: float, lambd: float, normalize: str = "paper", **kwargs) -> dict[str, float]:
+def train_flbt(
+    model: ProjectedNet,
+    reference: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    mu: float,
+    lambd: float,
+    normalize: str = "paper",
+    **kwargs,
+) -> dict[str, float]:
     """FL-BT local training (Algorithm 1 of 004): L_n = CE(F(x), y) + μ·L_BT(z_local, z_global)
     (Eq. 7), z_global = R_{w^t}(x) from ``reference``, the frozen global model of this round."""
     device = torch.device(kwargs.get("device", "cpu"))
@@ -124,8 +159,17 @@ def train_flbt(model: ProjectedNet, reference: nn.Module, images: torch.Tensor, 
     return train_with_model_term(model, images, labels, term=bt_term, **kwargs)
 
 
-def train_moon(model: ProjectedNet, reference: nn.Module, previous: nn.Module | None, images: torch.Tensor,
-               labels: torch.Tensor, *, mu: float, tau: float, **kwargs) -> dict[str, float]:
+def train_moon(
+    model: ProjectedNet,
+    reference: nn.Module,
+    previous: nn.Module | None,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    mu: float,
+    tau: float,
+    **kwargs,
+) -> dict[str, float]:
     """MOON local training: CE + μ·ℓ_con, positive = the global model's z, negative = the previous
     local model's z.  Without a previous model (first round) ℓ_con has no negative and is 0,
     as in MOON's reference code, so the loss is plain CE."""

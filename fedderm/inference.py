@@ -33,8 +33,10 @@ def model_metadata(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str,
     state = torch.load(path, map_location="cpu", weights_only=True)
     meta = dict((getattr(state, "_metadata", None) or {}).get("fedderm") or {})
     if not meta.get("classes"):
-        raise ValueError(f"{path} carries no fedderm metadata (class names); it was written before "
-                         "fedderm recorded them, or is not a model.pt / model-best.pt of a run")
+        raise ValueError(
+            f"{path} carries no fedderm metadata (class names); it was written before "
+            "fedderm recorded them, or is not a model.pt / model-best.pt of a run"
+        )
     return state, meta
 
 
@@ -61,8 +63,10 @@ class Classifier:
         if isinstance(images, torch.Tensor):
             x = images if images.ndim == 4 else images.unsqueeze(0)
             if x.dtype != torch.uint8 or tuple(x.shape[1:]) != (3, self.image_size, self.image_size):
-                raise ValueError(f"images must be uint8 N×3×{self.image_size}×{self.image_size} "
-                                 f"(the run's image-size), got {x.dtype} {tuple(x.shape)}")
+                raise ValueError(
+                    f"images must be uint8 N×3×{self.image_size}×{self.image_size} "
+                    f"(the run's image-size), got {x.dtype} {tuple(x.shape)}"
+                )
             return x
         pics = images if isinstance(images, (list, tuple)) else [images]
         arrays = np.stack([resize_square(p, self.image_size) for p in pics])
@@ -81,7 +85,9 @@ def load_model(path: str | Path) -> Classifier:
 
         model = build_projected_net(meta["model"], len(classes), size, int(meta["proj_dim"]))
     else:
-        raise ValueError(f"{path}: method {meta.get('method')!r} saves no plain classifier "
-                         f"(network {network!r}); fedderm.inference cannot rebuild it")
+        raise ValueError(
+            f"{path}: method {meta.get('method')!r} saves no plain classifier "
+            f"(network {network!r}); fedderm.inference cannot rebuild it"
+        )
     model.load_state_dict(state, strict=True)
     return Classifier(model=model.eval(), classes=classes, image_size=size, meta=meta)

@@ -69,8 +69,9 @@ def check_flower_internals() -> list[str]:
         try:
             fn = getattr(importlib.import_module("flwr.supercore.inflatable.inflatable_utils"), fn_name)
             if not {"initial_backoff", "backoff_cap"} <= set(fn.__kwdefaults__ or {}):
-                missing.append(f"flwr.supercore.inflatable.inflatable_utils.{fn_name}(initial_backoff=, "
-                               "backoff_cap=)")
+                missing.append(
+                    f"flwr.supercore.inflatable.inflatable_utils.{fn_name}(initial_backoff=, backoff_cap=)"
+                )
         except (ImportError, AttributeError):
             pass
     return missing
@@ -82,7 +83,9 @@ def poll_interval() -> float:
     try:
         value = float(raw) if raw else DEFAULT_POLL_INTERVAL
     except ValueError:
-        raise SystemExit(f"fedderm launcher: FEDDERM_POLL_INTERVAL={raw!r} is not a number of seconds") from None
+        raise SystemExit(
+            f"fedderm launcher: FEDDERM_POLL_INTERVAL={raw!r} is not a number of seconds"
+        ) from None
     if not 0.001 <= value <= 10:
         raise SystemExit(f"fedderm launcher: FEDDERM_POLL_INTERVAL={value} must be in [0.001, 10] seconds")
     return value
@@ -170,8 +173,17 @@ def _guard_install(allowed: set[str] | None, source: str) -> None:
 
 def prewarm() -> None:
     """Import what every ClientApp needs, once, in the parent (no torch op runs here: fork-safe)."""
-    for name in ("numpy", "torch", "torchvision", "timm", "sklearn.metrics", "PIL.Image",
-                 "flwr.clientapp", "flwr.app", "flwr.supernode.runtime.run_clientapp"):
+    for name in (
+        "numpy",
+        "torch",
+        "torchvision",
+        "timm",
+        "sklearn.metrics",
+        "PIL.Image",
+        "flwr.clientapp",
+        "flwr.app",
+        "flwr.supernode.runtime.run_clientapp",
+    ):
         try:
             importlib.import_module(name)
         except ImportError:
@@ -208,8 +220,12 @@ class ForkExecutor:
         if pid == 0:  # the child never returns
             self._child(spec)
         self.children.add(pid)
-        _log.debug("fedderm launcher: task %s forked as pid %d in %.3f s", spec.task_id, pid,
-                    _time.monotonic() - started)
+        _log.debug(
+            "fedderm launcher: task %s forked as pid %d in %.3f s",
+            spec.task_id,
+            pid,
+            _time.monotonic() - started,
+        )
         return LaunchResult.accepted()
 
     def _child(self, spec) -> None:
@@ -230,11 +246,15 @@ class ForkExecutor:
             from flwr.supercore.tls import validate_and_resolve_root_certificates
             from flwr.supernode.runtime.run_clientapp import run_clientapp
 
-            certificates = validate_and_resolve_root_certificates(spec.root_certificates_path,
-                                                                   spec.insecure)
-            run_clientapp(runtime_api_address=spec.runtime_api_address, token=spec.token,
-                          insecure=spec.insecure, certificates=certificates,
-                          parent_pid=os.getppid(), runtime_dependency_install=False)
+            certificates = validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure)
+            run_clientapp(
+                runtime_api_address=spec.runtime_api_address,
+                token=spec.token,
+                insecure=spec.insecure,
+                certificates=certificates,
+                parent_pid=os.getppid(),
+                runtime_dependency_install=False,
+            )
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -265,7 +285,7 @@ def _pop_option(argv: list[str], name: str) -> str | None:
     for i, token in enumerate(argv):
         if token == name and i + 1 < len(argv):
             value = argv[i + 1]
-            del argv[i:i + 2]
+            del argv[i : i + 2]
             return value
         if token.startswith(name + "="):
             del argv[i]
@@ -352,8 +372,10 @@ def main(argv: list[str] | None = None) -> None:
     if missing and argv[0] != "app-hash":
         import flwr
 
-        raise SystemExit(f"fedderm launcher: flwr {flwr.__version__} lacks the internals it was "
-                         f"verified with (flwr {', '.join(VERIFIED_FLOWER)}): {', '.join(missing)}")
+        raise SystemExit(
+            f"fedderm launcher: flwr {flwr.__version__} lacks the internals it was "
+            f"verified with (flwr {', '.join(VERIFIED_FLOWER)}): {', '.join(missing)}"
+        )
     commands[argv[0]](argv[1:])
 
 

@@ -13,14 +13,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["barlow_twins", "cross_correlation", "moon_contrastive", "moon_from_cosines", "patch_swap",
-           "restoration_loss", "centre_classification_loss", "multitask_ssl_loss"]
+__all__ = [
+    "barlow_twins",
+    "cross_correlation",
+    "moon_contrastive",
+    "moon_from_cosines",
+    "patch_swap",
+    "restoration_loss",
+    "centre_classification_loss",
+    "multitask_ssl_loss",
+]
 
 BT_NORMALISATIONS = ("paper", "batchnorm")
 
 
-def cross_correlation(z_a: torch.Tensor, z_b: torch.Tensor, normalize: str = "paper",
-                      eps: float = 1e-8) -> torch.Tensor:
+def cross_correlation(
+    z_a: torch.Tensor, z_b: torch.Tensor, normalize: str = "paper", eps: float = 1e-8
+) -> torch.Tensor:
     """The D×D cross-correlation matrix C of two (N, D) batches of representations.
 
     ``normalize="paper"`` is Eq. 6 of 004: C_ij = Σ_b a_bi b_bj / (√Σ_b a_bi² · √Σ_b b_bj²),
@@ -30,8 +39,10 @@ def cross_correlation(z_a: torch.Tensor, z_b: torch.Tensor, normalize: str = "pa
     C = z_aᵀ z_b / N.
     """
     if z_a.shape != z_b.shape or z_a.ndim != 2:
-        raise ValueError(f"barlow_twins needs two (N, D) tensors of one shape, got {tuple(z_a.shape)} "
-                         f"and {tuple(z_b.shape)}")
+        raise ValueError(
+            f"barlow_twins needs two (N, D) tensors of one shape, got {tuple(z_a.shape)} "
+            f"and {tuple(z_b.shape)}"
+        )
     if normalize == "paper":
         a = z_a / z_a.norm(dim=0, keepdim=True).clamp_min(eps)
         b = z_b / z_b.norm(dim=0, keepdim=True).clamp_min(eps)
@@ -46,8 +57,9 @@ def cross_correlation(z_a: torch.Tensor, z_b: torch.Tensor, normalize: str = "pa
     raise ValueError(f"unknown Barlow Twins normalisation {normalize!r}; valid: {list(BT_NORMALISATIONS)}")
 
 
-def barlow_twins(z_a: torch.Tensor, z_b: torch.Tensor, lambd: float = 0.005,
-                 normalize: str = "paper") -> torch.Tensor:
+def barlow_twins(
+    z_a: torch.Tensor, z_b: torch.Tensor, lambd: float = 0.005, normalize: str = "paper"
+) -> torch.Tensor:
     """L_BT = Σ_i (1 − C_ii)² + λ Σ_i Σ_{j≠i} C_ij² (Eq. 5 of 004), C from :func:`cross_correlation`."""
     c = cross_correlation(z_a, z_b, normalize)
     diag = torch.diagonal(c)
@@ -66,7 +78,9 @@ def moon_from_cosines(pos: torch.Tensor, neg: torch.Tensor, tau: float) -> torch
 def moon_contrastive(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float) -> torch.Tensor:
     """MOON's model-contrastive term: the global model's representation is the positive, the
     previous local model's the negative (cosine similarity, temperature τ)."""
-    return moon_from_cosines(F.cosine_similarity(z, z_glob, dim=1), F.cosine_similarity(z, z_prev, dim=1), tau)
+    return moon_from_cosines(
+        F.cosine_similarity(z, z_glob, dim=1), F.cosine_similarity(z, z_prev, dim=1), tau
+    )
 
 
 def patch_swap(images: torch.Tensor, patch: int, swaps: int, generator: torch.Generator) -> torch.Tensor:
@@ -81,9 +95,9 @@ def patch_swap(images: torch.Tensor, patch: int, swaps: int, generator: torch.Ge
     for i in range(n):
         for s in range(swaps):
             (y1, y2), (x1, x2) = ys[i, s].tolist(), xs[i, s].tolist()
-            a = out[i, :, y1:y1 + patch, x1:x1 + patch].clone()
-            out[i, :, y1:y1 + patch, x1:x1 + patch] = out[i, :, y2:y2 + patch, x2:x2 + patch]
-            out[i, :, y2:y2 + patch, x2:x2 + patch] = a
+            a = out[i, :, y1 : y1 + patch, x1 : x1 + patch].clone()
+            out[i, :, y1 : y1 + patch, x1 : x1 + patch] = out[i, :, y2 : y2 + patch, x2 : x2 + patch]
+            out[i, :, y2 : y2 + patch, x2 : x2 + patch] = a
     return out
 
 
@@ -99,8 +113,12 @@ def restoration_loss(restored: torch.Tensor, original: torch.Tensor) -> torch.Te
     return F.mse_loss(restored, original)
 
 
-def multitask_ssl_loss(logits: torch.Tensor | None, centres: torch.Tensor | None,
-                       restored: torch.Tensor | None, original: torch.Tensor | None) -> torch.Tensor:
+def multitask_ssl_loss(
+    logits: torch.Tensor | None,
+    centres: torch.Tensor | None,
+    restored: torch.Tensor | None,
+    original: torch.Tensor | None,
+) -> torch.Tensor:
     """L_SSL = L_CE + L_MSE (Eq. 3 of 004); a task given as None is left out (ablations)."""
     terms = []
     if logits is not None:

@@ -31,11 +31,11 @@ LayerNorm = partial(nn.LayerNorm, eps=1e-6)
 #: ``fedmae.exclude`` presets (000 Table V): which parameters stay on each client during the
 #: rounds (matched as name prefixes, trainable parameters only) and are averaged once at the end.
 EXCLUDE_PRESETS: dict[str, tuple[str, ...]] = {
-    "none": (),                                   # "Encoder+Decoder": everything synchronised
-    "decoder": ("decoder_", "mask_token"),        # "W/o Decoder"
-    "patch-embed": ("patch_embed.",),             # "W/o Linear Projection" (encoder input)
-    "decoder-embed": ("decoder_embed.",),         # "W/o Decoder Projection" (decoder input)
-    "cls-token": ("cls_token",),                  # "W/o Class Token" (FedMAE, the paper's choice)
+    "none": (),  # "Encoder+Decoder": everything synchronised
+    "decoder": ("decoder_", "mask_token"),  # "W/o Decoder"
+    "patch-embed": ("patch_embed.",),  # "W/o Linear Projection" (encoder input)
+    "decoder-embed": ("decoder_embed.",),  # "W/o Decoder Projection" (decoder input)
+    "cls-token": ("cls_token",),  # "W/o Class Token" (FedMAE, the paper's choice)
 }
 
 
@@ -77,7 +77,7 @@ def patchify(imgs: torch.Tensor, p: int) -> torch.Tensor:
 def unpatchify(x: torch.Tensor, p: int, channels: int = 3) -> torch.Tensor:
     """Inverse of :func:`patchify`: (N, L, p·p·C) -> (N, C, H, W)."""
     n, length, _ = x.shape
-    h = w = int(round(length ** 0.5))
+    h = w = int(round(length**0.5))
     if h * w != length:
         raise ValueError(f"unpatchify needs a square number of patches, got {length}")
     x = x.reshape(n, h, w, p, p, channels).permute(0, 5, 1, 3, 2, 4)
@@ -103,8 +103,9 @@ def random_masking(x: torch.Tensor, mask_ratio: float, generator: torch.Generato
     return kept, mask, ids_restore
 
 
-def masked_patch_mse(target: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor,
-                     norm_pix_loss: bool = False) -> torch.Tensor:
+def masked_patch_mse(
+    target: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor, norm_pix_loss: bool = False
+) -> torch.Tensor:
     """000 Eq. 7 / 003 Eq. 4: mean over masked patches of the per-patch mean squared error.
 
     With ``norm_pix_loss`` each target patch is normalised by its own mean and unbiased
@@ -126,10 +127,21 @@ class MaskedAutoencoderViT(nn.Module):
     ``decoder_blocks``, ``decoder_norm``, ``decoder_pred``.
     """
 
-    def __init__(self, img_size: int = 224, patch_size: int = 16, in_chans: int = 3, embed_dim: int = 1024,
-                 depth: int = 24, num_heads: int = 16, decoder_embed_dim: int = 512, decoder_depth: int = 8,
-                 decoder_num_heads: int = 16, mlp_ratio: float = 4.0, norm_layer=LayerNorm,
-                 norm_pix_loss: bool = False):
+    def __init__(
+        self,
+        img_size: int = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        embed_dim: int = 1024,
+        depth: int = 24,
+        num_heads: int = 16,
+        decoder_embed_dim: int = 512,
+        decoder_depth: int = 8,
+        decoder_num_heads: int = 16,
+        mlp_ratio: float = 4.0,
+        norm_layer=LayerNorm,
+        norm_pix_loss: bool = False,
+    ):
         super().__init__()
         self.in_chans = in_chans
         # encoder
@@ -137,19 +149,27 @@ class MaskedAutoencoderViT(nn.Module):
         num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, embed_dim), requires_grad=False)
-        self.blocks = nn.ModuleList([Block(embed_dim, num_heads, mlp_ratio, qkv_bias=True, norm_layer=norm_layer)
-                                     for _ in range(depth)])
+        self.blocks = nn.ModuleList(
+            [
+                Block(embed_dim, num_heads, mlp_ratio, qkv_bias=True, norm_layer=norm_layer)
+                for _ in range(depth)
+            ]
+        )
         self.norm = norm_layer(embed_dim)
         # decoder
         self.decoder_embed = nn.Linear(embed_dim, decoder_embed_dim, bias=True)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, decoder_embed_dim))
-        self.decoder_pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, decoder_embed_dim),
-                                              requires_grad=False)
-        self.decoder_blocks = nn.ModuleList([
-            Block(decoder_embed_dim, decoder_num_heads, mlp_ratio, qkv_bias=True, norm_layer=norm_layer)
-            for _ in range(decoder_depth)])
+        self.decoder_pos_embed = nn.Parameter(
+            torch.zeros(1, num_patches + 1, decoder_embed_dim), requires_grad=False
+        )
+        self.decoder_blocks = nn.ModuleList(
+            [
+                Block(decoder_embed_dim, decoder_num_heads, mlp_ratio, qkv_bias=True, norm_layer=norm_layer)
+                for _ in range(decoder_depth)
+            ]
+        )
         self.decoder_norm = norm_layer(decoder_embed_dim)
-        self.decoder_pred = nn.Linear(decoder_embed_dim, patch_size ** 2 * in_chans, bias=True)
+        self.decoder_pred = nn.Linear(decoder_embed_dim, patch_size**2 * in_chans, bias=True)
         self.norm_pix_loss = norm_pix_loss
         self.initialize_weights()
 
@@ -157,9 +177,12 @@ class MaskedAutoencoderViT(nn.Module):
         """Fixed sine-cosine position embeddings; Xavier-uniform linear layers (and the patch
         projection viewed as a linear layer); N(0, 0.02) class and mask tokens."""
         grid = self.patch_embed.grid_size[0]
-        self.pos_embed.data.copy_(torch.from_numpy(sincos_2d(self.pos_embed.shape[-1], grid, True)).unsqueeze(0))
+        self.pos_embed.data.copy_(
+            torch.from_numpy(sincos_2d(self.pos_embed.shape[-1], grid, True)).unsqueeze(0)
+        )
         self.decoder_pos_embed.data.copy_(
-            torch.from_numpy(sincos_2d(self.decoder_pos_embed.shape[-1], grid, True)).unsqueeze(0))
+            torch.from_numpy(sincos_2d(self.decoder_pos_embed.shape[-1], grid, True)).unsqueeze(0)
+        )
         w = self.patch_embed.proj.weight.data
         nn.init.xavier_uniform_(w.view(w.shape[0], -1))
         nn.init.normal_(self.cls_token, std=0.02)
@@ -225,13 +248,19 @@ class MaskedAutoencoderViT(nn.Module):
 
 def encoder_keys(state_keys) -> list[str]:
     """The encoder's keys of an MAE/BEiT state dict (what fine-tuning keeps)."""
-    return [k for k in state_keys if k.split(".")[0] in ("patch_embed", "cls_token", "pos_embed", "blocks", "norm")]
+    return [
+        k
+        for k in state_keys
+        if k.split(".")[0] in ("patch_embed", "cls_token", "pos_embed", "blocks", "norm")
+    ]
 
 
 def excluded_keys(model: nn.Module, exclude: str) -> list[str]:
     """Names of the trainable parameters that ``fedmae.exclude=exclude`` keeps on the clients."""
     if exclude not in EXCLUDE_PRESETS:
-        raise ConfigError(f"run-config key 'fedmae.exclude' must be one of {list(EXCLUDE_PRESETS)}, got {exclude!r}")
+        raise ConfigError(
+            f"run-config key 'fedmae.exclude' must be one of {list(EXCLUDE_PRESETS)}, got {exclude!r}"
+        )
     prefixes = EXCLUDE_PRESETS[exclude]
     return [name for name, p in model.named_parameters() if p.requires_grad and name.startswith(prefixes)]
 
@@ -252,21 +281,28 @@ class MAEOptions:
 
     @classmethod
     def from_config(cls, cfg: Config) -> MAEOptions:
-        o = cls(mask_ratio=cfg.option("fedmae.mask-ratio"), exclude=cfg.option("fedmae.exclude"),
-                norm_pix_loss=cfg.option("fedmae.norm-pix-loss"),
-                decoder_embed_dim=cfg.option("fedmae.decoder-embed-dim"),
-                decoder_depth=cfg.option("fedmae.decoder-depth"),
-                decoder_num_heads=cfg.option("fedmae.decoder-num-heads"),
-                init_checkpoint=cfg.option("fedmae.init-checkpoint"), pretrain=cfg.option("fedmae.pretrain"))
+        o = cls(
+            mask_ratio=cfg.option("fedmae.mask-ratio"),
+            exclude=cfg.option("fedmae.exclude"),
+            norm_pix_loss=cfg.option("fedmae.norm-pix-loss"),
+            decoder_embed_dim=cfg.option("fedmae.decoder-embed-dim"),
+            decoder_depth=cfg.option("fedmae.decoder-depth"),
+            decoder_num_heads=cfg.option("fedmae.decoder-num-heads"),
+            init_checkpoint=cfg.option("fedmae.init-checkpoint"),
+            pretrain=cfg.option("fedmae.pretrain"),
+        )
         if not 0 < o.mask_ratio < 1:
             raise ConfigError(f"run-config key 'fedmae.mask-ratio' must be in (0, 1), got {o.mask_ratio}")
         if o.exclude not in EXCLUDE_PRESETS:
-            raise ConfigError(f"run-config key 'fedmae.exclude' must be one of {list(EXCLUDE_PRESETS)}, "
-                              f"got {o.exclude!r}")
+            raise ConfigError(
+                f"run-config key 'fedmae.exclude' must be one of {list(EXCLUDE_PRESETS)}, got {o.exclude!r}"
+            )
         if o.decoder_depth < 1 or o.decoder_num_heads < 1 or o.decoder_embed_dim % (4 * o.decoder_num_heads):
-            raise ConfigError("run-config keys 'fedmae.decoder-embed-dim' / 'fedmae.decoder-num-heads' / "
-                              "'fedmae.decoder-depth': the depth and heads must be >= 1 and the width a multiple "
-                              f"of 4 x heads, got {o.decoder_embed_dim} / {o.decoder_num_heads} / {o.decoder_depth}")
+            raise ConfigError(
+                "run-config keys 'fedmae.decoder-embed-dim' / 'fedmae.decoder-num-heads' / "
+                "'fedmae.decoder-depth': the depth and heads must be >= 1 and the width a multiple "
+                f"of 4 x heads, got {o.decoder_embed_dim} / {o.decoder_num_heads} / {o.decoder_depth}"
+            )
         if o.init_checkpoint and not Path(o.init_checkpoint).expanduser().is_file():
             raise ConfigError(f"run-config key 'fedmae.init-checkpoint': no such file {o.init_checkpoint!r}")
         return o
@@ -279,8 +315,10 @@ def encoder_arch(cfg: Config) -> dict[str, int]:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if cfg.image_size % arch["patch_size"]:
-        raise ConfigError(f"run-config key 'image-size' ({cfg.image_size}) must be a multiple of the patch size "
-                          f"{arch['patch_size']} of model {cfg.model!r}")
+        raise ConfigError(
+            f"run-config key 'image-size' ({cfg.image_size}) must be a multiple of the patch size "
+            f"{arch['patch_size']} of model {cfg.model!r}"
+        )
     return arch
 
 
@@ -288,16 +326,21 @@ def build_mae(cfg: Config) -> MaskedAutoencoderViT:
     """The MAE whose encoder is the ViT ``cfg.model`` at ``cfg.image_size``, decoder per ``fedmae.*``."""
     o = MAEOptions.from_config(cfg)
     arch = encoder_arch(cfg)
-    return MaskedAutoencoderViT(img_size=cfg.image_size, decoder_embed_dim=o.decoder_embed_dim,
-                                decoder_depth=o.decoder_depth, decoder_num_heads=o.decoder_num_heads,
-                                norm_pix_loss=o.norm_pix_loss, **arch)
+    return MaskedAutoencoderViT(
+        img_size=cfg.image_size,
+        decoder_embed_dim=o.decoder_embed_dim,
+        decoder_depth=o.decoder_depth,
+        decoder_num_heads=o.decoder_num_heads,
+        norm_pix_loss=o.norm_pix_loss,
+        **arch,
+    )
 
 
 # -- checkpoints --------------------------------------------------------------------------------
 def _resize_pos_embed(pos: torch.Tensor, num_patches: int) -> torch.Tensor:
     """Bicubic resize of the patch part of a (1, 1 + L, D) position embedding to ``num_patches``
     (what the MAE reference does when fine-tuning at another resolution)."""
-    old, new = int(round((pos.shape[1] - 1) ** 0.5)), int(round(num_patches ** 0.5))
+    old, new = int(round((pos.shape[1] - 1) ** 0.5)), int(round(num_patches**0.5))
     grid = pos[:, 1:].reshape(1, old, old, -1).permute(0, 3, 1, 2)
     grid = nn.functional.interpolate(grid.float(), size=(new, new), mode="bicubic", align_corners=False)
     return torch.cat([pos[:, :1], grid.permute(0, 2, 3, 1).reshape(1, new * new, -1)], dim=1)
@@ -317,8 +360,10 @@ def load_mae_checkpoint(model: MaskedAutoencoderViT, path: str | Path) -> list[s
     with torch.serialization.safe_globals([argparse.Namespace]):
         obj = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(obj, dict) or not isinstance(obj.get("model"), dict):
-        raise ValueError(f"{path}: expected an MAE checkpoint, a dict with key 'model' holding the state dict; "
-                         f"found {type(obj).__name__} with keys {list(obj)[:8] if isinstance(obj, dict) else []}")
+        raise ValueError(
+            f"{path}: expected an MAE checkpoint, a dict with key 'model' holding the state dict; "
+            f"found {type(obj).__name__} with keys {list(obj)[:8] if isinstance(obj, dict) else []}"
+        )
     state = dict(obj["model"])
     own = model.state_dict()
     for key in ("pos_embed", "decoder_pos_embed"):
@@ -327,9 +372,11 @@ def load_mae_checkpoint(model: MaskedAutoencoderViT, path: str | Path) -> list[s
     expected = set(own) if any(k.startswith("decoder_") for k in state) else set(encoder_keys(own))
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
-        raise ValueError(f"{path}: checkpoint does not match the {len(expected)}-key MAE "
-                         f"({'encoder+decoder' if len(expected) == len(own) else 'encoder'}): "
-                         f"missing {missing[:8]}, unexpected {unexpected[:8]}")
+        raise ValueError(
+            f"{path}: checkpoint does not match the {len(expected)}-key MAE "
+            f"({'encoder+decoder' if len(expected) == len(own) else 'encoder'}): "
+            f"missing {missing[:8]}, unexpected {unexpected[:8]}"
+        )
     if expected == set(own):
         model.load_state_dict(state, strict=True)
     else:  # encoder-only: strict over the encoder (checked above), decoder kept

@@ -13,8 +13,16 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["METRIC_NAMES", "NON_METRIC_KEYS", "SELECTION_METRIC", "classification_metrics", "mean_over_clients",
-           "confusion", "per_class_metrics", "CONFUSION_KEY"]
+__all__ = [
+    "METRIC_NAMES",
+    "NON_METRIC_KEYS",
+    "SELECTION_METRIC",
+    "classification_metrics",
+    "mean_over_clients",
+    "confusion",
+    "per_class_metrics",
+    "CONFUSION_KEY",
+]
 
 #: Metric names in the fixed order used for tables and CSV columns.
 METRIC_NAMES: tuple[str, ...] = (
@@ -33,7 +41,16 @@ SELECTION_METRIC = "balanced_accuracy"
 
 #: Keys that may appear in a client's metric dict but are not averaged.
 NON_METRIC_KEYS: frozenset[str] = frozenset(
-    {"num-examples", "num_examples", "partition-id", "partition_id", "client", "round", "split", "confusion-matrix"}
+    {
+        "num-examples",
+        "num_examples",
+        "partition-id",
+        "partition_id",
+        "client",
+        "round",
+        "split",
+        "confusion-matrix",
+    }
 )
 
 #: The key of a client's evaluation metrics that carries its confusion matrix, row-major and
@@ -148,8 +165,9 @@ def confusion(y_true, y_pred, num_classes: int) -> np.ndarray:
     ``confusion_matrix`` with ``labels=range(num_classes)``): row = true class, column = predicted."""
     from sklearn.metrics import confusion_matrix
 
-    return confusion_matrix(np.asarray(y_true).reshape(-1), np.asarray(y_pred).reshape(-1),
-                            labels=np.arange(num_classes)).astype(np.int64)
+    return confusion_matrix(
+        np.asarray(y_true).reshape(-1), np.asarray(y_pred).reshape(-1), labels=np.arange(num_classes)
+    ).astype(np.int64)
 
 
 def per_class_metrics(cm, classes: list[str]) -> dict[str, dict[str, float]]:
@@ -173,9 +191,15 @@ def per_class_metrics(cm, classes: list[str]) -> dict[str, dict[str, float]]:
         return np.divide(num, den, out=np.full_like(num, np.nan), where=den > 0)
 
     recall, precision, specificity = ratio(tp, tp + fn), ratio(tp, tp + fp), ratio(tn, tn + fp)
-    return {name: {"recall": float(recall[i]), "precision": float(precision[i]),
-                   "specificity": float(specificity[i]), "support": int(tp[i] + fn[i])}
-            for i, name in enumerate(classes)}
+    return {
+        name: {
+            "recall": float(recall[i]),
+            "precision": float(precision[i]),
+            "specificity": float(specificity[i]),
+            "support": int(tp[i] + fn[i]),
+        }
+        for i, name in enumerate(classes)
+    }
 
 
 def _as_float(value) -> float | None:

@@ -93,8 +93,13 @@ class FeatureQueue:
     the features oldest first, so ``FeatureQueue(capacity, dim, q.ordered())`` restores ``q``.
     """
 
-    def __init__(self, capacity: int, dim: int, features: torch.Tensor | None = None,
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        capacity: int,
+        dim: int,
+        features: torch.Tensor | None = None,
+        device: torch.device | str = "cpu",
+    ):
         if capacity < 1:
             raise ValueError(f"queue capacity must be >= 1, got {capacity}")
         self.capacity = capacity
@@ -109,26 +114,26 @@ class FeatureQueue:
 
     def features(self) -> torch.Tensor:
         """The stored features (any order); a copy, safe to keep while the queue moves on."""
-        return self.buffer[:self.size].clone()
+        return self.buffer[: self.size].clone()
 
     def ordered(self) -> torch.Tensor:
         """The stored features, oldest first."""
         if self.size < self.capacity:
-            return self.buffer[:self.size].clone()
-        return torch.cat([self.buffer[self.ptr:], self.buffer[:self.ptr]])
+            return self.buffer[: self.size].clone()
+        return torch.cat([self.buffer[self.ptr :], self.buffer[: self.ptr]])
 
     @torch.no_grad()
     def enqueue(self, x: torch.Tensor) -> None:
         """Append ``x`` (in order), dropping the oldest features beyond ``capacity``."""
-        x = x.detach().to(self.buffer)[-self.capacity:]
+        x = x.detach().to(self.buffer)[-self.capacity :]
         n = len(x)
         end = self.ptr + n
         if end <= self.capacity:
-            self.buffer[self.ptr:end] = x
+            self.buffer[self.ptr : end] = x
         else:
             first = self.capacity - self.ptr
-            self.buffer[self.ptr:] = x[:first]
-            self.buffer[:n - first] = x[first:]
+            self.buffer[self.ptr :] = x[:first]
+            self.buffer[: n - first] = x[first:]
         self.ptr = end % self.capacity
         self.size = min(self.capacity, self.size + n)
 
@@ -138,16 +143,24 @@ def normalise_input(x: torch.Tensor) -> torch.Tensor:
     return (x - MEAN) / STD
 
 
-def two_views(images: torch.Tensor, augment: ContrastiveAugment, generator: torch.Generator,
-              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def two_views(
+    images: torch.Tensor, augment: ContrastiveAugment, generator: torch.Generator, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Two independently augmented, normalised views of a uint8 batch."""
     x = images.to(device).float() / 255.0
     return normalise_input(augment(x, generator)), normalise_input(augment(x, generator))
 
 
 @torch.no_grad()
-def encode_keys(model: MoCo, images: torch.Tensor, limit: int, *, batch_size: int = 256, seed: int = 0,
-                device: torch.device | str = "cpu") -> torch.Tensor:
+def encode_keys(
+    model: MoCo,
+    images: torch.Tensor,
+    limit: int,
+    *,
+    batch_size: int = 256,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
     """Momentum-encoder features of up to ``limit`` of the client's images (a seeded random subset,
     each an augmented view as during training): the initial local bank Q_l."""
     device = torch.device(device)
@@ -157,17 +170,32 @@ def encode_keys(model: MoCo, images: torch.Tensor, limit: int, *, batch_size: in
     model.to(device).train()
     out = []
     for i in range(0, len(order), batch_size):
-        x = images[order[i:i + batch_size]].to(device).float() / 255.0
+        x = images[order[i : i + batch_size]].to(device).float() / 255.0
         out.append(model.keys(normalise_input(augment(x, generator))))
     return torch.cat(out) if out else torch.empty(0, model.head[-1].out_features, device=device)
 
 
-def moco_round(model: MoCo, images: torch.Tensor, local_bank: FeatureQueue, *,
-               remote: torch.Tensor | None, feature_sharing: bool, local_negatives: bool,
-               queue_size: int, temperature: float, key_momentum: float, epochs: int, batch_size: int,
-               lr: float, optimizer: str = "sgd", momentum: float = 0.9, weight_decay: float = 0.0,
-               seed: int = 0, device: torch.device | str = "cpu",
-               on_batch: Callable[[FeatureQueue], None] | None = None) -> dict[str, float]:
+def moco_round(
+    model: MoCo,
+    images: torch.Tensor,
+    local_bank: FeatureQueue,
+    *,
+    remote: torch.Tensor | None,
+    feature_sharing: bool,
+    local_negatives: bool,
+    queue_size: int,
+    temperature: float,
+    key_momentum: float,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    optimizer: str = "sgd",
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    on_batch: Callable[[FeatureQueue], None] | None = None,
+) -> dict[str, float]:
     """One round of local contrastive learning on ``images`` (uint8, labels unused).
 
     Negatives Q_CL (capacity ``queue_size``), re-initialised every round:
@@ -189,8 +217,10 @@ def moco_round(model: MoCo, images: torch.Tensor, local_bank: FeatureQueue, *,
     sample_gen = torch.Generator().manual_seed(seed + 2)
     have_remote = remote is not None and len(remote) > 0
     if feature_sharing and not have_remote and not local_negatives:
-        raise ValueError("fedclf.local-negatives=false (Eq. 5) needs remote features, but this client "
-                         "received none (is it the only client?); set fedclf.local-negatives=true")
+        raise ValueError(
+            "fedclf.local-negatives=false (Eq. 5) needs remote features, but this client "
+            "received none (is it the only client?); set fedclf.local-negatives=true"
+        )
     remote = remote.to(device=device, dtype=torch.float32) if have_remote else None
 
     if not feature_sharing or local_negatives:
@@ -224,6 +254,18 @@ def moco_round(model: MoCo, images: torch.Tensor, local_bank: FeatureQueue, *,
             on_batch(negatives)
         return loss
 
-    return train_epochs(model, images, torch.zeros(len(images), dtype=torch.long), loss_fn, epochs=epochs,
-                        batch_size=batch_size, lr=lr, optimizer=optimizer, momentum=momentum,
-                        weight_decay=weight_decay, seed=seed, device=device, params=model.main_parameters())
+    return train_epochs(
+        model,
+        images,
+        torch.zeros(len(images), dtype=torch.long),
+        loss_fn,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        optimizer=optimizer,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        seed=seed,
+        device=device,
+        params=model.main_parameters(),
+    )

@@ -19,6 +19,7 @@ def register_model(name: str):
     def deco(fn):
         _MODELS[name] = fn
         return fn
+
     return deco
 
 
@@ -67,11 +68,21 @@ class TinyCNN(nn.Module):
         super().__init__()
 
         def block(cin: int, cout: int) -> nn.Sequential:
-            return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout),
-                                 nn.ReLU(inplace=True), nn.MaxPool2d(2))
+            return nn.Sequential(
+                nn.Conv2d(cin, cout, 3, padding=1, bias=False),
+                nn.BatchNorm2d(cout),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(2),
+            )
 
-        self.backbone = nn.Sequential(block(3, width), block(width, 2 * width), block(2 * width, 2 * width),
-                                      block(2 * width, 4 * width), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.backbone = nn.Sequential(
+            block(3, width),
+            block(width, 2 * width),
+            block(2 * width, 2 * width),
+            block(2 * width, 4 * width),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
         self.num_features = 4 * width
         self.head = nn.Linear(self.num_features, num_classes)
 
@@ -89,8 +100,9 @@ class TimmClassifier(nn.Module):
         super().__init__()
         import timm
 
-        self.backbone = timm.create_model(timm_name, pretrained=False, num_classes=0,
-                                          img_size=image_size, **kwargs)
+        self.backbone = timm.create_model(
+            timm_name, pretrained=False, num_classes=0, img_size=image_size, **kwargs
+        )
         self.num_features = self.backbone.num_features
         self.head = nn.Linear(self.num_features, num_classes)
 
@@ -130,8 +142,10 @@ VIT_ARCHS: dict[str, dict[str, int]] = {
 def vit_arch(name: str) -> dict[str, int]:
     """Encoder sizes of the registered ViT ``name`` (embed_dim, depth, num_heads, patch_size)."""
     if name not in VIT_ARCHS:
-        raise ValueError(f"model {name!r} is not a ViT; the masked-image-modelling methods need one of "
-                         f"{', '.join(VIT_ARCHS)} (run-config key 'model')")
+        raise ValueError(
+            f"model {name!r} is not a ViT; the masked-image-modelling methods need one of "
+            f"{', '.join(VIT_ARCHS)} (run-config key 'model')"
+        )
     return dict(VIT_ARCHS[name])
 
 
@@ -139,8 +153,11 @@ def _vit(name: str):
     def build(num_classes: int, image_size: int = 64, **_) -> nn.Module:
         arch = vit_arch(name)
         if image_size % arch["patch_size"]:
-            raise ValueError(f"image-size {image_size} is not a multiple of the patch size {arch['patch_size']}")
+            raise ValueError(
+                f"image-size {image_size} is not a multiple of the patch size {arch['patch_size']}"
+            )
         return TimmClassifier("vit_tiny_patch16_224", num_classes, image_size, global_pool="avg", **arch)
+
     return build
 
 

@@ -20,7 +20,15 @@ from torch import nn
 
 from .train import random_flips, to_input
 
-__all__ = ["scales_for", "snapshot_steps", "Generator", "Discriminator", "train_msggan", "generate_images", "count_parameters"]
+__all__ = [
+    "scales_for",
+    "snapshot_steps",
+    "Generator",
+    "Discriminator",
+    "train_msggan",
+    "generate_images",
+    "count_parameters",
+]
 
 
 def scales_for(image_size: int) -> list[int]:
@@ -29,14 +37,16 @@ def scales_for(image_size: int) -> list[int]:
     while image_size % (2 ** (k + 1)) == 0 and image_size // 2 ** (k + 1) >= 4:
         k += 1
     if k == 0:
-        raise ValueError(f"image-size {image_size} cannot be built by doubling from a size >= 4; "
-                         "use an even size such as 32 or 64 for the GAN stage")
-    s0 = image_size // 2 ** k
-    return [s0 * 2 ** i for i in range(k + 1)]
+        raise ValueError(
+            f"image-size {image_size} cannot be built by doubling from a size >= 4; "
+            "use an even size such as 32 or 64 for the GAN stage"
+        )
+    s0 = image_size // 2**k
+    return [s0 * 2**i for i in range(k + 1)]
 
 
 def _channels(width: int, n: int) -> list[int]:
-    return [max(width // 2 ** i, 16) for i in range(n)]
+    return [max(width // 2**i, 16) for i in range(n)]
 
 
 class EqConv2d(nn.Conv2d):
@@ -79,14 +89,21 @@ class Generator(nn.Module):
         self.scales = scales_for(image_size)
         ch = _channels(width, len(self.scales))
         self.latent_dim, self.s0 = latent_dim, self.scales[0]
-        self.stem = EqLinear(latent_dim, ch[0] * self.s0 ** 2)
+        self.stem = EqLinear(latent_dim, ch[0] * self.s0**2)
         self.blocks = nn.ModuleList()
         self.to_rgb = nn.ModuleList()
         for i, c in enumerate(ch):
             cin = ch[0] if i == 0 else ch[i - 1]
-            self.blocks.append(nn.Sequential(
-                EqConv2d(cin, c, 3, padding=1), nn.LeakyReLU(0.2), PixelNorm(),
-                EqConv2d(c, c, 3, padding=1), nn.LeakyReLU(0.2), PixelNorm()))
+            self.blocks.append(
+                nn.Sequential(
+                    EqConv2d(cin, c, 3, padding=1),
+                    nn.LeakyReLU(0.2),
+                    PixelNorm(),
+                    EqConv2d(c, c, 3, padding=1),
+                    nn.LeakyReLU(0.2),
+                    PixelNorm(),
+                )
+            )
             self.to_rgb.append(EqConv2d(c, 3, 1))
 
     def forward(self, z: torch.Tensor) -> list[torch.Tensor]:
@@ -111,12 +128,19 @@ class Discriminator(nn.Module):
         self.blocks = nn.ModuleList()
         for i in range(len(ch) - 1):
             cin = ch[i] + (3 if i > 0 else 0)
-            self.blocks.append(nn.Sequential(
-                EqConv2d(cin, ch[i], 3, padding=1), nn.LeakyReLU(0.2),
-                EqConv2d(ch[i], ch[i + 1], 3, padding=1), nn.LeakyReLU(0.2), nn.AvgPool2d(2)))
+            self.blocks.append(
+                nn.Sequential(
+                    EqConv2d(cin, ch[i], 3, padding=1),
+                    nn.LeakyReLU(0.2),
+                    EqConv2d(ch[i], ch[i + 1], 3, padding=1),
+                    nn.LeakyReLU(0.2),
+                    nn.AvgPool2d(2),
+                )
+            )
         s0, c = self.scales[0], ch[-1]
-        self.final = nn.Sequential(EqConv2d(c + 3 + 1, c, 3, padding=1), nn.LeakyReLU(0.2), nn.Flatten(),
-                                   EqLinear(c * s0 * s0, 1))
+        self.final = nn.Sequential(
+            EqConv2d(c + 3 + 1, c, 3, padding=1), nn.LeakyReLU(0.2), nn.Flatten(), EqLinear(c * s0 * s0, 1)
+        )
 
     def forward(self, images: list[torch.Tensor]) -> torch.Tensor:
         fine_to_coarse = images[::-1]
@@ -139,9 +163,19 @@ def snapshot_steps(steps: int, count: int) -> list[int]:
     return sorted({max(1, round(steps * (i + 1) / count)) for i in range(count)})
 
 
-def train_msggan(images: torch.Tensor, *, steps: int = 300, batch_size: int = 32, latent_dim: int = 64,
-                 width: int = 64, lr: float = 0.003, seed: int = 0, device: torch.device | str = "cpu",
-                 snapshot_at: Sequence[int] = (), snapshots: list | None = None) -> tuple[Generator, dict[str, float]]:
+def train_msggan(
+    images: torch.Tensor,
+    *,
+    steps: int = 300,
+    batch_size: int = 32,
+    latent_dim: int = 64,
+    width: int = 64,
+    lr: float = 0.003,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    snapshot_at: Sequence[int] = (),
+    snapshots: list | None = None,
+) -> tuple[Generator, dict[str, float]]:
     """Train an MSG-GAN on uint8 images (N, 3, S, S) for ``steps`` D+G updates.
 
     Returns the generator (eval mode) and ``{"gan_d_loss", "gan_g_loss", "gan_seconds", "gan_cpu_seconds"}`` (wall and CPU time).
@@ -182,9 +216,12 @@ def train_msggan(images: torch.Tensor, *, steps: int = 300, batch_size: int = 32
         if step in wanted and snapshots is not None:
             snapshots.append((step, {k: v.detach().clone() for k, v in G.state_dict().items()}))
     G.eval()
-    return G, {"gan_d_loss": float(d_loss.item()), "gan_g_loss": float(g_loss.item()),
-               "gan_seconds": time.monotonic() - start,
-               "gan_cpu_seconds": time.process_time() - cpu_start}
+    return G, {
+        "gan_d_loss": float(d_loss.item()),
+        "gan_g_loss": float(g_loss.item()),
+        "gan_seconds": time.monotonic() - start,
+        "gan_cpu_seconds": time.process_time() - cpu_start,
+    }
 
 
 @torch.no_grad()
@@ -197,8 +234,11 @@ def generate_images(generator: Generator, n: int, seed: int = 0, batch_size: int
         z = torch.randn(min(batch_size, n - i), generator.latent_dim, generator=g).to(device)
         x = generator(z)[-1].cpu()
         out.append(((x * 0.5 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8))
-    return torch.cat(out) if out else torch.empty(0, 3, generator.scales[-1], generator.scales[-1],
-                                                  dtype=torch.uint8)
+    return (
+        torch.cat(out)
+        if out
+        else torch.empty(0, 3, generator.scales[-1], generator.scales[-1], dtype=torch.uint8)
+    )
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -23,8 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-NODE_KEYS = {"data-path": str, "dataset": str, "partition-id": int, "num-partitions": int, "site": str,
-             "state-dir": str, "cache-dir": str}
+NODE_KEYS = {
+    "data-path": str,
+    "dataset": str,
+    "partition-id": int,
+    "num-partitions": int,
+    "site": str,
+    "state-dir": str,
+    "cache-dir": str,
+}
 # Without ``partition-id`` a deployed client is numbered from its node id (stable for one
 # SuperNode key); results then show that number.  Kept below 2**31 for MetricRecord/seeds.
 _NODE_ID_MODULUS = 1_000_000
@@ -60,11 +67,14 @@ def parse_node_config(node_config: Mapping[str, Any], node_id: int = 0) -> NodeS
             continue
         value = node_config[key]
         if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise NodeConfigError(f"node-config key {key!r} must be an integer, got {value!r} "
-                                  f"(e.g. --node-config '{key}=0')")
+            raise NodeConfigError(
+                f"node-config key {key!r} must be an integer, got {value!r} (e.g. --node-config '{key}=0')"
+            )
         if kind is str and not isinstance(value, str):
-            raise NodeConfigError(f"node-config key {key!r} must be a string in double quotes, got {value!r} "
-                                  f"(e.g. --node-config '{key}=\"...\"')")
+            raise NodeConfigError(
+                f"node-config key {key!r} must be a string in double quotes, got {value!r} "
+                f"(e.g. --node-config '{key}=\"...\"')"
+            )
         values[key] = value
     for key in ("data-path", "state-dir", "cache-dir"):
         if key in values and not values[key].strip():
@@ -79,6 +89,12 @@ def parse_node_config(node_config: Mapping[str, Any], node_id: int = 0) -> NodeS
         raise NodeConfigError(f"node-config 'partition-id' {pid} must be < 'num-partitions' {num}")
     state = Path(values["state-dir"]).expanduser().resolve() if "state-dir" in values else None
     cache = str(Path(values["cache-dir"]).expanduser().resolve()) if "cache-dir" in values else None
-    return NodeSettings(partition_id=pid, num_partitions=num, data_path=values.get("data-path"),
-                        dataset=values.get("dataset"), site=values.get("site", ""), state_dir=state,
-                        cache_dir=cache)
+    return NodeSettings(
+        partition_id=pid,
+        num_partitions=num,
+        data_path=values.get("data-path"),
+        dataset=values.get("dataset"),
+        site=values.get("site", ""),
+        state_dir=state,
+        cache_dir=cache,
+    )

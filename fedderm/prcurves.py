@@ -25,7 +25,9 @@ def pr_curves(y_true, y_prob, num_classes: int, max_points: int = 101) -> dict[s
     out: dict[str, list[float] | float] = {}
     for c in np.unique(y_true):
         precision, recall, _ = precision_recall_curve(y_true == c, y_prob[:, c])
-        keep = np.unique(np.linspace(0, len(precision) - 1, min(max_points, len(precision))).round().astype(int))
+        keep = np.unique(
+            np.linspace(0, len(precision) - 1, min(max_points, len(precision))).round().astype(int)
+        )
         out[f"precision-{c}"] = [float(v) for v in precision[keep]]
         out[f"recall-{c}"] = [float(v) for v in recall[keep]]
         out[f"ap-{c}"] = float(average_precision_score(y_true == c, y_prob[:, c]))
@@ -43,8 +45,12 @@ def plot_pr_curves(path: Path, curves: dict, class_names: list[str] | None, titl
     classes = sorted(int(k.split("-", 1)[1]) for k in curves if k.startswith("ap-"))
     for c in classes:
         name = class_names[c] if class_names and c < len(class_names) else f"class {c}"
-        ax.step(curves[f"recall-{c}"], curves[f"precision-{c}"], where="post",
-                label=f"{name} (AP {curves[f'ap-{c}']:.3f})")
+        ax.step(
+            curves[f"recall-{c}"],
+            curves[f"precision-{c}"],
+            where="post",
+            label=f"{name} (AP {curves[f'ap-{c}']:.3f})",
+        )
     aps = [curves[f"ap-{c}"] for c in classes]
     ax.set_title(f"{title}\nmacro AP {np.mean(aps):.3f}" if aps else title)
     ax.set_xlabel("recall")

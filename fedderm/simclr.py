@@ -44,9 +44,20 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Ten
     return F.cross_entropy(sim, targets)
 
 
-def simclr_round(model: SimCLR, images: torch.Tensor, *, temperature: float, epochs: int, batch_size: int,
-                 lr: float, optimizer: str = "sgd", momentum: float = 0.9, weight_decay: float = 0.0,
-                 seed: int = 0, device: torch.device | str = "cpu") -> dict[str, float]:
+def simclr_round(
+    model: SimCLR,
+    images: torch.Tensor,
+    *,
+    temperature: float,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    optimizer: str = "sgd",
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> dict[str, float]:
     """One round of local SimCLR on ``images`` (uint8, labels unused)."""
     device = torch.device(device)
     augment = ContrastiveAugment(images.shape[-1])
@@ -55,6 +66,17 @@ def simclr_round(model: SimCLR, images: torch.Tensor, *, temperature: float, epo
         x1, x2 = two_views(xb, augment, generator, device)
         return nt_xent(model(x1), model(x2), temperature)
 
-    return train_epochs(model, images, torch.zeros(len(images), dtype=torch.long), loss_fn, epochs=epochs,
-                        batch_size=batch_size, lr=lr, optimizer=optimizer, momentum=momentum,
-                        weight_decay=weight_decay, seed=seed, device=device)
+    return train_epochs(
+        model,
+        images,
+        torch.zeros(len(images), dtype=torch.long),
+        loss_fn,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        optimizer=optimizer,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        seed=seed,
+        device=device,
+    )

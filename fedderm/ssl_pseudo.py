@@ -24,8 +24,16 @@ from .models import create_model
 from .msggan import scales_for
 from .train import make_optimizer, random_flips, to_input
 
-__all__ = ["MULTITASK_TASKS", "MultiTaskSSLNet", "pretrain_multitask", "train_multitask", "encoder_state",
-           "original_ssl_network", "encoder_prefix", "backbone_arrays"]
+__all__ = [
+    "MULTITASK_TASKS",
+    "MultiTaskSSLNet",
+    "pretrain_multitask",
+    "train_multitask",
+    "encoder_state",
+    "original_ssl_network",
+    "encoder_prefix",
+    "backbone_arrays",
+]
 
 MULTITASK_TASKS = ("both", "centre", "restoration")
 
@@ -55,20 +63,39 @@ def _decoder(dim: int, image_size: int, width: int) -> nn.Sequential:
     """Pooled features (B, D) -> image (B, 3, S, S) in [-1, 1] (the inputs' normalised range)."""
     scales = scales_for(image_size)
     s0 = scales[0]
-    chans = [max(width // 2 ** i, 16) for i in range(len(scales))]
-    layers: list[nn.Module] = [nn.Linear(dim, chans[0] * s0 * s0), nn.ReLU(inplace=True),
-                               nn.Unflatten(1, (chans[0], s0, s0))]
+    chans = [max(width // 2**i, 16) for i in range(len(scales))]
+    layers: list[nn.Module] = [
+        nn.Linear(dim, chans[0] * s0 * s0),
+        nn.ReLU(inplace=True),
+        nn.Unflatten(1, (chans[0], s0, s0)),
+    ]
     for i in range(1, len(scales)):
-        layers += [nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(chans[i - 1], chans[i], 3, padding=1),
-                   nn.BatchNorm2d(chans[i]), nn.ReLU(inplace=True)]
+        layers += [
+            nn.Upsample(scale_factor=2, mode="nearest"),
+            nn.Conv2d(chans[i - 1], chans[i], 3, padding=1),
+            nn.BatchNorm2d(chans[i]),
+            nn.ReLU(inplace=True),
+        ]
     layers += [nn.Conv2d(chans[-1], 3, 3, padding=1), nn.Tanh()]
     return nn.Sequential(*layers)
 
 
-def pretrain_multitask(images: torch.Tensor, centres: torch.Tensor, *, model: str, num_centres: int,
-                       tasks: str = "both", epochs: int = 5, batch_size: int = 32, lr: float = 1e-3,
-                       optimizer: str = "adam", patch: int = 0, swaps: int = 10, seed: int = 0,
-                       device: torch.device | str = "cpu") -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def pretrain_multitask(
+    images: torch.Tensor,
+    centres: torch.Tensor,
+    *,
+    model: str,
+    num_centres: int,
+    tasks: str = "both",
+    epochs: int = 5,
+    batch_size: int = 32,
+    lr: float = 1e-3,
+    optimizer: str = "adam",
+    patch: int = 0,
+    swaps: int = 10,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """Pre-train on pseudo images (uint8 (M, 3, S, S)) labelled by centre index (M,).
 
     ``patch`` = side of the swapped patches (0 -> S/8).  Returns the encoder's state dict (keys
@@ -76,19 +103,41 @@ def pretrain_multitask(images: torch.Tensor, centres: torch.Tensor, *, model: st
     """
     torch.manual_seed(seed)
     net = MultiTaskSSLNet(model, num_centres, images.shape[-1], tasks)
-    metrics = train_multitask(net, images, centres, epochs=epochs, batch_size=batch_size, lr=lr,
-                              optimizer=optimizer, patch=patch, swaps=swaps, seed=seed, device=device)
+    metrics = train_multitask(
+        net,
+        images,
+        centres,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        optimizer=optimizer,
+        patch=patch,
+        swaps=swaps,
+        seed=seed,
+        device=device,
+    )
     return encoder_state(net.state_dict()), metrics
 
 
 def encoder_state(ssl_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The ``encoder.*`` part of a :class:`MultiTaskSSLNet` state dict, prefix removed (CPU copies)."""
-    return {k[len("encoder."):]: v.detach().cpu() for k, v in ssl_state.items() if k.startswith("encoder.")}
+    return {k[len("encoder.") :]: v.detach().cpu() for k, v in ssl_state.items() if k.startswith("encoder.")}
 
 
-def train_multitask(net: MultiTaskSSLNet, images: torch.Tensor, centres: torch.Tensor | None = None, *,
-                    epochs: int, batch_size: int, lr: float, optimizer: str = "adam", patch: int = 0,
-                    swaps: int = 10, seed: int = 0, device: torch.device | str = "cpu") -> dict[str, float]:
+def train_multitask(
+    net: MultiTaskSSLNet,
+    images: torch.Tensor,
+    centres: torch.Tensor | None = None,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    optimizer: str = "adam",
+    patch: int = 0,
+    swaps: int = 10,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> dict[str, float]:
     """``epochs`` epochs of Eq. 3 (or the task ``net`` has) on uint8 images; ``centres`` may be None
     for restoration only (a centre pre-training on its own original images: SSL-Fed-R, FedSSL-R).
     Returns the last epoch's mean losses, ``num-examples`` and the time taken."""
@@ -156,4 +205,4 @@ def encoder_prefix(tasks: str) -> str:
 def backbone_arrays(state: dict, prefix: str) -> dict:
     """The ``<prefix>backbone.*`` entries of ``state``, keyed as in ``ProjectedNet.encoder``
     (``backbone.*``); works on tensors and on Flower Arrays alike."""
-    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix + "backbone.")}
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix + "backbone.")}

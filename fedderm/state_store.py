@@ -83,13 +83,20 @@ class Snapshot:
         entry = self._entries.get(name)
         return None if entry is None else entry.get("meta")
 
-    def put(self, name: str, tensors: Mapping[str, torch.Tensor] | None = None, meta: dict | None = None) -> None:
+    def put(
+        self, name: str, tensors: Mapping[str, torch.Tensor] | None = None, meta: dict | None = None
+    ) -> None:
         """Set entry ``name`` (tensors and/or JSON scalars); written by :meth:`commit`."""
         if tensors is None and meta is None:
             raise ValueError(f"client state {name!r}: nothing to store")
         # a copy: the tensors given may be a model's live parameters, trained on after this call
-        values = None if tensors is None else {k: torch.as_tensor(v).detach().to("cpu", copy=True).contiguous()
-                                               for k, v in tensors.items()}
+        values = (
+            None
+            if tensors is None
+            else {
+                k: torch.as_tensor(v).detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()
+            }
+        )
         self._changed[name] = (values, None if meta is None else dict(meta))
 
     @property
@@ -137,8 +144,10 @@ class StateStore:
             size = path.stat().st_size if path.exists() else None
             if size != entry["bytes"]:
                 found = "missing" if size is None else f"{size} bytes"
-                raise StateError(f"{self.label}: client-state file {path} (entry {name!r}) is damaged: "
-                                 f"{found}, expected {entry['bytes']} bytes (truncated by a crash?)")
+                raise StateError(
+                    f"{self.label}: client-state file {path} (entry {name!r}) is damaged: "
+                    f"{found}, expected {entry['bytes']} bytes (truncated by a crash?)"
+                )
             self.read_tensors(entry)
 
     def read_tensors(self, entry: dict) -> dict[str, torch.Tensor]:
@@ -164,12 +173,16 @@ class StateStore:
         for step in ahead:
             self._manifest_path(step).unlink(missing_ok=True)
         self._collect()
-        _atomic_write(marker, lambda p: p.write_text(json.dumps({"token": token, "resume-step": resume_step})))
+        _atomic_write(
+            marker, lambda p: p.write_text(json.dumps({"token": token, "resume-step": resume_step}))
+        )
         if ahead:
             kept = [s for s in steps if s <= resume_step]
-            return (f"{self.label}: stored client state is at step {ahead[-1]}, the server resumes from its "
-                    f"checkpoint at step {resume_step}: rolled back to step {kept[-1] if kept else 0} "
-                    f"(dropped steps {ahead}) in {self.folder}")
+            return (
+                f"{self.label}: stored client state is at step {ahead[-1]}, the server resumes from its "
+                f"checkpoint at step {resume_step}: rolled back to step {kept[-1] if kept else 0} "
+                f"(dropped steps {ahead}) in {self.folder}"
+            )
         return None
 
     # -- reading and writing --------------------------------------------------------------
@@ -213,7 +226,7 @@ class StateStore:
         if self.keep <= 0:
             return
         older = [s for s in self.steps() if s < step]
-        for old in older[:-self.keep] if len(older) > self.keep else []:
+        for old in older[: -self.keep] if len(older) > self.keep else []:
             self._manifest_path(old).unlink(missing_ok=True)
         self._collect()
 

@@ -191,8 +191,14 @@ def _metric(entry: Any, where: str) -> Metric:
             raise SweepError(f"{where}: " + _unknown("metric field", k, list(METRIC_FIELDS)))
     key = entry["key"]
     if "." not in key and key not in FINAL_METRICS and key != "best_round":
-        raise SweepError(f"{where}: " + _unknown(
-            "metric", key, [*FINAL_METRICS, "best_round", "<path into summary.json, e.g. rounds_to_target.0.55>"]))
+        raise SweepError(
+            f"{where}: "
+            + _unknown(
+                "metric",
+                key,
+                [*FINAL_METRICS, "best_round", "<path into summary.json, e.g. rounds_to_target.0.55>"],
+            )
+        )
     final = "." not in key and key in FINAL_METRICS and key != "loss"
     scale, digits = entry.get("scale", 100.0 if final else 1.0), entry.get("digits", 2)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
@@ -206,8 +212,10 @@ def _axis(name: str, values: Any, where: str, valid_keys: list[str] | None) -> l
     if not isinstance(values, list) or not values:
         raise SweepError(f"{where}: axis {name!r} must be a non-empty list, got {values!r}")
     if name in REPLICATE_KEYS:
-        raise SweepError(f"{where}: {name!r} cannot be an axis; the sweep sets it per run "
-                        f"(use sweep.seeds / sweep.cv-folds)")
+        raise SweepError(
+            f"{where}: {name!r} cannot be an axis; the sweep sets it per run "
+            f"(use sweep.seeds / sweep.cv-folds)"
+        )
     if all(isinstance(v, dict) for v in values):  # labelled variants: {name = "...", key = value, ...}
         out = []
         for v in values:
@@ -217,7 +225,9 @@ def _axis(name: str, values: Any, where: str, valid_keys: list[str] | None) -> l
             keys = _flatten({k: x for k, x in v.items() if k != "name"})
             bad = [k for k in keys if k in REPLICATE_KEYS]
             if bad:
-                raise SweepError(f"{where}: axis {name!r} entry {label!r} sets {bad[0]!r}, which the sweep sets per run")
+                raise SweepError(
+                    f"{where}: axis {name!r} entry {label!r} sets {bad[0]!r}, which the sweep sets per run"
+                )
             out.append((label, keys))
         labels = [label for label, _ in out]
         if len(set(labels)) != len(labels):
@@ -228,9 +238,11 @@ def _axis(name: str, values: Any, where: str, valid_keys: list[str] | None) -> l
     if valid_keys is not None and name not in valid_keys:
         close = difflib.get_close_matches(name, valid_keys, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise SweepError(f"{where}: axis {name!r} is not a run-config key.{hint} An axis of values names a "
-                        f"run-config key (or give labelled tables: [{{ name = \"...\", key = value }}]). "
-                        f"Valid keys: {', '.join(valid_keys)}")
+        raise SweepError(
+            f"{where}: axis {name!r} is not a run-config key.{hint} An axis of values names a "
+            f'run-config key (or give labelled tables: [{{ name = "...", key = value }}]). '
+            f"Valid keys: {', '.join(valid_keys)}"
+        )
     return [(_label(v), {name: v}) for v in values]
 
 
@@ -241,15 +253,25 @@ def _renamed(table: Mapping[str, Any], source: str) -> dict[str, Any]:
     for key, value in table.items():
         new = "sweep" + key[4:] if key == "grid" or key.startswith("grid.") else key
         if new != key:
-            warnings.warn(f"{source}: {key!r} is the old name of {new!r}; the old name will be removed",
-                          FutureWarning, stacklevel=3)
+            warnings.warn(
+                f"{source}: {key!r} is the old name of {new!r}; the old name will be removed",
+                FutureWarning,
+                stacklevel=3,
+            )
         out[new] = _renamed(value, source) if key == "quick" and isinstance(value, Mapping) else value
     return out
 
 
-def parse_sweep(data: Mapping[str, Any], name: str, source: str = "<sweep>", quick: bool = False,
-               overrides: Mapping[str, Any] | None = None, seeds: list[int] | None = None,
-               load_config: Callable[[dict], Any] | None = None, valid_keys: list[str] | None = None) -> Sweep:
+def parse_sweep(
+    data: Mapping[str, Any],
+    name: str,
+    source: str = "<sweep>",
+    quick: bool = False,
+    overrides: Mapping[str, Any] | None = None,
+    seeds: list[int] | None = None,
+    load_config: Callable[[dict], Any] | None = None,
+    valid_keys: list[str] | None = None,
+) -> Sweep:
     """Validate a parsed sweep file and build the :class:`Sweep`.
 
     ``overrides`` (``--set``) are run-config keys or ``sweep.<key>``; they apply after ``[quick]``.
@@ -266,22 +288,30 @@ def parse_sweep(data: Mapping[str, Any], name: str, source: str = "<sweep>", qui
     base = _flatten(data.get("run-config", {}))
     bad = [k for k in base if k in REPLICATE_KEYS and k != "output-dir"]
     if bad:
-        raise SweepError(f"{source} [run-config]: {bad[0]!r} is set per run by the sweep (sweep.seeds, sweep.cv-folds)")
+        raise SweepError(
+            f"{source} [run-config]: {bad[0]!r} is set per run by the sweep (sweep.seeds, sweep.cv-folds)"
+        )
     late: dict[str, Any] = {}
-    layers = [("[quick]", _flatten(data.get("quick", {}))) if quick else None,
-              ("--set", dict(overrides or {}))]
+    layers = [
+        ("[quick]", _flatten(data.get("quick", {}))) if quick else None,
+        ("--set", dict(overrides or {})),
+    ]
     for where, layer in filter(None, layers):
         for key, value in layer.items():
             if key.startswith("sweep.axes."):
                 spec.setdefault("axes", {})
-                spec["axes"] = {**spec["axes"], key[len("sweep.axes."):]: value}
+                spec["axes"] = {**spec["axes"], key[len("sweep.axes.") :]: value}
             elif key.startswith("sweep."):
-                sub = key[len("sweep."):]
+                sub = key[len("sweep.") :]
                 if sub not in SWEEP_KEYS:
-                    raise SweepError(f"{source} {where}: " + _unknown("sweep key", key, [f"sweep.{k}" for k in SWEEP_KEYS]))
+                    raise SweepError(
+                        f"{source} {where}: " + _unknown("sweep key", key, [f"sweep.{k}" for k in SWEEP_KEYS])
+                    )
                 spec[sub] = value
             elif key in REPLICATE_KEYS and key != "output-dir":
-                raise SweepError(f"{source} {where}: {key!r} is set per run by the sweep (sweep.seeds, sweep.cv-folds)")
+                raise SweepError(
+                    f"{source} {where}: {key!r} is set per run by the sweep (sweep.seeds, sweep.cv-folds)"
+                )
             else:
                 late[key] = value
     if seeds is not None:
@@ -318,18 +348,34 @@ def parse_sweep(data: Mapping[str, Any], name: str, source: str = "<sweep>", qui
     if table == "per-client":
         bad = [m.key for m in metrics if not m.is_final]
         if bad:
-            raise SweepError(f"{where}: table = \"per-client\" takes final metrics only "
-                            f"({', '.join(FINAL_METRICS)}), got {bad}")
+            raise SweepError(
+                f'{where}: table = "per-client" takes final metrics only '
+                f"({', '.join(FINAL_METRICS)}), got {bad}"
+            )
     raw_axes = get("axes", dict, {})
     axes = {a: _axis(a, v, f"{source} [sweep.axes]", valid_keys) for a, v in raw_axes.items()}
     for where, layer in filter(None, layers):  # a key every entry of an axis sets would be ignored
         for key in layer:
             for a, entries in axes.items():
                 if not key.startswith("sweep.") and all(key in values for _, values in entries):
-                    raise SweepError(f"{source} {where}: {key!r} is set by every entry of axis {a!r}, so this "
-                                    f"value would never be used; set 'sweep.axes.{a}' instead")
-    sweep = Sweep(name, source, title, num_supernodes, [int(s) for s in seed_list], cv_folds, table, metrics,
-                axes, base, late, quick)
+                    raise SweepError(
+                        f"{source} {where}: {key!r} is set by every entry of axis {a!r}, so this "
+                        f"value would never be used; set 'sweep.axes.{a}' instead"
+                    )
+    sweep = Sweep(
+        name,
+        source,
+        title,
+        num_supernodes,
+        [int(s) for s in seed_list],
+        cv_folds,
+        table,
+        metrics,
+        axes,
+        base,
+        late,
+        quick,
+    )
     if load_config is not None:
         for row in sweep.rows():
             config = {**sweep.base, **row.overrides, **sweep.late, "seed": sweep.seeds[0]}
@@ -338,16 +384,25 @@ def parse_sweep(data: Mapping[str, Any], name: str, source: str = "<sweep>", qui
             try:
                 cfg = load_config(config)
             except ConfigError as err:
-                raise SweepError(f"{source}{' (--quick)' if quick else ''}, row {row.describe() or '(base)'}: {err}") from None
+                raise SweepError(
+                    f"{source}{' (--quick)' if quick else ''}, row {row.describe() or '(base)'}: {err}"
+                ) from None
             if getattr(cfg, "min_clients", 1) > num_supernodes:
-                raise SweepError(f"{source}, row {row.describe()}: min-clients={cfg.min_clients} > "
-                                f"num-supernodes={num_supernodes}; the run would wait for clients that never come")
+                raise SweepError(
+                    f"{source}, row {row.describe()}: min-clients={cfg.min_clients} > "
+                    f"num-supernodes={num_supernodes}; the run would wait for clients that never come"
+                )
     return sweep
 
 
-def load_sweep(path: str | Path, quick: bool = False, overrides: Mapping[str, Any] | None = None,
-              seeds: list[int] | None = None, load_config: Callable[[dict], Any] | None = None,
-              valid_keys: list[str] | None = None) -> Sweep:
+def load_sweep(
+    path: str | Path,
+    quick: bool = False,
+    overrides: Mapping[str, Any] | None = None,
+    seeds: list[int] | None = None,
+    load_config: Callable[[dict], Any] | None = None,
+    valid_keys: list[str] | None = None,
+) -> Sweep:
     """Read and validate a sweep file (see :func:`parse_sweep`)."""
     path = Path(path)
     try:

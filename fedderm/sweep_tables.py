@@ -103,8 +103,12 @@ def aggregate(sweep: Sweep, results: list[Mapping[str, Any]]) -> dict[str, Any]:
         by_row.setdefault(run.row.index, []).append((run, result))
     clients: list[str] = []
     if sweep.table == "per-client":
-        ids = {c for r in results if is_complete(r.get("summary"))
-               for c in (r["summary"]["final"].get("per_client") or {})}
+        ids = {
+            c
+            for r in results
+            if is_complete(r.get("summary"))
+            for c in (r["summary"]["final"].get("per_client") or {})
+        }
         clients = sorted(ids, key=client_sort_key)
 
     def cells(done: list[Mapping[str, Any]], client: str | None) -> dict[str, dict]:
@@ -119,20 +123,44 @@ def aggregate(sweep: Sweep, results: list[Mapping[str, Any]]) -> dict[str, Any]:
     for row in sweep.rows():
         entries = by_row.get(row.index, [])
         done = [r for _, r in entries if r["status"] == "done" and is_complete(r.get("summary"))]
-        rows.append({
-            "row": row.index, "axes": row.labels, "overrides": row.overrides,
-            "runs": [{"name": run.name, "seed": run.seed, "fold": run.fold, "dir": r.get("dir"),
-                      "status": r["status"], "reason": r.get("reason", ""), "seconds": r.get("seconds")}
-                     for run, r in entries],
-            "done": len(done), "planned": len(sweep.seeds) * max(sweep.cv_folds, 1),
-            "metrics": cells(done, None),
-            "per_client": {c: cells(done, c) for c in clients},
-        })
-    return {"title": sweep.title, "sweep": sweep.source, "quick": sweep.quick, "table": sweep.table,
-            "num-supernodes": sweep.num_supernodes, "seeds": sweep.seeds, "cv-folds": sweep.cv_folds,
-            "axes": list(sweep.axes), "clients": clients,
-            "metrics": [{"key": m.key, "label": m.label, "scale": m.scale, "digits": m.digits} for m in sweep.metrics],
-            "rows": rows}
+        rows.append(
+            {
+                "row": row.index,
+                "axes": row.labels,
+                "overrides": row.overrides,
+                "runs": [
+                    {
+                        "name": run.name,
+                        "seed": run.seed,
+                        "fold": run.fold,
+                        "dir": r.get("dir"),
+                        "status": r["status"],
+                        "reason": r.get("reason", ""),
+                        "seconds": r.get("seconds"),
+                    }
+                    for run, r in entries
+                ],
+                "done": len(done),
+                "planned": len(sweep.seeds) * max(sweep.cv_folds, 1),
+                "metrics": cells(done, None),
+                "per_client": {c: cells(done, c) for c in clients},
+            }
+        )
+    return {
+        "title": sweep.title,
+        "sweep": sweep.source,
+        "quick": sweep.quick,
+        "table": sweep.table,
+        "num-supernodes": sweep.num_supernodes,
+        "seeds": sweep.seeds,
+        "cv-folds": sweep.cv_folds,
+        "axes": list(sweep.axes),
+        "clients": clients,
+        "metrics": [
+            {"key": m.key, "label": m.label, "scale": m.scale, "digits": m.digits} for m in sweep.metrics
+        ],
+        "rows": rows,
+    }
 
 
 def _md_table(table: Mapping[str, Any], metrics: list[Metric], client: str | None) -> list[str]:
@@ -148,8 +176,7 @@ def _md_table(table: Mapping[str, Any], metrics: list[Metric], client: str | Non
             values = [format_cell(cells_of[m.label], m) if m.label in cells_of else "n/a" for m in metrics]
         count = f"{row['done']}/{row['planned']}"
         if failed:
-            count += "; failed: " + "; ".join(
-                f"{r['name']}: {_short(r['reason'])}" for r in failed)
+            count += "; failed: " + "; ".join(f"{r['name']}: {_short(r['reason'])}" for r in failed)
         lines.append("| " + " | ".join([*(_cell(row["axes"][a]) for a in axes), *values, count]) + " |")
     return lines
 
@@ -160,7 +187,7 @@ def _cell(text: str) -> str:
 
 def _short(reason: str, width: int = 160) -> str:
     line = " ".join(str(reason).split())
-    return _cell(line if len(line) <= width else line[:width - 1] + "…")
+    return _cell(line if len(line) <= width else line[: width - 1] + "…")
 
 
 def render_markdown(table: Mapping[str, Any], footer: str = "") -> str:
@@ -169,11 +196,18 @@ def render_markdown(table: Mapping[str, Any], footer: str = "") -> str:
     ``per-client`` tables give one table per client (C1, C2, …, as 004 Tables II–IV) and then the
     mean over clients (004's GTA)."""
     metrics = [Metric(m["key"], m["label"], m["scale"], m["digits"]) for m in table["metrics"]]
-    reps = f"{len(table['seeds'])} seed(s)" + (f" × {table['cv-folds']} cv-folds" if table["cv-folds"] else "")
-    unit = ("Final metrics (test split, best-on-val model, mean over clients) in %, other columns as labelled"
-            if any(m.is_final for m in metrics) else "Values")
-    note = (f"{unit}, mean ± SD over {reps}; `runs` = completed/planned replicates. "
-            f"{table['num-supernodes']} simulated clients{', --quick settings' if table['quick'] else ''}.")
+    reps = f"{len(table['seeds'])} seed(s)" + (
+        f" × {table['cv-folds']} cv-folds" if table["cv-folds"] else ""
+    )
+    unit = (
+        "Final metrics (test split, best-on-val model, mean over clients) in %, other columns as labelled"
+        if any(m.is_final for m in metrics)
+        else "Values"
+    )
+    note = (
+        f"{unit}, mean ± SD over {reps}; `runs` = completed/planned replicates. "
+        f"{table['num-supernodes']} simulated clients{', --quick settings' if table['quick'] else ''}."
+    )
     lines = [f"### {table['title']}", ""]
     if table["table"] == "per-client":
         for i, client in enumerate(table["clients"], start=1):

@@ -54,8 +54,10 @@ class GlobalSplit:
 def check_test_data_path(cfg) -> None:
     """``test-data-path``, when set, must exist (raises naming the key and the file)."""
     if cfg.test_data_path and not Path(cfg.test_data_path).expanduser().exists():
-        raise ConfigError(f"run-config key 'test-data-path': {cfg.test_data_path!r} does not exist "
-                        f"(resolved: {Path(cfg.test_data_path).expanduser().resolve()})")
+        raise ConfigError(
+            f"run-config key 'test-data-path': {cfg.test_data_path!r} does not exist "
+            f"(resolved: {Path(cfg.test_data_path).expanduser().resolve()})"
+        )
 
 
 def global_split(pool: ImagePool, cfg) -> GlobalSplit:
@@ -66,9 +68,12 @@ def global_split(pool: ImagePool, cfg) -> GlobalSplit:
         return GlobalSplit(test=np.array([], dtype=np.int64), rest=everything, source="test-data-path")
     codes = pool.splits
     if codes is not None and (codes == _TEST).any():
-        return GlobalSplit(test=np.flatnonzero(codes == _TEST), rest=np.flatnonzero(codes != _TEST),
-                           official_val=np.flatnonzero(codes == _VAL) if (codes == _VAL).any() else None,
-                           source=_OWN_SPLIT.get(cfg.dataset, "own split"))
+        return GlobalSplit(
+            test=np.flatnonzero(codes == _TEST),
+            rest=np.flatnonzero(codes != _TEST),
+            official_val=np.flatnonzero(codes == _VAL) if (codes == _VAL).any() else None,
+            source=_OWN_SPLIT.get(cfg.dataset, "own split"),
+        )
     rng = np.random.default_rng(cfg.seed * 1_000_003 + _SALT)
     if pool.groups is not None:
         rest, test = _group_cut(everything, pool.groups, cfg.test_fraction, rng)
@@ -86,8 +91,10 @@ def test_pool(pool: ImagePool, cfg, load) -> tuple[ImagePool, np.ndarray]:
     check_test_data_path(cfg)
     test = load(cfg.test_data_path, list(pool.classes))
     if list(test.classes) != list(pool.classes):
-        raise DataError(f"run-config key 'test-data-path': {cfg.test_data_path} has classes {test.classes}, "
-                        f"the training data {pool.classes}; set 'classes' to fix one order for both")
+        raise DataError(
+            f"run-config key 'test-data-path': {cfg.test_data_path} has classes {test.classes}, "
+            f"the training data {pool.classes}; set 'classes' to fix one order for both"
+        )
     codes = test.splits
     has_test = codes is not None and (codes == _TEST).any()
     idx = np.flatnonzero(codes == _TEST) if has_test else np.arange(len(test))

@@ -39,8 +39,9 @@ def to_input(images: torch.Tensor, device: torch.device) -> torch.Tensor:
     return (images.to(device, non_blocking=True).float() / 255.0 - MEAN) / STD
 
 
-def round_lr(base_lr: float, server_round: int, num_rounds: int, schedule: str = "cosine",
-             decay: float = 0.998) -> float:
+def round_lr(
+    base_lr: float, server_round: int, num_rounds: int, schedule: str = "cosine", decay: float = 0.998
+) -> float:
     """Learning rate of federated round ``server_round`` (1-based): constant, cosine decay, or
     exponential decay base × decay^(r−1) (SiFT §2.4: 0.1 × 0.998 per round)."""
     if schedule == "exponential":
@@ -68,9 +69,20 @@ def batch_scaled_lr(base_lr: float, batch_size: int) -> float:
     return base_lr * batch_size / 256
 
 
-def mim_schedule(base_lr: float, *, server_round: int, num_rounds: int, local_epochs: int, batch_size: int,
-                 lr_step: str = "round", warmup_epochs: float = 0, adam_beta2: float = 0.999,
-                 lr_scaling: str = "absolute", schedule: str = "cosine", decay: float = 0.998) -> dict:
+def mim_schedule(
+    base_lr: float,
+    *,
+    server_round: int,
+    num_rounds: int,
+    local_epochs: int,
+    batch_size: int,
+    lr_step: str = "round",
+    warmup_epochs: float = 0,
+    adam_beta2: float = 0.999,
+    lr_scaling: str = "absolute",
+    schedule: str = "cosine",
+    decay: float = 0.998,
+) -> dict:
     """The optimiser settings of one MAE/BEiT pre-training round (the ``mim.*`` keys), as keyword
     arguments of :func:`train_epochs`: ``lr`` (× batch/256 with ``lr_scaling="batch"``), ``betas``
     (0.9, ``adam_beta2``) and, with ``lr_step="iteration"``, ``lr_at_epoch``: :func:`epoch_lr` over
@@ -87,8 +99,14 @@ def mim_schedule(base_lr: float, *, server_round: int, num_rounds: int, local_ep
     return out
 
 
-def make_optimizer(params, name: str, lr: float, momentum: float = 0.9,
-                   weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999)) -> torch.optim.Optimizer:
+def make_optimizer(
+    params,
+    name: str,
+    lr: float,
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+) -> torch.optim.Optimizer:
     """SGD (with ``momentum``), Adam or AdamW (with ``betas``; MAE pre-trains with (0.9, 0.95))."""
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
@@ -104,12 +122,25 @@ def proximal_term(model: nn.Module, reference: list[torch.Tensor]) -> torch.Tens
     return sum(((p - r) ** 2).sum() for p, r in zip(model.parameters(), reference) if p.requires_grad)
 
 
-def train_epochs(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, loss_fn, *, epochs: int,
-                 batch_size: int, lr: float, optimizer: str = "sgd", momentum: float = 0.9,
-                 weight_decay: float = 0.0, seed: int = 0, device: torch.device | str = "cpu",
-                 params=None, after_backward: Callable[[nn.Module], None] | None = None,
-                 betas: tuple[float, float] = (0.9, 0.999),
-                 lr_at_epoch: Callable[[float], float] | None = None) -> dict[str, float]:
+def train_epochs(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    loss_fn,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    optimizer: str = "sgd",
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    params=None,
+    after_backward: Callable[[nn.Module], None] | None = None,
+    betas: tuple[float, float] = (0.9, 0.999),
+    lr_at_epoch: Callable[[float], float] | None = None,
+) -> dict[str, float]:
     """The local loop every method shares: ``epochs`` passes of shuffled mini-batches.
 
     ``loss_fn(model, images_uint8, labels, generator)`` returns the batch loss (the method's
@@ -148,13 +179,24 @@ def train_epochs(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, l
     return {"train_loss": loss_sum / max(seen, 1), "num-examples": int(len(labels))}
 
 
-def train_supervised(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, *, epochs: int,
-                     batch_size: int, lr: float, optimizer: str = "sgd", momentum: float = 0.9,
-                     weight_decay: float = 0.0, proximal_mu: float = 0.0, seed: int = 0,
-                     device: torch.device | str = "cpu",
-                     regularizer: Callable[[nn.Module], torch.Tensor] | None = None,
-                     after_backward: Callable[[nn.Module], None] | None = None,
-                     augment: Augment = random_flips) -> dict[str, float]:
+def train_supervised(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    optimizer: str = "sgd",
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    proximal_mu: float = 0.0,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    regularizer: Callable[[nn.Module], torch.Tensor] | None = None,
+    after_backward: Callable[[nn.Module], None] | None = None,
+    augment: Augment = random_flips,
+) -> dict[str, float]:
     """Cross-entropy training on ``augment``-ed images (default: random flips; the run's
     ``augment`` policy: :func:`fedderm.augment.policy`); with ``proximal_mu`` > 0 adds FedProx's
     (μ/2)‖w − w_global‖², w_global being the weights the model had on entry.
@@ -174,29 +216,55 @@ def train_supervised(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
             loss = loss + regularizer(model)
         return loss
 
-    return train_epochs(model, images, labels, loss_fn, epochs=epochs, batch_size=batch_size, lr=lr,
-                        optimizer=optimizer, momentum=momentum, weight_decay=weight_decay, seed=seed,
-                        device=device, after_backward=after_backward)
+    return train_epochs(
+        model,
+        images,
+        labels,
+        loss_fn,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        optimizer=optimizer,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        seed=seed,
+        device=device,
+        after_backward=after_backward,
+    )
 
 
 @torch.no_grad()
-def predict(model: nn.Module, images: torch.Tensor, batch_size: int = 256,
-            device: torch.device | str = "cpu") -> torch.Tensor:
+def predict(
+    model: nn.Module, images: torch.Tensor, batch_size: int = 256, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """Softmax probabilities (N, C) of the model in eval mode."""
     device = torch.device(device)
     model.to(device).eval()
-    out = [F.softmax(model(to_input(images[i:i + batch_size], device)), dim=1).cpu()
-           for i in range(0, len(images), batch_size)]
+    out = [
+        F.softmax(model(to_input(images[i : i + batch_size], device)), dim=1).cpu()
+        for i in range(0, len(images), batch_size)
+    ]
     return torch.cat(out) if out else torch.empty(0)
 
 
-def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, num_classes: int, *,
-             batch_size: int = 256, device: torch.device | str = "cpu") -> dict[str, float]:
+def evaluate(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    num_classes: int,
+    *,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+) -> dict[str, float]:
     """Loss and every metric of :func:`fedderm.metrics.classification_metrics` on one split, and
     the confusion matrix over all ``num_classes`` classes (flattened row-major, ``CONFUSION_KEY``)."""
     probs = predict(model, images, batch_size, device)
     y = labels.numpy()
     loss = F.nll_loss(torch.log(probs.clamp_min(1e-12)), labels).item()
     cm = confusion(y, probs.numpy().argmax(axis=1), num_classes) if len(y) else np.zeros((num_classes,) * 2)
-    return {"loss": loss, **classification_metrics(y, probs.numpy(), num_classes),
-            "num-examples": int(len(y)), CONFUSION_KEY: [int(v) for v in cm.reshape(-1)]}
+    return {
+        "loss": loss,
+        **classification_metrics(y, probs.numpy(), num_classes),
+        "num-examples": int(len(y)),
+        CONFUSION_KEY: [int(v) for v in cm.reshape(-1)],
+    }

@@ -54,12 +54,21 @@ class StateClock:
         return cls(run_dir, cfg.keep_checkpoints, simulation, resume_step(run_dir) if cfg.resume else 0)
 
     def stamp(self) -> ConfigRecord:
-        return ConfigRecord({"run": self.run, "run-dir": self.run_dir, "step": self.step + 1,
-                             "resume": self.resume, "token": self.token, "keep": self.keep})
+        return ConfigRecord(
+            {
+                "run": self.run,
+                "run-dir": self.run_dir,
+                "step": self.step + 1,
+                "resume": self.resume,
+                "token": self.token,
+                "keep": self.keep,
+            }
+        )
 
 
-def save_round(grid: Grid, recorder: RunRecorder, stage: str, server_round: int, payload: dict[str, Any],
-               keep: int) -> None:
+def save_round(
+    grid: Grid, recorder: RunRecorder, stage: str, server_round: int, payload: dict[str, Any], keep: int
+) -> None:
     """The checkpoint of (``stage``, ``server_round``), with the client-state step it closes."""
     clock = getattr(grid, "state_clock", None)
     step = clock.step + 1 if clock is not None else 0
@@ -68,10 +77,9 @@ def save_round(grid: Grid, recorder: RunRecorder, stage: str, server_round: int,
         clock.step = step
 
 
-
-
-def rounds_to_target(rounds: list[dict], targets: list[float], split: str = "val",
-                     metric: str = SELECTION_METRIC) -> dict[str, int | None]:
+def rounds_to_target(
+    rounds: list[dict], targets: list[float], split: str = "val", metric: str = SELECTION_METRIC
+) -> dict[str, int | None]:
     """First round whose mean ``metric`` on ``split`` reaches each target (002 Table 2); None if never.
 
     ``rounds`` are :attr:`RunRecorder.rounds` entries; keys of the result are the targets as
@@ -117,8 +125,9 @@ class Tracked:
     with server state of their own extend :meth:`state_dict` / :meth:`load_state_dict`.
     """
 
-    def __init__(self, *, cfg: Config, recorder: RunRecorder, action: str = "",
-                 num_rounds: int | None = None, **kwargs):
+    def __init__(
+        self, *, cfg: Config, recorder: RunRecorder, action: str = "", num_rounds: int | None = None, **kwargs
+    ):
         super().__init__(**kwargs)
         self.cfg, self.recorder = cfg, recorder
         self.action = action  # train messages go out as "train.<action>" (e.g. train.pretrain)
@@ -175,8 +184,9 @@ class Tracked:
             return reply_problem(reply, ArrayRecord({k: self.sent[k] for k in reply.keys()}))
         return reply_problem(reply, self.sent)
 
-    def screen(self, server_round: int, sent_to: list[int], replies: list[Message],
-               validate: bool = True) -> list[Message]:
+    def screen(
+        self, server_round: int, sent_to: list[int], replies: list[Message], validate: bool = True
+    ) -> list[Message]:
         """The replies fit for aggregation; failures, silences and rejections are logged and
         recorded in ``summary.json`` under ``missing_clients``."""
         good, missing = [], []
@@ -184,21 +194,42 @@ class Tracked:
         for msg in replies:
             node = msg.metadata.src_node_id
             answered.add(node)
-            problem = f"failed: {short_reason(msg.error.reason)}" if msg.has_error() else (
-                f"rejected: {p}" if validate and (p := self.validate_reply(msg)) else None)
+            problem = (
+                f"failed: {short_reason(msg.error.reason)}"
+                if msg.has_error()
+                else (f"rejected: {p}" if validate and (p := self.validate_reply(msg)) else None)
+            )
             if problem:
                 missing.append((node, problem))
             else:
                 good.append(msg)
-        missing += [(node, f"no reply within round-timeout={self.cfg.round_timeout:g} s")
-                    for node in sent_to if node not in answered]
+        missing += [
+            (node, f"no reply within round-timeout={self.cfg.round_timeout:g} s")
+            for node in sent_to
+            if node not in answered
+        ]
         for node, why in missing:
-            log(WARNING, "%s round %d: client %s (node %d) left out: %s", self.stage, server_round,
-                self._partition(node), node, why)
+            log(
+                WARNING,
+                "%s round %d: client %s (node %d) left out: %s",
+                self.stage,
+                server_round,
+                self._partition(node),
+                node,
+                why,
+            )
         if missing:
             record = self.recorder.extra.setdefault("missing_clients", [])
-            record += [{"stage": self.stage, "round": server_round, "partition-id": self._partition(n),
-                        "node-id": n, "reason": why} for n, why in missing]
+            record += [
+                {
+                    "stage": self.stage,
+                    "round": server_round,
+                    "partition-id": self._partition(n),
+                    "node-id": n,
+                    "reason": why,
+                }
+                for n, why in missing
+            ]
             self.recorder.update_extra({"missing_clients": record})
         return good
 
@@ -237,8 +268,14 @@ class Tracked:
         self.accepted = replies  # subclasses aggregate extra records of these replies only
         self.train_per_client = self._per_client(replies)
         if len(replies) < self.cfg.min_clients:
-            log(WARNING, "%s round %d: %d usable replies < min-clients=%d; the global model is kept",
-                self.stage, server_round, len(replies), self.cfg.min_clients)
+            log(
+                WARNING,
+                "%s round %d: %d usable replies < min-clients=%d; the global model is kept",
+                self.stage,
+                server_round,
+                len(replies),
+                self.cfg.min_clients,
+            )
             return None, None
         arrays, metrics = self._aggregate(server_round, replies)
         if arrays is not None and self.sent is not None:
@@ -294,12 +331,15 @@ class Tracked:
             return None
         super().aggregate_evaluate(server_round, replies)  # Flower's consistency checks and logs
         self.evaluated = per_client  # written by the round loop (evaluate_round), not from this hook
-        scalars = {pid: {k: v for k, v in m.items() if isinstance(v, (int, float))} for pid, m in per_client.items()}
+        scalars = {
+            pid: {k: v for k, v in m.items() if isinstance(v, (int, float))} for pid, m in per_client.items()
+        }
         return MetricRecord(_finite(mean_over_clients(scalars)))
 
     # -- evaluation plan and bookkeeping --------------------------------------------------
-    def evaluate_round(self, grid: Grid, server_round: int, arrays: ArrayRecord, split: str,
-                       timeout: float) -> dict[str, float]:
+    def evaluate_round(
+        self, grid: Grid, server_round: int, arrays: ArrayRecord, split: str, timeout: float
+    ) -> dict[str, float]:
         """Send ``arrays`` to every client for evaluation on ``split``; return the mean metrics."""
         msgs = self.configure_evaluate(server_round, arrays, ConfigRecord({"split": split}), grid)
         self.evaluated = None
@@ -308,12 +348,15 @@ class Tracked:
             self.last_mean = self.record_evaluation(server_round, self.evaluated)
         return self.last_mean
 
-    def record_evaluation(self, server_round: int, per_client: dict[str, dict[str, float]]) -> dict[str, float]:
+    def record_evaluation(
+        self, server_round: int, per_client: dict[str, dict[str, float]]
+    ) -> dict[str, float]:
         """Hand one evaluation's per-client metrics to the results module; returns their mean."""
         if self.split == "test":
             return self.recorder.set_final(per_client, self.best_round)
-        return self.recorder.log_round(server_round, self.split, per_client,
-                                       train=_mean_train_loss(self.train_per_client))
+        return self.recorder.log_round(
+            server_round, self.split, per_client, train=_mean_train_loss(self.train_per_client)
+        )
 
     def after_round(self, server_round: int, arrays: ArrayRecord) -> None:
         """Called with the global model after every round (and round 0): best-on-val, progress."""
@@ -324,26 +367,51 @@ class Tracked:
         train = _mean_train_loss(self.train_per_client)
         if self.traffic is not None and server_round > 0:
             t = self.traffic
-            log(INFO, "%s round %d: bytes sent %d (%.2f MB: server->clients %.2f MB, clients->server %.2f MB, "
-                "%d messages)", self.stage, server_round, t["down"] + t["up"], (t["down"] + t["up"]) / 2**20,
-                t["down"] / 2**20, t["up"] / 2**20, t["messages"])
-            self.traffic_log.append({"stage": self.stage, "round": server_round, "bytes": t["down"] + t["up"], **t})
+            log(
+                INFO,
+                "%s round %d: bytes sent %d (%.2f MB: server->clients %.2f MB, clients->server %.2f MB, "
+                "%d messages)",
+                self.stage,
+                server_round,
+                t["down"] + t["up"],
+                (t["down"] + t["up"]) / 2**20,
+                t["down"] / 2**20,
+                t["up"] / 2**20,
+                t["messages"],
+            )
+            self.traffic_log.append(
+                {"stage": self.stage, "round": server_round, "bytes": t["down"] + t["up"], **t}
+            )
             self.recorder.update_extra({"bytes_per_round": self.traffic_log})
         self.traffic = None
         seconds = time.monotonic() - self._round_start
         self.time_log.append({"stage": self.stage, "round": server_round, "seconds": round(seconds, 3)})
         self.recorder.update_extra({"round_seconds": self.time_log})
-        log(INFO, "%sround %d/%d · val %s %.3f · accuracy %.3f · train loss %s · best %.3f @ round %s · %.1f s",
-            f"{self.action} " if self.action else "", server_round, self.num_rounds, SELECTION_METRIC, score,
+        log(
+            INFO,
+            "%sround %d/%d · val %s %.3f · accuracy %.3f · train loss %s · best %.3f @ round %s · %.1f s",
+            f"{self.action} " if self.action else "",
+            server_round,
+            self.num_rounds,
+            SELECTION_METRIC,
+            score,
             self.last_mean.get("accuracy", float("nan")),
-            f"{train['train_loss']:.3f}" if train else "-", self.best_score, self.best_round, seconds)
+            f"{train['train_loss']:.3f}" if train else "-",
+            self.best_score,
+            self.best_round,
+            seconds,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Server-side state a checkpoint must hold to continue exactly (extend in subclasses)."""
-        return {"best_round": self.best_round, "best_score": self.best_score,
-                "best_arrays": None if self.best_arrays is None else wire.to_state_dict(self.best_arrays),
-                "last_mean": dict(self.last_mean), "traffic_log": list(self.traffic_log),
-                "time_log": list(self.time_log)}
+        return {
+            "best_round": self.best_round,
+            "best_score": self.best_score,
+            "best_arrays": None if self.best_arrays is None else wire.to_state_dict(self.best_arrays),
+            "last_mean": dict(self.last_mean),
+            "traffic_log": list(self.traffic_log),
+            "time_log": list(self.time_log),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best_round, self.best_score = state["best_round"], state["best_score"]
@@ -358,8 +426,14 @@ def _mean_train_loss(per_client: dict[str, dict[str, float]]) -> dict[str, float
     return {"train_loss": sum(losses) / len(losses)} if losses else None
 
 
-def run_rounds(strategy: Tracked, grid: Grid, arrays: ArrayRecord, *, evaluate: bool = True,
-               on_round: Callable[[int, ArrayRecord], None] | None = None) -> ArrayRecord:
+def run_rounds(
+    strategy: Tracked,
+    grid: Grid,
+    arrays: ArrayRecord,
+    *,
+    evaluate: bool = True,
+    on_round: Callable[[int, ArrayRecord], None] | None = None,
+) -> ArrayRecord:
     """Drive ``strategy.num_rounds`` rounds (train, then val if ``evaluate``) and return the
     final global model.
 
@@ -390,9 +464,18 @@ def run_rounds(strategy: Tracked, grid: Grid, arrays: ArrayRecord, *, evaluate: 
         if evaluate:
             strategy.evaluate_round(view, server_round, arrays, "val", cfg.round_timeout)
         (on_round or strategy.after_round)(server_round, arrays)
-        save_round(grid, recorder, strategy.stage, server_round,
-                   {"arrays": wire.to_state_dict(arrays), "strategy": strategy.state_dict(),
-                    "recorder": recorder.state()}, keep=cfg.keep_checkpoints)
+        save_round(
+            grid,
+            recorder,
+            strategy.stage,
+            server_round,
+            {
+                "arrays": wire.to_state_dict(arrays),
+                "strategy": strategy.state_dict(),
+                "recorder": recorder.state(),
+            },
+            keep=cfg.keep_checkpoints,
+        )
     return arrays
 
 
@@ -407,12 +490,17 @@ def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) ->
     strategy.evaluate_round(view, strategy.num_rounds, best, "test", strategy.cfg.round_timeout)
     # -- test-set="global": the same model on the global test set (strategies/globaltest.py) --
     from .globaltest import global_test
+
     global_test(strategy, view, best, strategy.num_rounds)
     reached = rounds_to_target(strategy.recorder.rounds, strategy.cfg.target_list)
     strategy.recorder.update_extra({"rounds_to_target": reached})
-    log(INFO, "rounds to reach mean val %s %s: %s", SELECTION_METRIC,
-        ", ".join(reached) or "(no targets)", ", ".join(str(v) for v in reached.values()) or "-")
+    log(
+        INFO,
+        "rounds to reach mean val %s %s: %s",
+        SELECTION_METRIC,
+        ", ".join(reached) or "(no targets)",
+        ", ".join(str(v) for v in reached.values()) or "-",
+    )
     strategy.recorder.save_model(wire.to_state_dict(final))
     strategy.recorder.save_model(wire.to_state_dict(best), name="model-best.pt")
     return final
-

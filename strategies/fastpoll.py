@@ -20,8 +20,12 @@ POLL_INTERVAL = 0.1  # seconds between pulls in send_and_receive_fast
 IN_MEMORY_POLL_INTERVAL = 0.02
 
 
-def send_and_receive_fast(grid: Grid, messages: Iterable[Message], timeout: float | None = None,
-                          poll_interval: float = POLL_INTERVAL) -> list[Message]:
+def send_and_receive_fast(
+    grid: Grid,
+    messages: Iterable[Message],
+    timeout: float | None = None,
+    poll_interval: float = POLL_INTERVAL,
+) -> list[Message]:
     """``grid.send_and_receive`` that checks for replies every ``poll_interval`` seconds.
 
     Flower's deployment grid (``HttpGrid``) sleeps 3 s between pulls, so every message
@@ -34,8 +38,12 @@ def send_and_receive_fast(grid: Grid, messages: Iterable[Message], timeout: floa
     pushed = list(grid.push_messages(list(messages)))
     pending = {mid for mid in pushed if mid}
     if len(pending) < len(pushed):
-        log(WARNING, "send_and_receive_fast: %d of %d messages could not be pushed",
-            len(pushed) - len(pending), len(pushed))
+        log(
+            WARNING,
+            "send_and_receive_fast: %d of %d messages could not be pushed",
+            len(pushed) - len(pending),
+            len(pushed),
+        )
     end = None if timeout is None else time.monotonic() + timeout
     replies: list[Message] = []
     while pending:

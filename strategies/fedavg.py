@@ -11,5 +11,6 @@ class FedAvgStrategy(Tracked, FedAvg):
 
 def build_strategy(cfg, recorder) -> FedAvgStrategy:
     n = cfg.min_clients
-    return FedAvgStrategy(cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n,
-                          min_available_nodes=n)
+    return FedAvgStrategy(
+        cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n
+    )

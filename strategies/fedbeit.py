@@ -27,7 +27,19 @@ def run(grid, cfg, recorder, classes) -> None:
     options = BEiTOptions.from_config(cfg)
     torch.manual_seed(cfg.seed)
     model = build_beit(cfg)
-    log(INFO, "Fed-BEiT: block-wise mask ratio %.2f, %d visual tokens from %s", options.mask_ratio,
-        options.vocab_size, options.tokenizer or "the seeded random-projection tokenizer (substitute for DALL-E)")
-    pretrain_then_finetune(grid, cfg, recorder, classes, build_strategy(cfg, recorder),
-                           to_record(model.state_dict()), backbone_state=mae_backbone_state(cfg, len(classes)))
+    log(
+        INFO,
+        "Fed-BEiT: block-wise mask ratio %.2f, %d visual tokens from %s",
+        options.mask_ratio,
+        options.vocab_size,
+        options.tokenizer or "the seeded random-projection tokenizer (substitute for DALL-E)",
+    )
+    pretrain_then_finetune(
+        grid,
+        cfg,
+        recorder,
+        classes,
+        build_strategy(cfg, recorder),
+        to_record(model.state_dict()),
+        backbone_state=mae_backbone_state(cfg, len(classes)),
+    )

@@ -28,7 +28,9 @@ class FedBNStrategy(PRCurves, Tracked, FedAvg):
 
 def build_strategy(cfg, recorder) -> FedBNStrategy:
     n = cfg.min_clients
-    return FedBNStrategy(cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n)
+    return FedBNStrategy(
+        cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n
+    )
 
 
 def run(grid, cfg, recorder, classes):

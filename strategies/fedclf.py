@@ -34,8 +34,12 @@ from .common import Tracked
 from .finetune import pretrain_strategy, pretrain_then_finetune
 
 
-def relay_features(uploads: Mapping[int, np.ndarray], destination: int, rng: np.random.Generator,
-                   order: Callable[[int], Any] | None = None) -> np.ndarray:
+def relay_features(
+    uploads: Mapping[int, np.ndarray],
+    destination: int,
+    rng: np.random.Generator,
+    order: Callable[[int], Any] | None = None,
+) -> np.ndarray:
     """Eq. 2: Q_r for ``destination`` = the features every *other* client uploaded, as one array
     whose rows are shuffled (no trace of who sent which row).  The uploads are joined in ``order``
     of their node ids (a sort key; default: the ids themselves) before the shuffle."""
@@ -57,8 +61,10 @@ def feature_problem(record: ArrayRecord | None, queue_size: int, dtype: str) -> 
         return f"the {FEATURES!r} record holds {sorted(record.keys())[:3]}, expected ['features']"
     values = wire.values(record["features"])
     if values.ndim != 2 or values.shape[1] != FEATURE_DIM or not 1 <= values.shape[0] <= queue_size:
-        return (f"features of shape {list(values.shape)}, expected [1..{queue_size}, {FEATURE_DIM}] "
-                "(fedclf.queue-size, the MoCo feature dimension)")
+        return (
+            f"features of shape {list(values.shape)}, expected [1..{queue_size}, {FEATURE_DIM}] "
+            "(fedclf.queue-size, the MoCo feature dimension)"
+        )
     if values.dtype != np.dtype(dtype):
         return f"features in {values.dtype}, expected {dtype} (fedclf.feature-dtype)"
     if not np.isfinite(values).all():
@@ -101,13 +107,18 @@ class FedCLFStrategy(Tracked, FedAvg):
                 pid = self._pid(r.metadata.src_node_id)
                 uploads[pid] = r.content[FEATURES]["features"].numpy()
                 if "metrics" in r.content and "relay-releases" in r.content["metrics"]:  # private relay
-                    self.releases[str(pid)] = self.releases.get(str(pid), 0) + int(r.content["metrics"]["relay-releases"])
+                    self.releases[str(pid)] = self.releases.get(str(pid), 0) + int(
+                        r.content["metrics"]["relay-releases"]
+                    )
                 del r.content[FEATURES]
         return uploads
 
     def feature_problem(self, msg: Message) -> str | None:
-        return feature_problem(msg.content.array_records.get(FEATURES), int(self.cfg.option("fedclf.queue-size")),
-                               str(self.cfg.option("fedclf.feature-dtype")))
+        return feature_problem(
+            msg.content.array_records.get(FEATURES),
+            int(self.cfg.option("fedclf.queue-size")),
+            str(self.cfg.option("fedclf.feature-dtype")),
+        )
 
     def validate_reply(self, msg: Message) -> str | None:
         """The model checks of every method, then (feature sharing) the feature upload's."""
@@ -120,8 +131,14 @@ class FedCLFStrategy(Tracked, FedAvg):
     def collect_initial_features(self, arrays: ArrayRecord, node_ids: list[int], grid) -> None:
         """``query.features`` to every client: their initial Q_l, encoded by the initial model;
         uploads that fail :func:`feature_problem` are rejected and logged."""
-        msgs = [Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": 0})}),
-                        dst_node_id=nid, message_type="query.features") for nid in node_ids]
+        msgs = [
+            Message(
+                RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": 0})}),
+                dst_node_id=nid,
+                message_type="query.features",
+            )
+            for nid in node_ids
+        ]
         replies = list(grid.send_and_receive(msgs, timeout=self.timeout))
         good, rejected = [], []
         for r in self.in_order(replies):
@@ -141,19 +158,41 @@ class FedCLFStrategy(Tracked, FedAvg):
     def _reject(self, server_round: int, rejected: list[tuple[int, str]]) -> None:
         """Log and record (``missing_clients``) the clients whose initial upload was refused."""
         for nid, why in rejected:
-            log(WARNING, "%s round %d: client %s (node %d) left out: %s", self.stage, server_round,
-                self._partition(nid), nid, why)
+            log(
+                WARNING,
+                "%s round %d: client %s (node %d) left out: %s",
+                self.stage,
+                server_round,
+                self._partition(nid),
+                nid,
+                why,
+            )
         if rejected:
             record = self.recorder.extra.setdefault("missing_clients", [])
-            record += [{"stage": self.stage, "round": server_round, "partition-id": self._partition(n),
-                        "node-id": n, "reason": why} for n, why in rejected]
+            record += [
+                {
+                    "stage": self.stage,
+                    "round": server_round,
+                    "partition-id": self._partition(n),
+                    "node-id": n,
+                    "reason": why,
+                }
+                for n, why in rejected
+            ]
             self.recorder.update_extra({"missing_clients": record})
 
     def _log_uploads(self, server_round: int) -> None:
         for pid in sorted(self.uploads):
             f = self.uploads[pid]
-            log(INFO, "fedclf round %d: client %d uploaded %d features (%d bytes, %s)", server_round, pid,
-                len(f), f.nbytes, f.dtype)
+            log(
+                INFO,
+                "fedclf round %d: client %d uploaded %d features (%d bytes, %s)",
+                server_round,
+                pid,
+                len(f),
+                f.nbytes,
+                f.dtype,
+            )
 
     # -- relaying ---------------------------------------------------------------------
     def configure_train(self, server_round, arrays, config, grid):
@@ -165,20 +204,38 @@ class FedCLFStrategy(Tracked, FedAvg):
             self.collect_initial_features(arrays, destinations, grid)
         rng = np.random.default_rng([self.cfg.seed, server_round])
         out, received = [], {}
-        for msg in sorted(messages, key=lambda m: self.node_order(m.metadata.dst_node_id)):  # rng draws by partition
+        for msg in sorted(
+            messages, key=lambda m: self.node_order(m.metadata.dst_node_id)
+        ):  # rng draws by partition
             nid = msg.metadata.dst_node_id
             pid = self._pid(nid)
             remote = relay_features(self.uploads, pid, rng)
             content = RecordDict({"arrays": msg.content["arrays"], "config": msg.content["config"]})
             if len(remote):
                 content[REMOTE] = ArrayRecord({"features": to_array(np.ascontiguousarray(remote))})
-            out.append(Message(content=content, dst_node_id=nid, message_type=msg.metadata.message_type,
-                               group_id=msg.metadata.group_id or None))
+            out.append(
+                Message(
+                    content=content,
+                    dst_node_id=nid,
+                    message_type=msg.metadata.message_type,
+                    group_id=msg.metadata.group_id or None,
+                )
+            )
             received[f"client {pid}"] = int(remote.nbytes)
-            log(INFO, "fedclf round %d: relayed %d remote features (%d bytes, %s) to client %d", server_round,
-                len(remote), remote.nbytes, remote.dtype, pid)
-        entry = {"round": server_round, "received_bytes": dict(sorted(received.items())),
-                 "uploaded_bytes": dict(sorted((f"client {p}", int(f.nbytes)) for p, f in self.uploads.items()))}
+            log(
+                INFO,
+                "fedclf round %d: relayed %d remote features (%d bytes, %s) to client %d",
+                server_round,
+                len(remote),
+                remote.nbytes,
+                remote.dtype,
+                pid,
+            )
+        entry = {
+            "round": server_round,
+            "received_bytes": dict(sorted(received.items())),
+            "uploaded_bytes": dict(sorted((f"client {p}", int(f.nbytes)) for p, f in self.uploads.items())),
+        }
         relay = self.recorder.extra.get("feature_relay", [])
         self.recorder.update_extra({"feature_relay": [*relay, entry]})
         return out
@@ -186,7 +243,11 @@ class FedCLFStrategy(Tracked, FedAvg):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         arrays, metrics = super().aggregate_train(server_round, replies)
         if self.feature_sharing and arrays is None:
-            log(WARNING, "fedclf round %d: too few usable replies; relaying the previous features", server_round)
+            log(
+                WARNING,
+                "fedclf round %d: too few usable replies; relaying the previous features",
+                server_round,
+            )
         return arrays, metrics
 
     def _aggregate(self, server_round: int, replies: list[Message]):
@@ -198,8 +259,11 @@ class FedCLFStrategy(Tracked, FedAvg):
                 self._log_uploads(server_round)
                 self._account(server_round)
             else:
-                log(WARNING, "fedclf round %d: no client uploaded features; relaying the previous ones",
-                    server_round)
+                log(
+                    WARNING,
+                    "fedclf round %d: no client uploaded features; relaying the previous ones",
+                    server_round,
+                )
         return super()._aggregate(server_round, replies)
 
     def _account(self, server_round: int) -> None:
@@ -207,20 +271,37 @@ class FedCLFStrategy(Tracked, FedAvg):
         (:func:`fedderm.relay_privacy.relay_epsilon`), in summary.json ``relay_privacy`` and TensorBoard."""
         if not self.releases:
             return
-        sigma, delta = float(self.cfg.option("fedclf.relay-noise-multiplier")), float(self.cfg.option("fedclf.relay-delta"))
+        sigma, delta = (
+            float(self.cfg.option("fedclf.relay-noise-multiplier")),
+            float(self.cfg.option("fedclf.relay-delta")),
+        )
         eps = {pid: relay_epsilon(sigma, n, delta) for pid, n in sorted(self.releases.items())}
-        entry = {"round": server_round, "delta": delta, "noise_multiplier": sigma,
-                 "clip": float(self.cfg.option("fedclf.relay-clip")), "releases": dict(sorted(self.releases.items())),
-                 "epsilon": eps}
+        entry = {
+            "round": server_round,
+            "delta": delta,
+            "noise_multiplier": sigma,
+            "clip": float(self.cfg.option("fedclf.relay-clip")),
+            "releases": dict(sorted(self.releases.items())),
+            "epsilon": eps,
+        }
         self.recorder.update_extra({"relay_privacy": [*self.recorder.extra.get("relay_privacy", []), entry]})
         self.recorder.track("privacy", server_round, {f"epsilon/client-{pid}": e for pid, e in eps.items()})
-        log(INFO, "fedclf round %d: private relay (sigma %g, delta %g): epsilon per client %s", server_round, sigma,
-            delta, {pid: round(e, 3) for pid, e in eps.items()})
+        log(
+            INFO,
+            "fedclf round %d: private relay (sigma %g, delta %g): epsilon per client %s",
+            server_round,
+            sigma,
+            delta,
+            {pid: round(e, 3) for pid, e in eps.items()},
+        )
 
     def state_dict(self):
         """The relay bank (each client's latest features) goes into the checkpoint too."""
-        return {**super().state_dict(), "uploads": dict(self.uploads),  # by partition id
-                "releases": dict(self.releases)}
+        return {
+            **super().state_dict(),
+            "uploads": dict(self.uploads),  # by partition id
+            "releases": dict(self.releases),
+        }
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
@@ -233,10 +314,14 @@ def build_strategy(cfg, recorder, feature_sharing: bool | None = None) -> FedCLF
     if feature_sharing is None:
         feature_sharing = cfg.option("fedclf.feature-sharing")
     if feature_sharing is False and not cfg.option("fedclf.local-negatives"):
-        log(INFO, "fedclf: without feature sharing the negatives are the local queue (MoCo); "
-                  "fedclf.local-negatives=false is ignored")
-    return pretrain_strategy(FedCLFStrategy, cfg, recorder, feature_sharing=feature_sharing,
-                             timeout=cfg.round_timeout)
+        log(
+            INFO,
+            "fedclf: without feature sharing the negatives are the local queue (MoCo); "
+            "fedclf.local-negatives=false is ignored",
+        )
+    return pretrain_strategy(
+        FedCLFStrategy, cfg, recorder, feature_sharing=feature_sharing, timeout=cfg.round_timeout
+    )
 
 
 def initial_moco(cfg) -> ArrayRecord:
@@ -246,5 +331,6 @@ def initial_moco(cfg) -> ArrayRecord:
 
 
 def run(grid, cfg, recorder, classes, feature_sharing: bool | None = None) -> None:
-    pretrain_then_finetune(grid, cfg, recorder, classes, build_strategy(cfg, recorder, feature_sharing),
-                           initial_moco(cfg))
+    pretrain_then_finetune(
+        grid, cfg, recorder, classes, build_strategy(cfg, recorder, feature_sharing), initial_moco(cfg)
+    )

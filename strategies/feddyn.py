@@ -41,11 +41,11 @@ class FedDynStrategy(Tracked, FedAvg):
         if arrays is None or not models:
             return arrays, metrics
         state = wire.to_state_dict(arrays)
-        theta, self.h = feddyn_server_step(self.previous, models, self.h, self.alpha,
-                                           max(self.num_sampled, len(models)), self.param_names)
+        theta, self.h = feddyn_server_step(
+            self.previous, models, self.h, self.alpha, max(self.num_sampled, len(models)), self.param_names
+        )
         state.update(theta)
         return wire.to_record(state), metrics
-
 
     def state_dict(self):
         return {**super().state_dict(), "h": dict(self.h)}
@@ -59,5 +59,12 @@ def build_strategy(cfg, recorder) -> FedDynStrategy:
     n = cfg.min_clients
     model = create_model(cfg.model, num_classes=2, image_size=cfg.image_size)
     names = [name for name, p in model.named_parameters() if p.requires_grad]
-    return FedDynStrategy(cfg=cfg, recorder=recorder, alpha=float(cfg.option("feddyn.alpha")),
-                          param_names=names, min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n)
+    return FedDynStrategy(
+        cfg=cfg,
+        recorder=recorder,
+        alpha=float(cfg.option("feddyn.alpha")),
+        param_names=names,
+        min_train_nodes=n,
+        min_evaluate_nodes=n,
+        min_available_nodes=n,
+    )

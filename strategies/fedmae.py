@@ -51,14 +51,21 @@ class FedMAEStrategy(Tracked, FedAvg):
             if not msg.has_error() and LOCAL_RECORD in msg.content:
                 record = msg.content.pop(LOCAL_RECORD)
                 weight = msg.content["metrics"]["num-examples"]
-                local.append(RecordDict({"arrays": record, "metrics": MetricRecord({"num-examples": weight})}))
+                local.append(
+                    RecordDict({"arrays": record, "metrics": MetricRecord({"num-examples": weight})})
+                )
         arrays, metrics = super().aggregate_train(server_round, replies)
         if arrays is None:
             return None, metrics
         local_mean = aggregate_arrayrecords(local, "num-examples") if local else ArrayRecord()
         if local:
-            log(INFO, "round %d: averaged the clients' %d kept parameters (%s) into the global model",
-                server_round, len(local_mean), ", ".join(local_mean.keys()))
+            log(
+                INFO,
+                "round %d: averaged the clients' %d kept parameters (%s) into the global model",
+                server_round,
+                len(local_mean),
+                ", ".join(local_mean.keys()),
+            )
         return merge_global(self._global, arrays, local_mean), metrics
 
 
@@ -93,13 +100,28 @@ def run(grid, cfg, recorder, classes) -> None:
     mae = build_mae(cfg)
     if options.init_checkpoint:
         keys = load_mae_checkpoint(mae, options.init_checkpoint)
-        log(INFO, "fedmae.init-checkpoint: loaded %d tensors from %s (strict)", len(keys), options.init_checkpoint)
+        log(
+            INFO,
+            "fedmae.init-checkpoint: loaded %d tensors from %s (strict)",
+            len(keys),
+            options.init_checkpoint,
+        )
     backbone = mae_backbone_state(cfg, len(classes))
     if not options.pretrain:
-        log(INFO, "fedmae.pretrain=false: no federated pre-training; fine-tuning from %s",
-            options.init_checkpoint or "random initialisation")
+        log(
+            INFO,
+            "fedmae.pretrain=false: no federated pre-training; fine-tuning from %s",
+            options.init_checkpoint or "random initialisation",
+        )
         finetune_pretrained(grid, cfg, recorder, classes, to_record(mae.state_dict()), backbone)
         return
     log(INFO, "FedMAE: mask ratio %.2f, kept on the clients: %s", options.mask_ratio, options.exclude)
-    pretrain_then_finetune(grid, cfg, recorder, classes, build_strategy(cfg, recorder),
-                           to_record(mae.state_dict()), backbone_state=backbone)
+    pretrain_then_finetune(
+        grid,
+        cfg,
+        recorder,
+        classes,
+        build_strategy(cfg, recorder),
+        to_record(mae.state_dict()),
+        backbone_state=backbone,
+    )

@@ -12,5 +12,11 @@ class FedProxStrategy(Tracked, FedProx):
 
 def build_strategy(cfg, recorder) -> FedProxStrategy:
     n = cfg.min_clients
-    return FedProxStrategy(cfg=cfg, recorder=recorder, proximal_mu=cfg.proximal_mu, min_train_nodes=n,
-                           min_evaluate_nodes=n, min_available_nodes=n)
+    return FedProxStrategy(
+        cfg=cfg,
+        recorder=recorder,
+        proximal_mu=cfg.proximal_mu,
+        min_train_nodes=n,
+        min_evaluate_nodes=n,
+        min_available_nodes=n,
+    )

@@ -23,5 +23,6 @@ def build_strategy(cfg, recorder) -> FedRotationStrategy:
 def run(grid, cfg, recorder, classes) -> None:
     torch.manual_seed(cfg.seed)
     model = create_model(cfg.model, NUM_ROTATIONS, cfg.image_size)
-    pretrain_then_finetune(grid, cfg, recorder, classes, build_strategy(cfg, recorder),
-                           to_record(model.state_dict()))
+    pretrain_then_finetune(
+        grid, cfg, recorder, classes, build_strategy(cfg, recorder), to_record(model.state_dict())
+    )

@@ -22,5 +22,6 @@ def build_strategy(cfg, recorder) -> FedSimCLRStrategy:
 def run(grid, cfg, recorder, classes) -> None:
     torch.manual_seed(cfg.seed)
     model = build_simclr(cfg.model, cfg.image_size)
-    pretrain_then_finetune(grid, cfg, recorder, classes, build_strategy(cfg, recorder),
-                           to_record(model.state_dict()))
+    pretrain_then_finetune(
+        grid, cfg, recorder, classes, build_strategy(cfg, recorder), to_record(model.state_dict())
+    )

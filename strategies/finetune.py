@@ -42,13 +42,15 @@ class LocalFinetune(Tracked, FedAvg):
 
     def configure_train(self, server_round, arrays, config, grid):
         config["local"] = True
-        return super().configure_train(server_round, arrays if server_round == 1 else ArrayRecord(),
-                                       config, grid)
+        return super().configure_train(
+            server_round, arrays if server_round == 1 else ArrayRecord(), config, grid
+        )
 
     def configure_evaluate(self, server_round, arrays, config, grid):
         config["local"] = server_round > 0  # round 0 evaluates the pre-trained model itself
-        return super().configure_evaluate(server_round, ArrayRecord() if server_round > 0 else arrays,
-                                          config, grid)
+        return super().configure_evaluate(
+            server_round, ArrayRecord() if server_round > 0 else arrays, config, grid
+        )
 
     def validate_reply(self, msg: Message) -> str | None:
         return "a local fine-tuning reply must not carry weights" if "arrays" in msg.content else None
@@ -62,14 +64,20 @@ class LocalFinetune(Tracked, FedAvg):
 FINETUNE_STRATEGIES = {"federated": FederatedFinetune, "local": LocalFinetune}
 
 
-def backbone_prefix_state(ssl_state: dict[str, torch.Tensor], prefix: str = "backbone.") -> dict[str, torch.Tensor]:
+def backbone_prefix_state(
+    ssl_state: dict[str, torch.Tensor], prefix: str = "backbone."
+) -> dict[str, torch.Tensor]:
     """The default mapping from a pre-trained model to the classifier's backbone: every key
     under ``backbone.`` (the encoder), with the prefix removed."""
-    return {k[len(prefix):]: v for k, v in ssl_state.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in ssl_state.items() if k.startswith(prefix)}
 
 
-def classifier_from_pretrained(cfg, num_classes: int, ssl_state: dict[str, torch.Tensor],
-                               backbone_state: Callable = backbone_prefix_state) -> torch.nn.Module:
+def classifier_from_pretrained(
+    cfg,
+    num_classes: int,
+    ssl_state: dict[str, torch.Tensor],
+    backbone_state: Callable = backbone_prefix_state,
+) -> torch.nn.Module:
     """``cfg.model`` with the pre-trained backbone (strict) and a new, seeded linear head."""
     torch.manual_seed(cfg.seed)
     model = create_model(cfg.model, num_classes=num_classes, image_size=cfg.image_size)
@@ -81,8 +89,15 @@ def pretrain_strategy(cls: type[Tracked], cfg, recorder, **kwargs) -> Tracked:
     """``cls`` (a :class:`Tracked` FedAvg) set up for stage 1: every client runs
     ``train.pretrain`` each round, none evaluates (``kwargs`` go to ``cls``)."""
     n = cfg.min_clients
-    return cls(cfg=cfg, recorder=recorder, action="pretrain", fraction_evaluate=0.0,
-               min_train_nodes=n, min_available_nodes=n, **kwargs)
+    return cls(
+        cfg=cfg,
+        recorder=recorder,
+        action="pretrain",
+        fraction_evaluate=0.0,
+        min_train_nodes=n,
+        min_available_nodes=n,
+        **kwargs,
+    )
 
 
 def pretrain(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) -> ArrayRecord:
@@ -90,11 +105,19 @@ def pretrain(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) -> Arra
     recorder = strategy.recorder
 
     def on_round(server_round: int, arrays: ArrayRecord) -> None:
-        per_client = {pid: {"loss": m.get("train_loss", float("nan")), "num-examples": m.get("num-examples", 0)}
-                      for pid, m in strategy.train_per_client.items()}
+        per_client = {
+            pid: {"loss": m.get("train_loss", float("nan")), "num-examples": m.get("num-examples", 0)}
+            for pid, m in strategy.train_per_client.items()
+        }
         mean = recorder.log_round(server_round, "pretrain", per_client)
-        log(INFO, "pretrain round %d/%d · SSL loss %.4f · %d clients", server_round, strategy.num_rounds,
-            mean.get("loss", float("nan")), len(per_client))
+        log(
+            INFO,
+            "pretrain round %d/%d · SSL loss %.4f · %d clients",
+            server_round,
+            strategy.num_rounds,
+            mean.get("loss", float("nan")),
+            len(per_client),
+        )
         if probe_due(strategy.cfg, server_round, strategy.num_rounds):  # probe-every (strategies/probe.py)
             probe_round(grid, strategy.cfg, recorder, server_round, arrays)
 
@@ -103,22 +126,41 @@ def pretrain(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) -> Arra
     return arrays
 
 
-def pretrain_then_finetune(grid: Grid, cfg, recorder, classes: list[str], stage1: Tracked,
-                           initial_arrays: ArrayRecord, backbone_state: Callable = backbone_prefix_state) -> None:
+def pretrain_then_finetune(
+    grid: Grid,
+    cfg,
+    recorder,
+    classes: list[str],
+    stage1: Tracked,
+    initial_arrays: ArrayRecord,
+    backbone_state: Callable = backbone_prefix_state,
+) -> None:
     """The whole SSL plan: pre-train, then fine-tune (federated or local) and test."""
     log(INFO, "stage 1/2: self-supervised pre-training (%d rounds)", stage1.num_rounds)
     arrays = pretrain(stage1, grid, initial_arrays)
     finetune_pretrained(grid, cfg, recorder, classes, arrays, backbone_state)
 
 
-def finetune_pretrained(grid: Grid, cfg, recorder, classes: list[str], ssl_arrays: ArrayRecord,
-                        backbone_state: Callable = backbone_prefix_state) -> None:
+def finetune_pretrained(
+    grid: Grid,
+    cfg,
+    recorder,
+    classes: list[str],
+    ssl_arrays: ArrayRecord,
+    backbone_state: Callable = backbone_prefix_state,
+) -> None:
     """Stages 2 and 3 from a pre-trained model: its backbone + a new head, fine-tuned and tested."""
     if cfg.finetune == "none":
         log(INFO, "finetune='none': pre-training only; no fine-tuning or test")
         return
-    log(INFO, "stage 2/2: %s fine-tuning (%d rounds x %d epochs, %.0f %% labels)", cfg.finetune,
-        cfg.finetune_rounds, cfg.finetune_epochs, 100 * cfg.label_fraction)
+    log(
+        INFO,
+        "stage 2/2: %s fine-tuning (%d rounds x %d epochs, %.0f %% labels)",
+        cfg.finetune,
+        cfg.finetune_rounds,
+        cfg.finetune_epochs,
+        100 * cfg.label_fraction,
+    )
     model = classifier_from_pretrained(cfg, len(classes), to_state_dict(ssl_arrays), backbone_state)
     finetune_and_test(grid, cfg, recorder, model)
 
@@ -127,6 +169,12 @@ def finetune_and_test(grid: Grid, cfg, recorder, model: torch.nn.Module) -> None
     """Stages 2 and 3: fine-tune ``model`` (``finetune`` = federated | local), then test."""
     n = cfg.min_clients
     strategy = FINETUNE_STRATEGIES[cfg.finetune](
-        cfg=cfg, recorder=recorder, action="finetune", num_rounds=cfg.finetune_rounds,
-        min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n)
+        cfg=cfg,
+        recorder=recorder,
+        action="finetune",
+        num_rounds=cfg.finetune_rounds,
+        min_train_nodes=n,
+        min_evaluate_nodes=n,
+        min_available_nodes=n,
+    )
     run_federated(strategy, grid, to_record(model.state_dict()))

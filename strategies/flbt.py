@@ -31,8 +31,9 @@ def build_strategy(cfg, recorder, mu: float | None = None) -> FLBTStrategy:
     ranges are checked when the config is parsed (``registry.check_flbt``)."""
     mu = cfg.option("flbt.mu") if mu is None else mu
     n = cfg.min_clients
-    return FLBTStrategy(mu=mu, cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n,
-                        min_available_nodes=n)
+    return FLBTStrategy(
+        mu=mu, cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n
+    )
 
 
 def run(grid: Grid, cfg, recorder, classes: list[str]) -> None:

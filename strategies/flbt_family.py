@@ -24,14 +24,20 @@ def pr_curves_of(replies: list[Message]) -> list[tuple]:
         if msg.has_error() or PR_CURVE not in msg.content:
             continue
         pid = msg.content["metrics"].get("partition-id", msg.metadata.src_node_id)
-        found.append((pid, {k: (list(v) if isinstance(v, list) else v) for k, v in msg.content[PR_CURVE].items()}))
+        found.append(
+            (pid, {k: (list(v) if isinstance(v, list) else v) for k, v in msg.content[PR_CURVE].items()})
+        )
     return found
 
 
 def draw_pr_curves(recorder, curves: list[tuple], classes: list[str] | None, method: str) -> list:
     """Draw ``pr_curve_client<id>.png`` for every ``(partition id, curves)`` pair."""
-    return [plot_pr_curves(recorder.run_dir / f"pr_curve_client{pid}.png", c, classes,
-                           f"{method}: centre {pid}, test split") for pid, c in curves]
+    return [
+        plot_pr_curves(
+            recorder.run_dir / f"pr_curve_client{pid}.png", c, classes, f"{method}: centre {pid}, test split"
+        )
+        for pid, c in curves
+    ]
 
 
 def save_pr_curves(recorder, replies: list[Message], classes: list[str] | None, method: str) -> list:

@@ -22,14 +22,24 @@ def global_test(strategy, grid: Grid, arrays: ArrayRecord, server_round: int) ->
     from .common import send_and_receive
 
     msgs = strategy.configure_evaluate(server_round, arrays, ConfigRecord({"split": GLOBAL_SPLIT}), grid)
-    replies = strategy.screen(server_round, strategy._eval_sent_to,
-                              strategy.in_order(send_and_receive(grid, msgs, cfg.round_timeout)), validate=False)
+    replies = strategy.screen(
+        server_round,
+        strategy._eval_sent_to,
+        strategy.in_order(send_and_receive(grid, msgs, cfg.round_timeout)),
+        validate=False,
+    )
     per_client = strategy._per_client(replies)
     if not per_client:
         raise RuntimeError("no client returned metrics on the global test set (test-set='global')")
     source = cfg.test_data_path or ("npz test_* arrays" if cfg.dataset == "npz" else "held out of data-path")
     mean = strategy.recorder.set_global_test(per_client, source)
     final = strategy.recorder.final
-    log(INFO, "global test set (%s, %s images): balanced_accuracy %.3f · accuracy %.3f", source,
-        final.get("num-examples"), mean.get("balanced_accuracy", float("nan")), mean.get("accuracy", float("nan")))
+    log(
+        INFO,
+        "global test set (%s, %s images): balanced_accuracy %.3f · accuracy %.3f",
+        source,
+        final.get("num-examples"),
+        mean.get("balanced_accuracy", float("nan")),
+        mean.get("accuracy", float("nan")),
+    )
     return mean

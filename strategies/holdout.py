@@ -45,8 +45,10 @@ class HoldoutGrid(WrappedGrid):
         messages = list(messages)
         bad = sorted({m.metadata.dst_node_id for m in messages} & self.hidden)
         if bad:
-            raise HoldoutError(f"a message of the federation was addressed to the held-out centre (node {bad}); "
-                               "holdout-centre must never take part in training or evaluation")
+            raise HoldoutError(
+                f"a message of the federation was addressed to the held-out centre (node {bad}); "
+                "holdout-centre must never take part in training or evaluation"
+            )
         return messages
 
     def get_node_ids(self):
@@ -68,12 +70,18 @@ def holdout_nodes(cfg, infos: Mapping[int, Mapping]) -> list[int]:
     want = cfg.holdout_centre.strip()
     if not want:
         return []
-    found = [nid for nid, info in infos.items() if want in (str(info["partition-id"]), str(info.get("site") or ""))]
+    found = [
+        nid for nid, info in infos.items() if want in (str(info["partition-id"]), str(info.get("site") or ""))
+    ]
     if not found:
-        known = sorted(f"{info['partition-id']}" + (f" ({info['site']})" if info.get("site") else "")
-                       for info in infos.values())
-        raise ConfigError(f"run-config key 'holdout-centre'={want!r} matches no connected centre; "
-                          f"centres (partition-id (site)): {known}")
+        known = sorted(
+            f"{info['partition-id']}" + (f" ({info['site']})" if info.get("site") else "")
+            for info in infos.values()
+        )
+        raise ConfigError(
+            f"run-config key 'holdout-centre'={want!r} matches no connected centre; "
+            f"centres (partition-id (site)): {known}"
+        )
     return found
 
 
@@ -91,12 +99,22 @@ def start_weights(recorder) -> tuple[ArrayRecord, str]:
 def finetune_holdout(grid: Grid, cfg, recorder, node_id: int, classes: list[str] | None = None) -> dict:
     """Send the final global model to the held-out centre, let it fine-tune and test; record the result."""
     arrays, start = start_weights(recorder)
-    log(INFO, "held-out centre (node %d): fine-tuning %s for %d epochs", node_id,
-        "the global model " + start if start != "random" else "from random weights (the method has no global model)",
-        cfg.holdout_epochs)
+    log(
+        INFO,
+        "held-out centre (node %d): fine-tuning %s for %d epochs",
+        node_id,
+        "the global model " + start
+        if start != "random"
+        else "from random weights (the method has no global model)",
+        cfg.holdout_epochs,
+    )
     content = RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": 0})})
-    replies = list(grid.send_and_receive([Message(content, dst_node_id=node_id, message_type=HOLDOUT)],
-                                         timeout=max(cfg.round_timeout, 600.0)))
+    replies = list(
+        grid.send_and_receive(
+            [Message(content, dst_node_id=node_id, message_type=HOLDOUT)],
+            timeout=max(cfg.round_timeout, 600.0),
+        )
+    )
     if not replies or replies[0].has_error():
         reason = replies[0].error.reason if replies else f"no reply within {cfg.round_timeout:g} s"
         raise RuntimeError(f"held-out centre (node {node_id}) failed to fine-tune: {reason}")
@@ -108,16 +126,33 @@ def finetune_holdout(grid: Grid, cfg, recorder, node_id: int, classes: list[str]
     best_epoch = int(metrics.pop("best-epoch"))
     metrics.pop("start", None)
     kept_own = int(metrics.pop("own-init-arrays", 0))
-    for epoch, (bacc, acc) in enumerate(zip(curves["val-balanced_accuracy"], curves["val-accuracy"]), start=1):
-        recorder.log_round(epoch, "holdout-val", {pid: {"balanced_accuracy": bacc, "accuracy": acc}},
-                           train={"train_loss": curves["train-loss"][epoch - 1]})
+    for epoch, (bacc, acc) in enumerate(
+        zip(curves["val-balanced_accuracy"], curves["val-accuracy"]), start=1
+    ):
+        recorder.log_round(
+            epoch,
+            "holdout-val",
+            {pid: {"balanced_accuracy": bacc, "accuracy": acc}},
+            train={"train_loss": curves["train-loss"][epoch - 1]},
+        )
     recorder.log_round(best_epoch, "holdout-test", {pid: metrics})
-    result = {"centre": pid, "node-id": int(node_id), "start": start, "epochs": cfg.holdout_epochs,
-              "lr": cfg.holdout_lr, "best_epoch": best_epoch, "arrays_not_transferred": kept_own,
-              "val_curve": curves["val-balanced_accuracy"], "final": {**metrics, "per_client": {pid: metrics}}}
+    result = {
+        "centre": pid,
+        "node-id": int(node_id),
+        "start": start,
+        "epochs": cfg.holdout_epochs,
+        "lr": cfg.holdout_lr,
+        "best_epoch": best_epoch,
+        "arrays_not_transferred": kept_own,
+        "val_curve": curves["val-balanced_accuracy"],
+        "final": {**metrics, "per_client": {pid: metrics}},
+    }
     recorder.update_extra({"holdout": result})
-    table = format_table({pid: metrics}, f"Held-out centre {pid}: {cfg.method}'s global model ({start}) "
-                                          f"fine-tuned {cfg.holdout_epochs} epochs, test of epoch {best_epoch}")
+    table = format_table(
+        {pid: metrics},
+        f"Held-out centre {pid}: {cfg.method}'s global model ({start}) "
+        f"fine-tuned {cfg.holdout_epochs} epochs, test of epoch {best_epoch}",
+    )
     (recorder.run_dir / "holdout_table.txt").write_text(table + "\n")
     log(INFO, "\n%s", table)
     return result

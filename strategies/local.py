@@ -22,8 +22,15 @@ from .common import save_round
 from .flbt_family import save_pr_curves
 
 
-def _ask(grid: Grid, node_ids: list[int], kind: str, server_round: int, split: str | None = None,
-         arrays: ArrayRecord | None = None, timeout: float = 3600) -> tuple[dict, list[Message]]:
+def _ask(
+    grid: Grid,
+    node_ids: list[int],
+    kind: str,
+    server_round: int,
+    split: str | None = None,
+    arrays: ArrayRecord | None = None,
+    timeout: float = 3600,
+) -> tuple[dict, list[Message]]:
     config = ConfigRecord({"server-round": server_round, **({"split": split} if split else {})})
     msgs = []
     for nid in node_ids:
@@ -34,8 +41,10 @@ def _ask(grid: Grid, node_ids: list[int], kind: str, server_round: int, split: s
     replies = list(grid.send_and_receive(msgs, timeout=timeout))
     errors = [f"node {r.metadata.src_node_id}: {r.error.reason}" for r in replies if r.has_error()]
     if errors or len(replies) < len(node_ids):
-        raise RuntimeError(f"local: {kind} round {server_round} failed on {len(node_ids) - len(replies) + len(errors)} "
-                           "client(s):\n  " + "\n  ".join(errors or ["(no reply before the timeout)"]))
+        raise RuntimeError(
+            f"local: {kind} round {server_round} failed on {len(node_ids) - len(replies) + len(errors)} "
+            "client(s):\n  " + "\n  ".join(errors or ["(no reply before the timeout)"])
+        )
     per_client = {}
     for r in replies:
         metrics = dict(r.content["metrics"])
@@ -64,16 +73,31 @@ def run(grid: Grid, cfg, recorder, classes: list[str], model=None) -> None:
         val, _ = _ask(grid, nodes, "evaluate", r, "val")
         loss = mean_over_clients(train).get("train_loss")
         mean = recorder.log_round(r, "val", val, train={"train_loss": loss} if loss is not None else None)
-        log(INFO, "round %d/%d (local, no aggregation) · val balanced_accuracy %.3f · accuracy %.3f · %.1f s",
-            r, cfg.num_server_rounds, mean.get("balanced_accuracy", float("nan")), mean.get("accuracy", float("nan")),
-            time.monotonic() - started)
-        save_round(grid, recorder, DEFAULT_STAGE, r, {"arrays": {}, "strategy": {}, "recorder": recorder.state()},
-                   keep=cfg.keep_checkpoints)
+        log(
+            INFO,
+            "round %d/%d (local, no aggregation) · val balanced_accuracy %.3f · accuracy %.3f · %.1f s",
+            r,
+            cfg.num_server_rounds,
+            mean.get("balanced_accuracy", float("nan")),
+            mean.get("accuracy", float("nan")),
+            time.monotonic() - started,
+        )
+        save_round(
+            grid,
+            recorder,
+            DEFAULT_STAGE,
+            r,
+            {"arrays": {}, "strategy": {}, "recorder": recorder.state()},
+            keep=cfg.keep_checkpoints,
+        )
     test, replies = _ask(grid, nodes, "evaluate", cfg.num_server_rounds, "test")
     save_pr_curves(recorder, replies, classes, cfg.method)
     recorder.set_final(test, best_round=None)
     if cfg.test_set == "global":  # each client's own best model on the global test set (docs/test-sets.md)
         global_test, _ = _ask(grid, nodes, "evaluate", cfg.num_server_rounds, "global-test")
         recorder.set_global_test(global_test, cfg.test_data_path or "held out of data-path")
-    log(INFO, "local: each client tested its own best-on-val model (rounds %s)",
-        {pid: int(m.get("best-round", 0)) for pid, m in test.items()})
+    log(
+        INFO,
+        "local: each client tested its own best-on-val model (rounds %s)",
+        {pid: int(m.get("best-round", 0)) for pid, m in test.items()},
+    )

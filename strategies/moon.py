@@ -15,7 +15,9 @@ class MoonStrategy(PRCurves, Tracked, FedAvg):
 
 def build_strategy(cfg, recorder) -> MoonStrategy:
     n = cfg.min_clients
-    return MoonStrategy(cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n)
+    return MoonStrategy(
+        cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n
+    )
 
 
 def run(grid, cfg, recorder, classes):

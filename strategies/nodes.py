@@ -25,10 +25,12 @@ def wait_for_nodes(grid: Grid, n: int, timeout: float | None = None, poll: float
     while len(ids := sorted(grid.get_node_ids())) < n:
         if deadline is not None and time.monotonic() > deadline:
             have = ", ".join(f"node {i}" for i in ids) or "none"
-            raise RuntimeError(f"only {len(ids)} of min-clients={n} clients connected within round-timeout="
-                               f"{timeout:.0f} s (connected: {have}); {n - len(ids)} missing: start the "
-                               "missing SuperNode(s) or lower min-clients; the results so far are in the run "
-                               "folder: resume with resume=\"<run folder>\" once the hospitals are back")
+            raise RuntimeError(
+                f"only {len(ids)} of min-clients={n} clients connected within round-timeout="
+                f"{timeout:.0f} s (connected: {have}); {n - len(ids)} missing: start the "
+                "missing SuperNode(s) or lower min-clients; the results so far are in the run "
+                'folder: resume with resume="<run folder>" once the hospitals are back'
+            )
         if len(ids) != last:
             log(INFO, "waiting for clients: %d connected, %d needed (min-clients)", len(ids), n)
             last = len(ids)

@@ -31,25 +31,43 @@ def probe_round(grid: Grid, cfg, recorder, server_round: int, arrays: ArrayRecor
     """Probe the encoder of ``arrays`` on every connected client; record and return the means
     (``{"knn": {...}, "linear": {...}}``)."""
     nodes = wait_for_nodes(grid, cfg.min_clients, cfg.round_timeout)
-    msgs = [Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": server_round})}),
-                    dst_node_id=n, message_type="query.probe") for n in nodes]
+    msgs = [
+        Message(
+            RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": server_round})}),
+            dst_node_id=n,
+            message_type="query.probe",
+        )
+        for n in nodes
+    ]
     per_kind: dict[str, dict[str, dict]] = {kind: {} for kind in PROBES}
     for msg in send_and_receive(grid, msgs, cfg.round_timeout):
         if msg.has_error():
-            log(WARNING, "probe round %d: node %d failed: %s", server_round, msg.metadata.src_node_id,
-                short_reason(msg.error.reason))
+            log(
+                WARNING,
+                "probe round %d: node %d failed: %s",
+                server_round,
+                msg.metadata.src_node_id,
+                short_reason(msg.error.reason),
+            )
             continue
         metrics = dict(msg.content["metrics"])
         pid = str(metrics["partition-id"])
         for kind in PROBES:
-            per_kind[kind][pid] = {k.split(".", 1)[1]: v for k, v in metrics.items() if k.startswith(kind + ".")}
+            per_kind[kind][pid] = {
+                k.split(".", 1)[1]: v for k, v in metrics.items() if k.startswith(kind + ".")
+            }
             per_kind[kind][pid]["num-examples"] = int(metrics["num-examples"])
     means = {}
     for kind in PROBES:
         if per_kind[kind]:
             means[kind] = recorder.log_round(server_round, f"probe-{kind}", per_kind[kind])
     if means:
-        log(INFO, "probe round %d: val balanced accuracy · kNN %.3f · linear %.3f (mean of %d clients)",
-            server_round, means["knn"].get("balanced_accuracy", float("nan")),
-            means["linear"].get("balanced_accuracy", float("nan")), len(per_kind["knn"]))
+        log(
+            INFO,
+            "probe round %d: val balanced accuracy · kNN %.3f · linear %.3f (mean of %d clients)",
+            server_round,
+            means["knn"].get("balanced_accuracy", float("nan")),
+            means["linear"].get("balanced_accuracy", float("nan")),
+            len(per_kind["knn"]),
+        )
     return means

@@ -12,9 +12,15 @@ from .finetune import FINETUNE_STRATEGIES, finetune_and_test
 def build_strategy(cfg, recorder):
     """The fine-tuning strategy (the only stage of this method)."""
     n = cfg.min_clients
-    return FINETUNE_STRATEGIES[cfg.finetune](cfg=cfg, recorder=recorder, action="finetune",
-                                             num_rounds=cfg.finetune_rounds, min_train_nodes=n,
-                                             min_evaluate_nodes=n, min_available_nodes=n)
+    return FINETUNE_STRATEGIES[cfg.finetune](
+        cfg=cfg,
+        recorder=recorder,
+        action="finetune",
+        num_rounds=cfg.finetune_rounds,
+        min_train_nodes=n,
+        min_evaluate_nodes=n,
+        min_available_nodes=n,
+    )
 
 
 def run(grid, cfg, recorder, classes) -> None:

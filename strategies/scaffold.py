@@ -51,8 +51,11 @@ class ScaffoldStrategy(Tracked, FedAvg):
         result = super().aggregate_train(server_round, replies)
         accepted = [deltas[id(r)] for r in self.accepted if id(r) in deltas]
         if accepted and result[0] is not None:  # Δc of rejected or too few replies is not applied
-            self.control = wire.to_record(scaffold_server_control(
-                wire.to_state_dict(self.control), accepted, max(self.num_sampled, len(accepted))))
+            self.control = wire.to_record(
+                scaffold_server_control(
+                    wire.to_state_dict(self.control), accepted, max(self.num_sampled, len(accepted))
+                )
+            )
         return result
 
     def state_dict(self):
@@ -65,5 +68,6 @@ class ScaffoldStrategy(Tracked, FedAvg):
 
 def build_strategy(cfg, recorder) -> ScaffoldStrategy:
     n = cfg.min_clients
-    return ScaffoldStrategy(cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n,
-                            min_available_nodes=n)
+    return ScaffoldStrategy(
+        cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n
+    )

@@ -49,8 +49,14 @@ def head_embeddings(cfg, classes: list[str]) -> torch.Tensor:
         return torch.zeros(len(classes), 1)  # a linear head replaces P and W: no text needed
     texts = class_texts(cfg.option("sift.class-texts"), classes)
     model = cfg.option("sift.text-model")
-    log(INFO, "SiFT: embedding %d class texts with %s (%s pooling): %s", len(texts), model,
-        cfg.option("sift.text-pooling"), "; ".join(texts))
+    log(
+        INFO,
+        "SiFT: embedding %d class texts with %s (%s pooling): %s",
+        len(texts),
+        model,
+        cfg.option("sift.text-pooling"),
+        "; ".join(texts),
+    )
     embeddings = class_text_embeddings(model, texts, cfg.option("sift.text-pooling"), cfg.cache_path)
     if cfg.option("sift.variant") == "random-head":
         return random_matrix(*embeddings.shape, seed=cfg.seed * 7919 + 29)
@@ -78,13 +84,19 @@ class SiftStrategy(Tracked, FedAvg):
         nodes = sorted(grid.get_node_ids())
         unknown = [n for n in nodes if n not in self.partition_of]
         if unknown:
-            msgs = [Message(RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type="query.info")
-                    for n in unknown]
+            msgs = [
+                Message(RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type="query.info")
+                for n in unknown
+            ]
             for reply in grid.send_and_receive(msgs, timeout=self.hop_timeout):
                 nid = reply.metadata.src_node_id
                 if reply.has_error():
-                    log(WARNING, "SiFT: node %d did not say its partition id (%s); left out of the ring",
-                        nid, reply.error.reason)
+                    log(
+                        WARNING,
+                        "SiFT: node %d did not say its partition id (%s); left out of the ring",
+                        nid,
+                        reply.error.reason,
+                    )
                 else:
                     self.partition_of[nid] = int(reply.content["info"]["partition-id"])
         return sorted((n for n in nodes if n in self.partition_of), key=lambda n: (self.partition_of[n], n))
@@ -93,7 +105,9 @@ class SiftStrategy(Tracked, FedAvg):
     def hop(self, grid: Grid, node: int, server_round: int, pair: dict[str, ArrayRecord]):
         """Send the pair to ``node`` and wait; returns (reply, None) or (None, why it was skipped)."""
         config = ConfigRecord({"server-round": server_round, "num-rounds": self.cfg.num_server_rounds})
-        msg = Message(RecordDict({**pair, "config": config}), dst_node_id=node, message_type=MessageType.TRAIN)
+        msg = Message(
+            RecordDict({**pair, "config": config}), dst_node_id=node, message_type=MessageType.TRAIN
+        )
         self.count_traffic(down=self.wire_bytes(msg.content), messages=1)
         replies = list(grid.send_and_receive([msg], timeout=self.hop_timeout))
         if not replies:
@@ -107,7 +121,9 @@ class SiftStrategy(Tracked, FedAvg):
         self.count_traffic(up=self.wire_bytes(reply.content), messages=1)
         return reply, None
 
-    def train_round(self, grid: Grid, server_round: int, pair: dict[str, ArrayRecord]) -> dict[str, ArrayRecord]:
+    def train_round(
+        self, grid: Grid, server_round: int, pair: dict[str, ArrayRecord]
+    ) -> dict[str, ArrayRecord]:
         """One round of the ring: every client once, in partition-id order."""
         order = self.ring_order(grid)
         visited, skipped, per_client = [], {}, {}
@@ -117,26 +133,52 @@ class SiftStrategy(Tracked, FedAvg):
             reply, why = self.hop(grid, node, server_round, pair)
             if reply is None:
                 skipped[str(pid)] = why
-                log(WARNING, "SiFT round %d: skipping client %d (node %d): %s; the ring goes on",
-                    server_round, pid, node, why)
+                log(
+                    WARNING,
+                    "SiFT round %d: skipping client %d (node %d): %s; the ring goes on",
+                    server_round,
+                    pid,
+                    node,
+                    why,
+                )
                 continue
             pair = {key: reply.content[key] for key in pair}
             metrics = dict(reply.content["metrics"])
             metrics.pop("partition-id", None)
             per_client[str(pid)] = metrics
             visited.append(pid)
-            log(INFO, "SiFT round %d: hop %d/%d client %d (node %d) · train loss %.3f · %.1f s (%.1f s on the "
-                "client)", server_round, len(visited) + len(skipped), len(order), pid, node,
-                metrics.get("train_loss", float("nan")), time.monotonic() - started,
-                metrics.get("client-seconds", float("nan")))
+            log(
+                INFO,
+                "SiFT round %d: hop %d/%d client %d (node %d) · train loss %.3f · %.1f s (%.1f s on the "
+                "client)",
+                server_round,
+                len(visited) + len(skipped),
+                len(order),
+                pid,
+                node,
+                metrics.get("train_loss", float("nan")),
+                time.monotonic() - started,
+                metrics.get("client-seconds", float("nan")),
+            )
         if not visited:
             log(WARNING, "SiFT round %d: no client was visited; the models are unchanged", server_round)
         self.train_per_client = per_client
-        self.ring_log.append({"round": server_round, "order": [self.partition_of[n] for n in order],
-                              "visited": visited, "skipped": skipped})
+        self.ring_log.append(
+            {
+                "round": server_round,
+                "order": [self.partition_of[n] for n in order],
+                "visited": visited,
+                "skipped": skipped,
+            }
+        )
         self.recorder.update_extra({"ring": self.ring_log})
-        log(INFO, "SiFT round %d: visited clients %s%s", server_round, visited,
-            f", skipped {sorted(skipped, key=int)}" if skipped else "")
+        log(
+            INFO,
+            "SiFT round %d: visited clients %s%s",
+            server_round,
+            visited,
+            f", skipped {sorted(skipped, key=int)}" if skipped else "",
+        )
         return pair
 
     def inference_model(self, pair: dict[str, ArrayRecord]) -> ArrayRecord:
@@ -160,8 +202,12 @@ class SiftStrategy(Tracked, FedAvg):
         return self.inference_model(self.pair), None
 
     def state_dict(self):
-        return {**super().state_dict(), "ring_log": list(self.ring_log), "partition_of": dict(self.partition_of),
-                "pair": None if self.pair is None else {k: wire.to_state_dict(v) for k, v in self.pair.items()}}
+        return {
+            **super().state_dict(),
+            "ring_log": list(self.ring_log),
+            "partition_of": dict(self.partition_of),
+            "pair": None if self.pair is None else {k: wire.to_state_dict(v) for k, v in self.pair.items()},
+        }
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
@@ -172,12 +218,14 @@ class SiftStrategy(Tracked, FedAvg):
 
 def build_strategy(cfg, recorder) -> SiftStrategy:
     n = cfg.min_clients
-    return SiftStrategy(cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n,
-                        min_available_nodes=n)
+    return SiftStrategy(
+        cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n
+    )
 
 
 def check_options(cfg) -> None:
     """Range checks of the ``sift.*`` keys (types are checked by the config parser)."""
+
     def need(ok: bool, key: str, what: str) -> None:
         if not ok:
             raise ConfigError(f"run-config key {key!r} {what}, got {cfg.option(key)!r}")
@@ -188,19 +236,35 @@ def check_options(cfg) -> None:
     need(cfg.option("sift.text-pooling") in ("mean", "cls"), "sift.text-pooling", "must be 'mean' or 'cls'")
     need(cfg.option("sift.long-bn") in LONG_BN_MODES, "sift.long-bn", f"must be one of {list(LONG_BN_MODES)}")
     need(cfg.option("sift.hop-timeout") > 0, "sift.hop-timeout", "must be > 0 seconds")
-    need(bool(cfg.option("sift.text-model").strip()) or cfg.option("sift.variant") == "trainable-head",
-         "sift.text-model", "must name a local model folder, an installed model package or a hub model")
+    need(
+        bool(cfg.option("sift.text-model").strip()) or cfg.option("sift.variant") == "trainable-head",
+        "sift.text-model",
+        "must name a local model folder, an installed model package or a hub model",
+    )
 
 
 def run(grid: Grid, cfg, recorder, classes: list[str]) -> None:
     """Embed the class texts (once), build the SiFT model, run the ring, test the long-term model."""
     check_options(cfg)
     embeddings = head_embeddings(cfg, classes)
-    model = build_sift_model(cfg.model, embeddings, image_size=cfg.image_size,
-                             temperature=cfg.option("sift.temperature"), projector_seed=projector_seed(cfg),
-                             variant=cfg.option("sift.variant"))
-    recorder.update_extra({"sift": {"variant": cfg.option("sift.variant"), "text_model": cfg.option("sift.text-model"),
-                                    "class_texts": class_texts(cfg.option("sift.class-texts"), classes),
-                                    "embedding_dim": int(embeddings.shape[1])
-                                    if cfg.option("sift.variant") != "trainable-head" else None}})
+    model = build_sift_model(
+        cfg.model,
+        embeddings,
+        image_size=cfg.image_size,
+        temperature=cfg.option("sift.temperature"),
+        projector_seed=projector_seed(cfg),
+        variant=cfg.option("sift.variant"),
+    )
+    recorder.update_extra(
+        {
+            "sift": {
+                "variant": cfg.option("sift.variant"),
+                "text_model": cfg.option("sift.text-model"),
+                "class_texts": class_texts(cfg.option("sift.class-texts"), classes),
+                "embedding_dim": int(embeddings.shape[1])
+                if cfg.option("sift.variant") != "trainable-head"
+                else None,
+            }
+        }
+    )
     run_federated(build_strategy(cfg, recorder), grid, wire.to_record(model.state_dict()))

@@ -46,12 +46,18 @@ from .probe import probe_due, probe_round
 def collect_pseudo_images(grid: Grid, node_ids: list[int], timeout: float = 7200):
     """Stage 1: ask every centre for pseudo images.  Returns (images uint8 (M,3,S,S), centre index
     (M,) by partition-id order, per-centre metrics)."""
-    msgs = [Message(RecordDict({"config": ConfigRecord({"server-round": 0})}), dst_node_id=n,
-                    message_type="train.gan") for n in node_ids]
+    msgs = [
+        Message(
+            RecordDict({"config": ConfigRecord({"server-round": 0})}), dst_node_id=n, message_type="train.gan"
+        )
+        for n in node_ids
+    ]
     replies = list(grid.send_and_receive(msgs, timeout=timeout))
     errors = [f"node {r.metadata.src_node_id}: {r.error.reason}" for r in replies if r.has_error()]
     if errors or len(replies) < len(node_ids):
-        raise RuntimeError("ssl-flbt: the GAN stage failed:\n  " + "\n  ".join(errors or ["(missing replies)"]))
+        raise RuntimeError(
+            "ssl-flbt: the GAN stage failed:\n  " + "\n  ".join(errors or ["(missing replies)"])
+        )
     by_centre = {}
     for r in replies:
         metrics = dict(r.content["metrics"])
@@ -79,22 +85,54 @@ def pseudo_stage(grid: Grid, cfg, recorder, tasks: str) -> dict:
     returns the pre-trained encoder's state (``ProjectedNet.encoder`` keys)."""
     start = time.monotonic()
     nodes = sorted(grid.get_node_ids())
-    log(INFO, "ssl-flbt stage 1: %d centres train an MSG-GAN (%d steps) and send %d pseudo images each%s",
-        len(nodes), cfg.option("ssl.gan-steps"), cfg.option("ssl.pseudo-per-centre"),
-        f" (FID selection over {cfg.option('ssl.fid-checkpoints')} snapshots)" if cfg.option("ssl.fid-select") else "")
+    log(
+        INFO,
+        "ssl-flbt stage 1: %d centres train an MSG-GAN (%d steps) and send %d pseudo images each%s",
+        len(nodes),
+        cfg.option("ssl.gan-steps"),
+        cfg.option("ssl.pseudo-per-centre"),
+        f" (FID selection over {cfg.option('ssl.fid-checkpoints')} snapshots)"
+        if cfg.option("ssl.fid-select")
+        else "",
+    )
     images, centres, gan_info = collect_pseudo_images(grid, nodes)
     gan_seconds = time.monotonic() - start
     save_pseudo_grid(recorder.run_dir / "pseudo_images.png", images, centres)
-    log(INFO, "pseudo images: %s from %d centres in %.1f s; pre-training the backbone (%s)",
-        tuple(images.shape), len(gan_info), gan_seconds, tasks)
+    log(
+        INFO,
+        "pseudo images: %s from %d centres in %.1f s; pre-training the backbone (%s)",
+        tuple(images.shape),
+        len(gan_info),
+        gan_seconds,
+        tasks,
+    )
     encoder, ssl_metrics = pretrain_multitask(
-        images, centres, model=cfg.model, num_centres=len(gan_info), tasks=tasks,
-        epochs=int(cfg.option("ssl.epochs")), batch_size=cfg.batch_size, lr=float(cfg.option("ssl.lr")),
-        optimizer="adam", patch=int(cfg.option("ssl.swap-patch")), swaps=int(cfg.option("ssl.swaps")),
-        seed=cfg.seed, device=resolve_device(cfg.device))
+        images,
+        centres,
+        model=cfg.model,
+        num_centres=len(gan_info),
+        tasks=tasks,
+        epochs=int(cfg.option("ssl.epochs")),
+        batch_size=cfg.batch_size,
+        lr=float(cfg.option("ssl.lr")),
+        optimizer="adam",
+        patch=int(cfg.option("ssl.swap-patch")),
+        swaps=int(cfg.option("ssl.swaps")),
+        seed=cfg.seed,
+        device=resolve_device(cfg.device),
+    )
     log(INFO, "pre-training done: %s", {k: round(v, 4) for k, v in ssl_metrics.items()})
-    recorder.update_extra({"ssl": {**recorder.extra.get("ssl", {}), "gan_stage_seconds": gan_seconds,
-                                   "pseudo_images": int(len(images)), "gan": gan_info, "pretrain": ssl_metrics}})
+    recorder.update_extra(
+        {
+            "ssl": {
+                **recorder.extra.get("ssl", {}),
+                "gan_stage_seconds": gan_seconds,
+                "pseudo_images": int(len(images)),
+                "gan": gan_info,
+                "pretrain": ssl_metrics,
+            }
+        }
+    )
     return encoder
 
 
@@ -115,11 +153,23 @@ def original_images_stage(grid: Grid, cfg, recorder) -> dict:
     initial = original_ssl_network(cfg.model, cfg.image_size, tasks)
     kind = FederatedSSL if cfg.option("ssl.pretrain") == "federated" else LocalSSL
     n = cfg.min_clients
-    strategy = kind(cfg=cfg, recorder=recorder, action="pretrain", num_rounds=int(cfg.option("ssl.rounds")),
-                    fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n)
-    log(INFO, "ssl-flbt stage 1: %s %s pre-training on the centres' own images (%d rounds x %d epochs)",
-        "federated" if kind is FederatedSSL else "per-centre (no averaging)", tasks,
-        strategy.num_rounds, cfg.option("ssl.epochs"))
+    strategy = kind(
+        cfg=cfg,
+        recorder=recorder,
+        action="pretrain",
+        num_rounds=int(cfg.option("ssl.rounds")),
+        fraction_evaluate=0.0,
+        min_train_nodes=n,
+        min_available_nodes=n,
+    )
+    log(
+        INFO,
+        "ssl-flbt stage 1: %s %s pre-training on the centres' own images (%d rounds x %d epochs)",
+        "federated" if kind is FederatedSSL else "per-centre (no averaging)",
+        tasks,
+        strategy.num_rounds,
+        cfg.option("ssl.epochs"),
+    )
     arrays = pretrain(strategy, grid, to_record(initial.state_dict()))
     return backbone_arrays(to_state_dict(arrays), encoder_prefix(tasks))
 
@@ -127,18 +177,27 @@ def original_images_stage(grid: Grid, cfg, recorder) -> dict:
 def run(grid: Grid, cfg, recorder, classes: list[str]) -> None:
     where, tasks, finetune = (str(cfg.option(k)) for k in ("ssl.pretrain", "ssl.tasks", "ssl.finetune"))
     recorder.update_extra({"ssl": {"pretrain": where, "tasks": tasks, "finetune": finetune}})
-    encoder = pseudo_stage(grid, cfg, recorder, tasks) if where == "pseudo" else original_images_stage(grid, cfg, recorder)
+    encoder = (
+        pseudo_stage(grid, cfg, recorder, tasks)
+        if where == "pseudo"
+        else original_images_stage(grid, cfg, recorder)
+    )
     if where == "pseudo" and probe_due(cfg, 1, 1):  # the server's one pre-training, probed as round 1
         probe_round(grid, cfg, recorder, 1, to_record(encoder))
     recorder.save_model(encoder, name="ssl-encoder.pt")
 
     net = projected_net(cfg, classes)
     net.encoder.load_state_dict(encoder, strict=True)
-    log(INFO, "ssl-flbt stage 2: %s from the pre-trained backbone%s",
+    log(
+        INFO,
+        "ssl-flbt stage 2: %s from the pre-trained backbone%s",
         {"flbt": "FL-BT", "fedavg": "FedAvg", "local": "per-centre training (no FL)"}[finetune],
-        " (each centre's own)" if where == "local" else "")
+        " (each centre's own)" if where == "local" else "",
+    )
     if finetune == "local":
         recorder.save_model(net.state_dict())  # no global model: model.pt is the pre-trained start
         run_local(grid, cfg, recorder, classes, net)
     else:
-        run_strategy(build_strategy(cfg, recorder, mu=0.0 if finetune == "fedavg" else None), grid, cfg, classes, net)
+        run_strategy(
+            build_strategy(cfg, recorder, mu=0.0 if finetune == "fedavg" else None), grid, cfg, classes, net
+        )

@@ -14,8 +14,10 @@ def record_bytes(record: ArrayRecord, transport: str = "float32") -> int:
     total = record.count_bytes()
     if transport == "float32":
         return total
-    return total - sum(values.nbytes - wire_nbytes(values, transport)
-                       for values in (wire.values(array) for array in record.values()))
+    return total - sum(
+        values.nbytes - wire_nbytes(values, transport)
+        for values in (wire.values(array) for array in record.values())
+    )
 
 
 def array_bytes(content: RecordDict, transport: str = "float32") -> int:

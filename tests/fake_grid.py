@@ -24,8 +24,13 @@ _RUN_IDS = itertools.count(9_000_000)
 
 
 class FakeGrid:
-    def __init__(self, run_config: dict, partition_of_node: dict[int, int] | int, fail: dict[int, str] | None = None,
-                 first_node_id: int = 7001):
+    def __init__(
+        self,
+        run_config: dict,
+        partition_of_node: dict[int, int] | int,
+        fail: dict[int, str] | None = None,
+        first_node_id: int = 7001,
+    ):
         if isinstance(partition_of_node, int):  # N nodes numbered from first_node_id, partitions 0..N-1
             partition_of_node = {first_node_id + i: i for i in range(partition_of_node)}
         self.run_id = next(_RUN_IDS)  # sessions are cached per run id: one per grid
@@ -33,10 +38,15 @@ class FakeGrid:
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, self.run_id, SUPERLINK_NODE_ID
         self.partition_of_node = dict(partition_of_node)
         self.contexts = {
-            node: Context(run_id=self.run_id, node_id=node,
-                          node_config={"partition-id": pid, "num-partitions": len(partition_of_node)},
-                          state=RecordDict(), run_config=dict(run_config))
-            for node, pid in partition_of_node.items()}
+            node: Context(
+                run_id=self.run_id,
+                node_id=node,
+                node_config={"partition-id": pid, "num-partitions": len(partition_of_node)},
+                state=RecordDict(),
+                run_config=dict(run_config),
+            )
+            for node, pid in partition_of_node.items()
+        }
         self.fail = dict(fail or {})
         self.sent: list[Message] = []
         self.replies: list[Message] = []

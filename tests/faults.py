@@ -21,7 +21,11 @@ def fault_mod(msg, context, call_next):
     faults = json.loads(os.environ.get("FEDDERM_TEST_FAULTS", "[]"))
     pid = context.node_config.get("partition-id")
     rnd = msg.content["config"].get("server-round") if "config" in msg.content else None
-    todo = {f for p, r, f in faults if p == pid and r == rnd} if msg.metadata.message_type.startswith("train") else set()
+    todo = (
+        {f for p, r, f in faults if p == pid and r == rnd}
+        if msg.metadata.message_type.startswith("train")
+        else set()
+    )
     if "raise" in todo:
         raise RuntimeError(f"injected failure on client {pid} in round {rnd}")
     if "hang" in todo:

@@ -26,10 +26,16 @@ class LoopGrid:
         first = next(_NODE_IDS)
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, self.run_id, SUPERLINK_NODE_ID
         self.app = client_app
-        self.contexts = {first + 7 * i: Context(run_id=self.run_id, node_id=first + 7 * i,
-                                                node_config={"partition-id": i, "num-partitions": num_clients},
-                                                state=RecordDict(), run_config=dict(run_config))
-                         for i in range(num_clients)}
+        self.contexts = {
+            first + 7 * i: Context(
+                run_id=self.run_id,
+                node_id=first + 7 * i,
+                node_config={"partition-id": i, "num-partitions": num_clients},
+                state=RecordDict(),
+                run_config=dict(run_config),
+            )
+            for i in range(num_clients)
+        }
         self.replies: dict[str, Message] = {}
 
     def get_node_ids(self):
@@ -43,8 +49,9 @@ class LoopGrid:
             try:
                 reply = self.app(delivered, self.contexts[msg.metadata.dst_node_id])
             except Exception as err:  # noqa: BLE001 - as Flower's runtime: an error reply
-                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=repr(err)),
-                                reply_to=delivered)
+                reply = Message(
+                    Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=repr(err)), reply_to=delivered
+                )
             self.replies[msg.metadata.message_id] = copy.deepcopy(reply)
             ids.append(msg.metadata.message_id)
         return ids
@@ -66,7 +73,9 @@ def run_app(overrides: dict, num_clients: int = 2, client_app=None):
         from client_app import app as client_app
     run_config = sim.resolved_run_config(overrides)
     grid = LoopGrid(run_config, num_clients, client_app)
-    context = Context(run_id=grid.run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    context = Context(
+        run_id=grid.run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
+    )
     server_app.main(grid, context)
     from pathlib import Path
 

@@ -36,18 +36,28 @@ def _rows(values: np.ndarray, row_size: int) -> list[np.ndarray]:
 def test_clients_send_only_declared_records_and_no_images(method, tmp_path, monkeypatch):
     audit = tmp_path / "audit"
     monkeypatch.setenv("FEDDERM_AUDIT_DIR", str(audit))
-    overrides = registry.smallest_run(method, **{"output-dir": str(tmp_path), "cache-dir": str(tmp_path / "c")},
-                                      **EXTRA.get(method, {}))
+    overrides = registry.smallest_run(
+        method, **{"output-dir": str(tmp_path), "cache-dir": str(tmp_path / "c")}, **EXTRA.get(method, {})
+    )
     sim.simulate(overrides, num_supernodes=2)
 
     cfg = registry.load_config(overrides)
-    pool = load_pool(cfg.dataset, cfg.data_path, image_size=cfg.image_size, seed=cfg.seed, num_partitions=2,
-                     synthetic_sites=cfg.synthetic_sites, synthetic_per_class=cfg.synthetic_per_class,
-                     cache_dir=cfg.cache_path)
+    pool = load_pool(
+        cfg.dataset,
+        cfg.data_path,
+        image_size=cfg.image_size,
+        seed=cfg.seed,
+        num_partitions=2,
+        synthetic_sites=cfg.synthetic_sites,
+        synthetic_per_class=cfg.synthetic_per_class,
+        cache_dir=cfg.cache_path,
+    )
     images = _image_hashes(pool.images)
-    row = 3 * cfg.image_size ** 2
+    row = 3 * cfg.image_size**2
     allowed = set(registry.get_method(method).sends) | {"info"}
-    entries = [json.loads(line) for f in sorted(audit.glob("audit-*.jsonl")) for line in f.read_text().splitlines()]
+    entries = [
+        json.loads(line) for f in sorted(audit.glob("audit-*.jsonl")) for line in f.read_text().splitlines()
+    ]
     assert {e["partition-id"] for e in entries} == {0, 1}
     assert any(e["message_type"].startswith("train") for e in entries)
     for entry in entries:

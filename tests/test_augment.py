@@ -9,7 +9,9 @@ from fedderm.config import ConfigError
 
 
 def _images(n=12, size=16, seed=0):
-    return torch.randint(0, 256, (n, 3, size, size), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+    return torch.randint(
+        0, 256, (n, 3, size, size), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8
+    )
 
 
 def _dihedral(img, hflip=True, vflip=False):
@@ -67,8 +69,12 @@ def test_crop_policies_zoom_and_003_rotates_by_at_most_10_degrees():
     y = Policy(hflip=False, degrees=10.0)(bar, torch.Generator().manual_seed(0)).float()
     rows = torch.arange(32.0)[None, :, None]
     ink = y[:, 0]
-    spread = ((ink * (rows - (ink * rows).sum((1, 2), keepdim=True) / ink.sum((1, 2), keepdim=True)) ** 2)
-              .sum((1, 2)) / ink.sum((1, 2))).sqrt()  # vertical spread of the bar, in pixels
+    spread = (
+        (ink * (rows - (ink * rows).sum((1, 2), keepdim=True) / ink.sum((1, 2), keepdim=True)) ** 2).sum(
+            (1, 2)
+        )
+        / ink.sum((1, 2))
+    ).sqrt()  # vertical spread of the bar, in pixels
     assert spread.max() < 3 and spread.max() > 0.8  # tilted (a flat 2-px bar: 0.5), never by ~90° (6.9)
     # 003 pre-training jitters colours: the mean brightness of a flat grey image changes
     grey = torch.full((20, 3, 8, 8), 128, dtype=torch.uint8)
@@ -110,23 +116,46 @@ def test_fedmae_client_pretrains_and_finetunes_on_the_runs_policy(tmp_path, monk
 
     monkeypatch.setattr(Policy, "__call__", spy)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
-    run_config = {"model": "vit-micro", "image-size": 16, "fedmae.decoder-embed-dim": 16, "fedmae.decoder-depth": 1,
-                  "fedmae.decoder-num-heads": 2, "method": "fedmae", "augment": augment, "synthetic-per-class": 6,
-                  "local-epochs": 1, "finetune-epochs": 1, "batch-size": 8, "cache-dir": str(tmp_path)}
-    ctx = Context(run_id=7100 + len(augment), node_id=1, node_config={"partition-id": 0, "num-partitions": 2},
-                  state=RecordDict(), run_config=run_config)
+    run_config = {
+        "model": "vit-micro",
+        "image-size": 16,
+        "fedmae.decoder-embed-dim": 16,
+        "fedmae.decoder-depth": 1,
+        "fedmae.decoder-num-heads": 2,
+        "method": "fedmae",
+        "augment": augment,
+        "synthetic-per-class": 6,
+        "local-epochs": 1,
+        "finetune-epochs": 1,
+        "batch-size": 8,
+        "cache-dir": str(tmp_path),
+    }
+    ctx = Context(
+        run_id=7100 + len(augment),
+        node_id=1,
+        node_config={"partition-id": 0, "num-partitions": 2},
+        state=RecordDict(),
+        run_config=run_config,
+    )
     cfg = registry.load_config(run_config)
     torch.manual_seed(0)
     config = ConfigRecord({"server-round": 1, "num-rounds": 1})
-    msg = Message(RecordDict({"arrays": ArrayRecord(build_mae(cfg).state_dict()), "config": config}),
-                  dst_node_id=1, message_type="train.pretrain")
+    msg = Message(
+        RecordDict({"arrays": ArrayRecord(build_mae(cfg).state_dict()), "config": config}),
+        dst_node_id=1,
+        message_type="train.pretrain",
+    )
     mae_client.pretrain(msg, ctx)
     assert set(seen) == ({Policy(crop_scale=(0.2, 1.0))} if augment == "paper" else set())
     seen.clear()
     from clients.common import session
     from fedderm.models import create_model
+
     clf = create_model("vit-micro", session(ctx).data.num_classes, 16)
-    msg = Message(RecordDict({"arrays": ArrayRecord(clf.state_dict()), "config": config}),
-                  dst_node_id=1, message_type="train.finetune")
+    msg = Message(
+        RecordDict({"arrays": ArrayRecord(clf.state_dict()), "config": config}),
+        dst_node_id=1,
+        message_type="train.finetune",
+    )
     finetune.train(msg, ctx)
     assert set(seen) == ({Policy(crop_scale=(0.08, 1.0))} if augment == "paper" else set())

@@ -44,8 +44,12 @@ def test_medmnist_npz_gets_its_class_names_by_file_name(tmp_path):
 
 def test_diagnosis_codes_are_spelled_out():
     assert readable_names(["akiec", "MEL", "nv", "SCC", "basal_cell_carcinoma"]) == [
-        "actinic keratosis or intraepithelial carcinoma", "melanoma", "melanocytic nevus",
-        "squamous cell carcinoma", "basal cell carcinoma"]
+        "actinic keratosis or intraepithelial carcinoma",
+        "melanoma",
+        "melanocytic nevus",
+        "squamous cell carcinoma",
+        "basal cell carcinoma",
+    ]
     assert class_texts("", ["bkl", "df", "vasc"]) == ["benign keratosis", "dermatofibroma", "vascular lesion"]
 
 

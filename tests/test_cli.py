@@ -26,24 +26,42 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 def _sim(*args, timeout=600):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("FORCE_COLOR", None)
-    return subprocess.run([sys.executable, str(ROOT / "sim.py"), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=env)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "sim.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
 
 
-@pytest.mark.parametrize("args, named", [
-    (["--num-supernodes", "2", "--run-config", "min-clients=3"], "'min-clients'"),
-    (["--run-config", "model=resnet18"], "'model'"),
-    (["--run-config", "lr=0.1 lr=0.2"], "'lr' is given twice"),
-    (["--run-config", 'model="resnet-18"'], "Did you mean 'resnet18'"),
-    (["--run-config", "seed=-1"], "'seed'"),
-    (["--run-config", 'dataset="npz" data-path="/no/such/derma.npz"'], "'data-path': /no/such/derma.npz"),
-], ids=["min-clients-too-high", "unquoted-string", "duplicate-key", "unknown-model", "negative-seed",
-        "missing-data-path"])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--num-supernodes", "2", "--run-config", "min-clients=3"], "'min-clients'"),
+        (["--run-config", "model=resnet18"], "'model'"),
+        (["--run-config", "lr=0.1 lr=0.2"], "'lr' is given twice"),
+        (["--run-config", 'model="resnet-18"'], "Did you mean 'resnet18'"),
+        (["--run-config", "seed=-1"], "'seed'"),
+        (["--run-config", 'dataset="npz" data-path="/no/such/derma.npz"'], "'data-path': /no/such/derma.npz"),
+    ],
+    ids=[
+        "min-clients-too-high",
+        "unquoted-string",
+        "duplicate-key",
+        "unknown-model",
+        "negative-seed",
+        "missing-data-path",
+    ],
+)
 def test_command_line_mistake_is_one_line_naming_the_key(args, named):
     t0 = time.monotonic()
     out = _sim(*args, timeout=120)
     assert out.returncode == 2, out.stderr
-    assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: ") and named in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: ") and named in out.stderr, (
+        out.stderr
+    )
     assert "Traceback" not in out.stderr + out.stdout and "round" not in out.stderr + out.stdout
     assert time.monotonic() - t0 < 60  # before Ray starts
 
@@ -84,8 +102,15 @@ def test_every_methods_default_model_builds_and_fedmae_pretrains_it():
     for name in sorted({m.model for m in registry.METHODS.values()}):
         out = create_model(name, num_classes=3, image_size=32)(torch.zeros(2, 3, 32, 32))
         assert out.shape == (2, 3)
-    cfg = registry.load_config({"method": "fedmae", "image-size": 32, "fedmae.decoder-embed-dim": 32,
-                                "fedmae.decoder-depth": 1, "fedmae.decoder-num-heads": 2})
+    cfg = registry.load_config(
+        {
+            "method": "fedmae",
+            "image-size": 32,
+            "fedmae.decoder-embed-dim": 32,
+            "fedmae.decoder-depth": 1,
+            "fedmae.decoder-num-heads": 2,
+        }
+    )
     loss = build_mae(cfg)(torch.rand(2, 3, 32, 32))[0]
     assert cfg.model == "vit-base" and torch.isfinite(loss)
 
@@ -111,8 +136,10 @@ def test_resume_warning_lists_only_the_keys_the_user_changed(tmp_path, caplog):
     assert len(warned) == 1 and "seed=7" in warned[0] and "lr" not in warned[0]
 
 
-TINY = ('model="tiny-cnn"\nimage-size = 16\nsynthetic-per-class = 30\nnum-server-rounds = 3\n'
-        'local-epochs = 2\nbatch-size = 8\n')
+TINY = (
+    'model="tiny-cnn"\nimage-size = 16\nsynthetic-per-class = 30\nnum-server-rounds = 3\n'
+    "local-epochs = 2\nbatch-size = 8\n"
+)
 
 
 def test_sigint_in_round_2_keeps_a_checkpoint_exits_130_and_resume_equals_the_full_run(tmp_path):
@@ -130,9 +157,14 @@ def test_sigint_in_round_2_keeps_a_checkpoint_exits_130_and_resume_equals_the_fu
     assert config["model"] == "tiny-cnn" and config["num-server-rounds"] == 3
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "sim.py"), "--run-config", str(preset),
-                             f'{common} run-name="cut"'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "sim.py"), "--run-config", str(preset), f'{common} run-name="cut"'],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
     cut = tmp_path / "cut"
     deadline = time.monotonic() + 300
     while not (cut / "checkpoint-round-1.pt").exists():
@@ -170,8 +202,11 @@ def test_an_image_above_the_decode_limit_is_named(tmp_path, monkeypatch):
 
 def test_a_failed_run_exits_non_zero_with_one_line_and_its_folder_records_why(tmp_path):
     # a failure inside the ServerApp, after the run folder exists (random-init has nothing to pre-train)
-    out = _sim("--run-config", f'method="random-init" finetune="none" model="tiny-cnn" image-size=16 '
-               f'synthetic-per-class=8 output-dir="{tmp_path}" cache-dir="{tmp_path / "c"}" run-name="bad"')
+    out = _sim(
+        "--run-config",
+        f'method="random-init" finetune="none" model="tiny-cnn" image-size=16 '
+        f'synthetic-per-class=8 output-dir="{tmp_path}" cache-dir="{tmp_path / "c"}" run-name="bad"',
+    )
     assert out.returncode == 2
     console = out.stdout + out.stderr
     assert "Traceback" not in console and "\x1b[" not in console and len(console.splitlines()) <= 8, console
@@ -192,11 +227,24 @@ def test_fedmae_runs_end_to_end_with_no_model_key(tmp_path):
     """Must-show 4: ``method="fedmae"`` with ``model`` unset trains its paper ViT (vit-base, patch 16)."""
     import sim
 
-    run_dir = sim.simulate({"method": "fedmae", "image-size": 32, "synthetic-per-class": 4, "num-server-rounds": 1,
-                            "local-epochs": 1, "batch-size": 8, "finetune-rounds": 1, "finetune-epochs": 1,
-                            "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1,
-                            "fedmae.decoder-num-heads": 2, "output-dir": str(tmp_path),
-                            "cache-dir": str(tmp_path / "c"), "run-name": "mae"})
+    run_dir = sim.simulate(
+        {
+            "method": "fedmae",
+            "image-size": 32,
+            "synthetic-per-class": 4,
+            "num-server-rounds": 1,
+            "local-epochs": 1,
+            "batch-size": 8,
+            "finetune-rounds": 1,
+            "finetune-epochs": 1,
+            "fedmae.decoder-embed-dim": 32,
+            "fedmae.decoder-depth": 1,
+            "fedmae.decoder-num-heads": 2,
+            "output-dir": str(tmp_path),
+            "cache-dir": str(tmp_path / "c"),
+            "run-name": "mae",
+        }
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "done" and summary["config"]["model"] == "vit-base"
     assert summary["config"]["overrides"].get("model") is None

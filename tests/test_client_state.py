@@ -16,15 +16,37 @@ import client_app as real
 import strategies.common as common
 from fedderm.state_store import StateStore
 
-TINY = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 6, "local-epochs": 1, "batch-size": 8,
-        "optimizer": "sgd", "lr": 0.03, "finetune-rounds": 1, "finetune-epochs": 1, "num-server-rounds": 3}
+TINY = {
+    "model": "tiny-cnn",
+    "image-size": 16,
+    "synthetic-per-class": 6,
+    "local-epochs": 1,
+    "batch-size": 8,
+    "optimizer": "sgd",
+    "lr": 0.03,
+    "finetune-rounds": 1,
+    "finetune-epochs": 1,
+    "num-server-rounds": 3,
+}
 MOCO = {"fedclf.queue-size": 24}
 #: every method whose clients keep state between rounds (and SiFT, whose state is the server's)
 METHODS = {
-    "fedclf": MOCO, "fedmoco": MOCO, "localcl": MOCO, "moon": {}, "scaffold": {}, "feddyn": {}, "fedbn": {},
-    "flbt": {}, "local": {}, "sift": {},
-    "fedmae": {"model": "vit-micro", "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1,
-               "fedmae.decoder-num-heads": 2},
+    "fedclf": MOCO,
+    "fedmoco": MOCO,
+    "localcl": MOCO,
+    "moon": {},
+    "scaffold": {},
+    "feddyn": {},
+    "fedbn": {},
+    "flbt": {},
+    "local": {},
+    "sift": {},
+    "fedmae": {
+        "model": "vit-micro",
+        "fedmae.decoder-embed-dim": 32,
+        "fedmae.decoder-depth": 1,
+        "fedmae.decoder-num-heads": 2,
+    },
 }
 
 
@@ -43,6 +65,7 @@ def flwr_log(caplog):
 def fake_text_embeddings(monkeypatch):
     def encode(model_name, texts, pooling="mean"):
         return torch.randn(len(texts), 12, generator=torch.Generator().manual_seed(len(texts)))
+
     monkeypatch.setattr("fedderm.sift.encode_texts", encode)
 
 
@@ -60,8 +83,13 @@ def test_resume_after_a_crash_is_bit_identical(method, tmp_path, monkeypatch, fl
         fake_text_embeddings(monkeypatch)
     # not a simulation (no run folder in the stamp): the deployment default, $XDG_CACHE_HOME/fedderm
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    base = {**TINY, **METHODS[method], "method": method, "cache-dir": str(tmp_path / "cache"),
-            "output-dir": str(tmp_path / "out")}
+    base = {
+        **TINY,
+        **METHODS[method],
+        "method": method,
+        "cache-dir": str(tmp_path / "cache"),
+        "output-dir": str(tmp_path / "out"),
+    }
     full = run_app({**base, "run-name": "full"})
 
     save = common.save_checkpoint
@@ -107,8 +135,12 @@ def test_store_rewrites_only_what_changed_and_keeps_keep_steps(tmp_path):
         snap.put("small", {"c": small["c"] * step}, meta={"round": step})
         snap.commit()
     files = sorted(p.name for p in store.folder.glob("*.safetensors"))
-    assert files == ["big.s1.0.safetensors", "small.s3.0.safetensors", "small.s4.0.safetensors",
-                     "small.s5.0.safetensors"]  # big written once; steps 3, 4 (keep=2) and 5 kept
+    assert files == [
+        "big.s1.0.safetensors",
+        "small.s3.0.safetensors",
+        "small.s4.0.safetensors",
+        "small.s5.0.safetensors",
+    ]  # big written once; steps 3, 4 (keep=2) and 5 kept
     assert store.steps() == [3, 4, 5]
     snap = store.open(4)
     assert torch.equal(snap.tensors("big")["w"], big["w"]) and snap.meta("small") == {"round": 4}
@@ -178,9 +210,19 @@ def test_fedclf_nan_feature_upload_is_rejected_and_never_relayed(tmp_path, flwr_
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     RECEIVED.clear()
     app = real.register(ClientApp(mods=[*real.MODS, bad_features_mod]))
-    run_dir = run_app({**TINY, **MOCO, "method": "fedclf", "num-server-rounds": 2, "finetune": "none",
-                       "cache-dir": str(tmp_path / "cache"), "output-dir": str(tmp_path / "out")},
-                      num_clients=3, client_app=app)
+    run_dir = run_app(
+        {
+            **TINY,
+            **MOCO,
+            "method": "fedclf",
+            "num-server-rounds": 2,
+            "finetune": "none",
+            "cache-dir": str(tmp_path / "cache"),
+            "output-dir": str(tmp_path / "out"),
+        },
+        num_clients=3,
+        client_app=app,
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     missing = summary["missing_clients"]
     assert [(m["round"], m["partition-id"]) for m in missing] == [(1, "0")]

@@ -31,8 +31,9 @@ def test_make_certs_ca_server_cert_and_hospital_keys(tmp_path):
     ca = x509.load_pem_x509_certificate(s.ca_cert.read_bytes())
     cert = x509.load_pem_x509_certificate(s.server_cert.read_bytes())
     # the SuperLink certificate is signed by the CA and valid for every host name / IP given
-    ca.public_key().verify(cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(),
-                           cert.signature_hash_algorithm)
+    ca.public_key().verify(
+        cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(), cert.signature_hash_algorithm
+    )
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.DNSName) == ["fl.example.org"]
     assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["10.1.2.3", "127.0.0.1"]
@@ -69,19 +70,50 @@ def test_make_certs_rejects_bad_hospital_names(tmp_path, names):
 
 
 def test_make_certs_cli_prints_what_each_host_needs(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "deploy" / "make_certs.py"), "--out", str(tmp_path),
-                          "--superlink-host", "fl.example.org", "--hospital", "h1", "--port", "9443"],
-                         capture_output=True, text=True, check=True).stdout
-    assert "Coordinating site (SuperLink host) needs:" in out and "Hospital h1 (its SuperNode host) needs:" in out
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "deploy" / "make_certs.py"),
+            "--out",
+            str(tmp_path),
+            "--superlink-host",
+            "fl.example.org",
+            "--hospital",
+            "h1",
+            "--port",
+            "9443",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert (
+        "Coordinating site (SuperLink host) needs:" in out
+        and "Hospital h1 (its SuperNode host) needs:" in out
+    )
     assert 'address = "fl.example.org:9443"' in out
     assert "--auth-supernode-private-key" in out and "h1.key" in out
 
 
 # -- node config ----------------------------------------------------------------------------
 def test_node_config_parsing(tmp_path):
-    n = parse_node_config({"partition-id": 2, "data-path": "/data/x", "dataset": "folder", "site": "Graz",
-                           "state-dir": str(tmp_path / "s"), "unrelated-flower-key": 1})
-    assert (n.partition_id, n.data_path, n.dataset, n.site, n.label) == (2, "/data/x", "folder", "Graz", "Graz")
+    n = parse_node_config(
+        {
+            "partition-id": 2,
+            "data-path": "/data/x",
+            "dataset": "folder",
+            "site": "Graz",
+            "state-dir": str(tmp_path / "s"),
+            "unrelated-flower-key": 1,
+        }
+    )
+    assert (n.partition_id, n.data_path, n.dataset, n.site, n.label) == (
+        2,
+        "/data/x",
+        "folder",
+        "Graz",
+        "Graz",
+    )
     assert n.state_dir == tmp_path / "s" and n.num_partitions == 1 and n.cache_dir is None
     # deployment without partition-id: numbered from the node id, stable and < 2**31
     m = parse_node_config({"data-path": "/d"}, node_id=15147330657080939671)
@@ -89,9 +121,16 @@ def test_node_config_parsing(tmp_path):
     assert parse_node_config({"partition-id": 1, "num-partitions": 3}).num_partitions == 3
 
 
-@pytest.mark.parametrize("config,key", [({"partition-id": "0"}, "partition-id"), ({"data-path": 3}, "data-path"),
-                                        ({"partition-id": True}, "partition-id"), ({"state-dir": " "}, "state-dir"),
-                                        ({"partition-id": 3, "num-partitions": 2}, "partition-id")])
+@pytest.mark.parametrize(
+    "config,key",
+    [
+        ({"partition-id": "0"}, "partition-id"),
+        ({"data-path": 3}, "data-path"),
+        ({"partition-id": True}, "partition-id"),
+        ({"state-dir": " "}, "state-dir"),
+        ({"partition-id": 3, "num-partitions": 2}, "partition-id"),
+    ],
+)
 def test_node_config_errors_name_the_key(config, key):
     with pytest.raises(NodeConfigError, match=key):
         parse_node_config(config)
@@ -104,12 +143,25 @@ def test_client_session_reads_its_data_and_state_dir_from_node_config(tmp_path):
     folder = make_hospital_data(tmp_path / "data", ["h"], per_class=6, image_size=16)["h"]
     state = tmp_path / "state"
     run_config = {"model": "tiny-cnn", "image-size": 16}
-    ctx = Context(run_id=7, node_id=99, node_config={"data-path": str(folder), "dataset": "folder",
-                                                     "partition-id": 4, "site": "h", "state-dir": str(state)},
-                  state=RecordDict(), run_config=run_config)
+    ctx = Context(
+        run_id=7,
+        node_id=99,
+        node_config={
+            "data-path": str(folder),
+            "dataset": "folder",
+            "partition-id": 4,
+            "site": "h",
+            "state-dir": str(state),
+        },
+        state=RecordDict(),
+        run_config=run_config,
+    )
     try:
         s = session(ctx)
-        assert s.partition_id == 4 and len(s.data.split.train) + len(s.data.split.val) + len(s.data.split.test) == 30
+        assert (
+            s.partition_id == 4
+            and len(s.data.split.train) + len(s.data.split.val) + len(s.data.split.test) == 30
+        )
         assert s.cfg.cache_dir == str(state / "cache") and any((state / "cache").iterdir())
         assert s.state_path("ema/teacher.pt") == state / "ema" / "teacher.pt" and (state / "ema").is_dir()
         from flwr.supercore.task_identity import TaskIdentity
@@ -120,8 +172,13 @@ def test_client_session_reads_its_data_and_state_dir_from_node_config(tmp_path):
         reply = info(msg, ctx)
         assert reply.content["info"]["site"] == "h" and reply.content["info"]["partition-id"] == 4
         # without state-dir, asking for persistent state names the node-config key
-        bare = Context(run_id=7, node_id=98, node_config={"data-path": str(folder), "dataset": "folder"},
-                       state=RecordDict(), run_config={**run_config, "cache-dir": str(tmp_path / "c")})
+        bare = Context(
+            run_id=7,
+            node_id=98,
+            node_config={"data-path": str(folder), "dataset": "folder"},
+            state=RecordDict(),
+            run_config={**run_config, "cache-dir": str(tmp_path / "c")},
+        )
         with pytest.raises(RuntimeError, match="state-dir"):
             session(bare).state_path("x")
         assert session(bare).partition_id == 98
@@ -212,7 +269,11 @@ def test_docker_images_install_exactly_the_declared_dependencies():
         assert "requirements.py /app/build/pyproject.toml > /app/build/requirements.txt" in text
         assert "-r /app/build/requirements.txt" in text and "requirements.py --check" in text
         assert f'ENTRYPOINT ["flower-{role}"]' in text
-    assert set((ROOT / ".dockerignore").read_text().split()) >= {"*", "!pyproject.toml", "!docker/requirements.py"}
+    assert set((ROOT / ".dockerignore").read_text().split()) >= {
+        "*",
+        "!pyproject.toml",
+        "!docker/requirements.py",
+    }
 
 
 def _command(service: dict) -> str:
@@ -223,8 +284,14 @@ def test_compose_file_superlink_and_supernodes_with_tls_auth_and_own_data():
     compose = yaml.safe_load((ROOT / "docker" / "compose.yml").read_text())
     services = compose["services"]
     link = _command(services["superlink"])
-    for flag in ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile", "--enable-supernode-auth",
-                 "--disable-runtime-dependency-installation", "--database"):
+    for flag in (
+        "--ssl-ca-certfile",
+        "--ssl-certfile",
+        "--ssl-keyfile",
+        "--enable-supernode-auth",
+        "--disable-runtime-dependency-installation",
+        "--database",
+    ):
         assert flag in link
     assert "--insecure" not in link
     nodes = {name: s for name, s in services.items() if name.startswith("supernode")}
@@ -232,7 +299,9 @@ def test_compose_file_superlink_and_supernodes_with_tls_auth_and_own_data():
     data_mounts, pids, keys = set(), set(), set()
     for name, s in nodes.items():
         cmd = _command(s)
-        assert "--root-certificates" in cmd and "--auth-supernode-private-key" in cmd and "--insecure" not in cmd
+        assert (
+            "--root-certificates" in cmd and "--auth-supernode-private-key" in cmd and "--insecure" not in cmd
+        )
         assert 'data-path="/data"' in cmd and 'state-dir="/app/state"' in cmd
         pids.add(cmd.split("partition-id=")[1].split()[0])
         keys.add(cmd.split("--auth-supernode-private-key=")[1].split()[0])
@@ -244,34 +313,53 @@ def test_compose_file_superlink_and_supernodes_with_tls_auth_and_own_data():
 
 
 def _compose_cli() -> list[str] | None:
-    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+    if (
+        shutil.which("docker")
+        and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
+    ):
         return ["docker", "compose"]
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    if shutil.which("docker-compose") and subprocess.run(["docker-compose", "version"], capture_output=True,
-                                                         env=clean).returncode == 0:
+    if (
+        shutil.which("docker-compose")
+        and subprocess.run(["docker-compose", "version"], capture_output=True, env=clean).returncode == 0
+    ):
         return ["docker-compose"]  # a CLI that is installed but cannot start counts as absent
     return None
 
 
-@pytest.mark.skipif(_compose_cli() is None, reason="neither `docker compose` nor `docker-compose` is installed")
+@pytest.mark.skipif(
+    _compose_cli() is None, reason="neither `docker compose` nor `docker-compose` is installed"
+)
 def test_compose_files_validate_with_the_compose_cli():
     cli = _compose_cli()
     # Ray puts the repo on PYTHONPATH during simulations; the repo's docker/ folder must not
     # shadow the `docker` package of a Python docker-compose
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run([*cli, "-f", str(ROOT / "docker" / "compose.yml"), "config", "--quiet"],
-                         capture_output=True, text=True, env=clean)
+    res = subprocess.run(
+        [*cli, "-f", str(ROOT / "docker" / "compose.yml"), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        env=clean,
+    )
     assert res.returncode == 0, res.stderr
-    env = {**clean, "SUPERLINK_ADDRESS": "fl.example.org:8000", "HOSPITAL": "hospital-a", "PARTITION_ID": "0",
-           "KEYS_DIR": "/keys", "DATA_DIR": "/data"}
-    res = subprocess.run([*cli, "-f", str(ROOT / "docker" / "hospital.yml"), "config"], capture_output=True,
-                         text=True, env=env)
+    env = {
+        **clean,
+        "SUPERLINK_ADDRESS": "fl.example.org:8000",
+        "HOSPITAL": "hospital-a",
+        "PARTITION_ID": "0",
+        "KEYS_DIR": "/keys",
+        "DATA_DIR": "/data",
+    }
+    res = subprocess.run(
+        [*cli, "-f", str(ROOT / "docker" / "hospital.yml"), "config"], capture_output=True, text=True, env=env
+    )
     assert res.returncode == 0, res.stderr
     assert "--auth-supernode-private-key=/app/certs/hospital-a.key" in res.stdout
     # a hospital that forgets its SuperLink address is told which variable is missing
     env.pop("SUPERLINK_ADDRESS")
-    res = subprocess.run([*cli, "-f", str(ROOT / "docker" / "hospital.yml"), "config"], capture_output=True,
-                         text=True, env=env)
+    res = subprocess.run(
+        [*cli, "-f", str(ROOT / "docker" / "hospital.yml"), "config"], capture_output=True, text=True, env=env
+    )
     assert res.returncode != 0 and "SUPERLINK_ADDRESS" in res.stderr
 
 
@@ -316,8 +404,10 @@ def test_stop_ends_the_whole_process_group(tmp_path):
     assert _group_members({proc.popen.pid}) == []
 
 
-@pytest.mark.skipif(os.environ.get("FEDDERM_SKIP_LOOPBACK") == "1",
-                    reason="FEDDERM_SKIP_LOOPBACK=1: the real-process loopback federation was skipped")
+@pytest.mark.skipif(
+    os.environ.get("FEDDERM_SKIP_LOOPBACK") == "1",
+    reason="FEDDERM_SKIP_LOOPBACK=1: the real-process loopback federation was skipped",
+)
 def test_loopback_federation_tls_node_auth(tmp_path):
     """SuperLink + 3 SuperNodes as processes with TLS and node auth and fedderm's warm launcher,
     each hospital with an allow-list holding this app's hash: FedAvg and SiFT via `flwr run`; an
@@ -331,8 +421,13 @@ def test_loopback_federation_tls_node_auth(tmp_path):
     approved = tmp_path / "approved.txt"
     approved_hash = app_hash(APP_DIR)
     approved.write_text(f"# this checkout\n{approved_hash}\n")
-    fed = Loopback(tmp_path / "fed", 3, per_class=8, echo=lines.append,
-                   allow_lists={f"hospital-{c}": approved for c in "abc"})
+    fed = Loopback(
+        tmp_path / "fed",
+        3,
+        per_class=8,
+        echo=lines.append,
+        allow_lists={f"hospital-{c}": approved for c in "abc"},
+    )
     try:
         fed.start()
         assert len(fed.node_ids) == 3 and fed.online() == set(fed.node_ids.values())
@@ -352,8 +447,14 @@ def test_loopback_federation_tls_node_auth(tmp_path):
         changed = _copy_app(APP_DIR, tmp_path / "changed-app")
         (changed / "client_app.py").write_text((changed / "client_app.py").read_text() + "\n# changed\n")
         digest = app_hash(changed)
-        config = {**BASE_RUN_CONFIG, "min-clients": 3, "num-server-rounds": 1, "method": "fedavg",
-                  "output-dir": str(tmp_path / "refused"), "run-name": "refused"}
+        config = {
+            **BASE_RUN_CONFIG,
+            "min-clients": 3,
+            "num-server-rounds": 1,
+            "method": "fedavg",
+            "output-dir": str(tmp_path / "refused"),
+            "run-name": "refused",
+        }
         _, status, _ = fed.flwr_run(changed, config, "run-refused", timeout=300)
         assert status == "finished:failed"
         run_log = (tmp_path / "fed" / "logs" / "run-refused.log").read_text()
@@ -376,8 +477,11 @@ def test_loopback_federation_tls_node_auth(tmp_path):
 
 
 def _copy_app(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info",
-                                                             ".pytest_cache", "site"))
+    shutil.copytree(
+        src,
+        dst,
+        ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", ".pytest_cache", "site"),
+    )
     return dst
 
 
@@ -391,8 +495,11 @@ def test_loopback_result_check_catches_incomplete_runs(tmp_path):
     for name in ("model.pt", "model-best.pt", "rounds.csv"):
         (run_dir / name).write_bytes(b"x")
     client = {"balanced_accuracy": 0.5, "num-examples": 10}
-    summary = {"method": "fedavg", "rounds": [{"round": 0}, {"round": 1}],
-               "final": {"per_client": {"0": client, "1": client, "2": client}}}
+    summary = {
+        "method": "fedavg",
+        "rounds": [{"round": 0}, {"round": 1}],
+        "final": {"per_client": {"0": client, "1": client, "2": client}},
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary))
     good = RunOutcome("fedavg", 1, "finished:completed", run_dir, 1.0)
     assert check_results(good, 3, 1) == []

@@ -40,8 +40,10 @@ def test_readme_relative_links_resolve():
 
 def test_readme_setup_commands_are_the_ones_ci_runs():
     readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
-    for command in ("pip install -e . && FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 flwr run . --stream",
-                    "pip install -e '.[test]' && pytest"):
+    for command in (
+        "pip install -e . && FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 flwr run . --stream",
+        "pip install -e '.[test]' && pytest",
+    ):
         assert command in readme and command in ci, command
 
 
@@ -49,20 +51,28 @@ def test_every_docs_page_is_in_the_nav_and_every_nav_page_exists():
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
     nav = _nav_pages(config["nav"])
     pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
-    assert sorted(set(nav)) == pages, (f"not in mkdocs.yml nav: {sorted(set(pages) - set(nav))}; "
-                                       f"in the nav but missing: {sorted(set(nav) - set(pages))}")
+    assert sorted(set(nav)) == pages, (
+        f"not in mkdocs.yml nav: {sorted(set(pages) - set(nav))}; "
+        f"in the nav but missing: {sorted(set(nav) - set(pages))}"
+    )
 
 
 def test_mkdocs_build_strict(tmp_path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
-    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "site" / "index.html").exists()
 
 
 # -- the run-config reference, generated from the code (fedderm/config_docs.py) --
+
 
 def _all_keys() -> set[str]:
     import tomllib
@@ -88,15 +98,18 @@ def test_key_docs_names_only_keys_that_exist():
     from fedderm.config import KEY_DOCS
 
     unknown = sorted(set(KEY_DOCS) - _all_keys())
-    assert not unknown, f"KEY_DOCS describes keys that are in neither Config, pyproject nor registry: {unknown}"
+    assert not unknown, (
+        f"KEY_DOCS describes keys that are in neither Config, pyproject nor registry: {unknown}"
+    )
 
 
 def test_run_config_page_is_the_generated_one():
     from fedderm import config_docs
 
     page = (DOCS / "run-config.md").read_text()
-    assert page == config_docs.render(config_docs.registry_options(), config_docs.registry_models()), \
+    assert page == config_docs.render(config_docs.registry_options(), config_docs.registry_models()), (
         "docs/run-config.md is stale: run `python -m fedderm.config_docs`"
+    )
     assert config_docs.main(["--check"]) == 0
 
 

@@ -14,7 +14,14 @@ from fedderm.train import round_lr, train_supervised
 from strategies.common import rounds_to_target, run_federated
 from tests.fake_grid import FakeGrid
 
-PLAIN_SGD = {"epochs": 1, "batch_size": 4, "optimizer": "sgd", "momentum": 0.0, "weight_decay": 0.0, "seed": 3}
+PLAIN_SGD = {
+    "epochs": 1,
+    "batch_size": 4,
+    "optimizer": "sgd",
+    "momentum": 0.0,
+    "weight_decay": 0.0,
+    "seed": 3,
+}
 
 
 def _model_and_batch(seed=0):
@@ -86,8 +93,9 @@ def test_feddyn_one_step_and_state_update():
 def test_feddyn_server_step_formula():
     prev = {"w": torch.tensor([1.0, 1.0])}
     models = [{"w": torch.tensor([2.0, 0.0])}, {"w": torch.tensor([4.0, 1.0])}]
-    theta, h = feddyn_server_step(prev, models, {"w": torch.tensor([0.1, 0.1])}, alpha=0.5, num_clients=2,
-                                  names=["w"])
+    theta, h = feddyn_server_step(
+        prev, models, {"w": torch.tensor([0.1, 0.1])}, alpha=0.5, num_clients=2, names=["w"]
+    )
     # h = h − α/m Σ(θ_k − θ_prev) = 0.1 − 0.25·[4, −1];  θ = mean θ_k − h/α
     assert torch.allclose(h["w"], torch.tensor([0.1 - 1.0, 0.1 + 0.25]))
     assert torch.allclose(theta["w"], torch.tensor([3.0, 0.5]) - h["w"] / 0.5)
@@ -97,13 +105,26 @@ def _run(tmp_path, method, rounds=2, **extra):
     import strategies.feddyn
     import strategies.scaffold
 
-    rc = {"method": method, "model": "tiny-cnn", "image-size": 32, "synthetic-per-class": 20,
-          "num-server-rounds": rounds, "local-epochs": 1, "batch-size": 16, "optimizer": "sgd", "lr": 0.05,
-          "partition": "dirichlet", "cache-dir": str(tmp_path / "cache"), **extra}
+    rc = {
+        "method": method,
+        "model": "tiny-cnn",
+        "image-size": 32,
+        "synthetic-per-class": 20,
+        "num-server-rounds": rounds,
+        "local-epochs": 1,
+        "batch-size": 16,
+        "optimizer": "sgd",
+        "lr": 0.05,
+        "partition": "dirichlet",
+        "cache-dir": str(tmp_path / "cache"),
+        **extra,
+    }
     cfg = registry.load_config(rc)
     grid = FakeGrid(rc, {11: 0, 7: 1, 30: 2})
     recorder = RunRecorder(tmp_path / method, method, cfg.to_flat())
-    strategy = {"scaffold": strategies.scaffold, "feddyn": strategies.feddyn}[method].build_strategy(cfg, recorder)
+    strategy = {"scaffold": strategies.scaffold, "feddyn": strategies.feddyn}[method].build_strategy(
+        cfg, recorder
+    )
     model = create_model("tiny-cnn", 5, 32)
     result = run_federated(strategy, grid, ArrayRecord(model.state_dict()))
     return grid, strategy, result, recorder
@@ -122,7 +143,9 @@ def test_scaffold_end_to_end_keeps_client_variates_and_server_c_is_their_mean(tm
     assert all(len(m.content["control"]) == len(c) for m in round2)
     log = recorder.summary()["bytes_per_round"]
     arrays_bytes = ArrayRecord(create_model("tiny-cnn", 5, 32).state_dict()).count_bytes()
-    assert log[0]["down"] == 3 * arrays_bytes and log[1]["down"] == 3 * (arrays_bytes + strategy.control.count_bytes())
+    assert log[0]["down"] == 3 * arrays_bytes and log[1]["down"] == 3 * (
+        arrays_bytes + strategy.control.count_bytes()
+    )
 
 
 def test_feddyn_end_to_end_server_h_and_bn_buffers(tmp_path):
@@ -142,8 +165,10 @@ def test_feddyn_end_to_end_server_h_and_bn_buffers(tmp_path):
 
 
 def test_rounds_to_target_first_round_reaching_each_target():
-    rounds = [{"round": r, "split": "val", "metrics": {"balanced_accuracy": v}}
-              for r, v in enumerate([0.2, 0.5, 0.45, 0.7, float("nan"), 0.9])]
+    rounds = [
+        {"round": r, "split": "val", "metrics": {"balanced_accuracy": v}}
+        for r, v in enumerate([0.2, 0.5, 0.45, 0.7, float("nan"), 0.9])
+    ]
     rounds.append({"round": 6, "split": "test", "metrics": {"balanced_accuracy": 1.0}})
     assert rounds_to_target(rounds, [0.5, 0.6, 0.9, 0.95]) == {"0.5": 1, "0.6": 3, "0.9": 5, "0.95": None}
 
@@ -156,7 +181,7 @@ def test_targets_key_and_exponential_lr():
     with pytest.raises(ConfigError, match="'targets'"):
         registry.load_config({"targets": "55,65"})
     assert round_lr(0.1, 1, 50, "exponential", 0.998) == pytest.approx(0.1)
-    assert round_lr(0.1, 11, 50, "exponential", 0.998) == pytest.approx(0.1 * 0.998 ** 10)
+    assert round_lr(0.1, 11, 50, "exponential", 0.998) == pytest.approx(0.1 * 0.998**10)
 
 
 def test_scaffold_server_model_is_the_uniform_mean_of_the_clients(tmp_path):
@@ -172,18 +197,33 @@ def test_scaffold_server_model_is_the_uniform_mean_of_the_clients(tmp_path):
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 4242, SUPERLINK_NODE_ID
     try:
         cfg = registry.load_config({"method": "scaffold", "model": "tiny-cnn"})
-        strategy = ScaffoldStrategy(cfg=cfg, recorder=RunRecorder(tmp_path / "r", "scaffold", cfg.to_flat()),
-                                    min_train_nodes=2, min_available_nodes=2, min_evaluate_nodes=2)
+        strategy = ScaffoldStrategy(
+            cfg=cfg,
+            recorder=RunRecorder(tmp_path / "r", "scaffold", cfg.to_flat()),
+            min_train_nodes=2,
+            min_available_nodes=2,
+            min_evaluate_nodes=2,
+        )
         start = ArrayRecord({"w": Array(np.zeros(3, np.float32))})
         ins = list(strategy.configure_train(1, start, ConfigRecord(), Nodes([11, 12])))
         ws, ns = [np.array([1, 2, 3], np.float32), np.array([5, 6, 7], np.float32)], [90, 10]
-        replies = [Message(RecordDict({"arrays": ArrayRecord({"w": Array(w)}),
-                                       DELTA: ArrayRecord({"w": Array(np.ones(3, np.float32))}),
-                                       "metrics": MetricRecord({"num-examples": n, "train_loss": 1.0,
-                                                                "partition-id": i})}), reply_to=m)
-                   for i, (m, w, n) in enumerate(zip(ins, ws, ns))]
+        replies = [
+            Message(
+                RecordDict(
+                    {
+                        "arrays": ArrayRecord({"w": Array(w)}),
+                        DELTA: ArrayRecord({"w": Array(np.ones(3, np.float32))}),
+                        "metrics": MetricRecord({"num-examples": n, "train_loss": 1.0, "partition-id": i}),
+                    }
+                ),
+                reply_to=m,
+            )
+            for i, (m, w, n) in enumerate(zip(ins, ws, ns))
+        ]
         new, _ = strategy.aggregate_train(1, replies)
-        assert np.allclose(new["w"].numpy(), [3, 4, 5])  # (w1 + w2) / 2; weighted by 90/10 it would be [1.4, 2.4, 3.4]
+        assert np.allclose(
+            new["w"].numpy(), [3, 4, 5]
+        )  # (w1 + w2) / 2; weighted by 90/10 it would be [1.4, 2.4, 3.4]
         assert np.allclose(strategy.control["w"].numpy(), 1.0)  # c ← c + (1/N) Σ Δc_i
     finally:
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved

@@ -36,13 +36,20 @@ def test_block_mask_is_made_of_blocks_and_hits_the_target():
     assert np.mean(sizes) > 70  # nearly always reaches the target
     # blocks, not scattered patches: most masked patches have a masked 4-neighbour
     m = block_mask(14, 14, 75, np.random.default_rng(1))
-    neighbours = sum(1 for i, j in zip(*np.nonzero(m))
-                     if any(0 <= i + di < 14 and 0 <= j + dj < 14 and m[i + di, j + dj]
-                            for di, dj in ((1, 0), (-1, 0), (0, 1), (0, -1))))
+    neighbours = sum(
+        1
+        for i, j in zip(*np.nonzero(m))
+        if any(
+            0 <= i + di < 14 and 0 <= j + dj < 14 and m[i + di, j + dj]
+            for di, dj in ((1, 0), (-1, 0), (0, 1), (0, -1))
+        )
+    )
     assert neighbours / m.sum() > 0.9
     small = block_mask(4, 4, num_masking_patches(4, 0.4), np.random.default_rng(2))
     assert 1 <= small.sum() <= 6  # a 4x4 grid (32 px, patch 8) can be masked too
-    assert np.array_equal(block_mask(14, 14, 75, np.random.default_rng(3)), block_mask(14, 14, 75, np.random.default_rng(3)))
+    assert np.array_equal(
+        block_mask(14, 14, 75, np.random.default_rng(3)), block_mask(14, 14, 75, np.random.default_rng(3))
+    )
 
 
 def test_masked_token_loss_is_eq3():
@@ -51,7 +58,9 @@ def test_masked_token_loss_is_eq3():
     masked = torch.tensor([[1, 0, 0, 1, 0, 1], [0, 1, 0, 0, 0, 0]], dtype=torch.bool)
     logits = torch.randn(int(masked.sum()), 10, generator=g)
     targets = tokens[masked].tolist()
-    expected = -sum(math.log(torch.softmax(logits[i], 0)[t].item()) for i, t in enumerate(targets)) / len(targets)
+    expected = -sum(math.log(torch.softmax(logits[i], 0)[t].item()) for i, t in enumerate(targets)) / len(
+        targets
+    )
     assert masked_token_loss(logits, tokens, masked).item() == pytest.approx(expected, rel=1e-5)
 
 
@@ -95,8 +104,15 @@ def test_user_supplied_torchscript_tokenizer(tmp_path):
 def test_beit_encoder_transfers_to_the_classifier():
     cfg = registry.load_config(MICRO)
     beit = build_beit(cfg)
-    assert {k.split(".")[0] for k in beit.state_dict()} == {"patch_embed", "cls_token", "mask_token", "pos_embed",
-                                                           "blocks", "norm", "lm_head"}
+    assert {k.split(".")[0] for k in beit.state_dict()} == {
+        "patch_embed",
+        "cls_token",
+        "mask_token",
+        "pos_embed",
+        "blocks",
+        "norm",
+        "lm_head",
+    }
     clf = create_model("vit-micro", 5, 32)
     clf.backbone.load_state_dict(mae_backbone_state(cfg, 5)(beit.state_dict()), strict=True)
     assert torch.equal(clf.backbone.pos_embed, beit.pos_embed)
@@ -110,10 +126,23 @@ def test_beit_encoder_transfers_to_the_classifier():
 
 
 def test_fedbeit_end_to_end(tmp_path):
-    run_dir = sim.simulate({**MICRO, "num-server-rounds": 2, "local-epochs": 1, "optimizer": "adamw", "lr": 1.5e-3,
-                            "batch-size": 16, "synthetic-per-class": 16, "finetune-rounds": 1, "finetune-epochs": 1,
-                            "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "c"), "run-name": "r"},
-                           num_supernodes=2)
+    run_dir = sim.simulate(
+        {
+            **MICRO,
+            "num-server-rounds": 2,
+            "local-epochs": 1,
+            "optimizer": "adamw",
+            "lr": 1.5e-3,
+            "batch-size": 16,
+            "synthetic-per-class": 16,
+            "finetune-rounds": 1,
+            "finetune-epochs": 1,
+            "output-dir": str(tmp_path),
+            "cache-dir": str(tmp_path / "c"),
+            "run-name": "r",
+        },
+        num_supernodes=2,
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     pre = [r for r in summary["rounds"] if r["split"] == "pretrain"]
     assert [r["round"] for r in pre] == [1, 2]

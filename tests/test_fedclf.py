@@ -31,9 +31,19 @@ from strategies.finetune import pretrain
 from wire import FEATURES, REMOTE
 
 CLASSES = ["a", "b", "c", "d", "e"]
-TINY = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 6, "num-server-rounds": 2,
-        "local-epochs": 1, "batch-size": 8, "optimizer": "sgd", "lr": 0.03, "fedclf.queue-size": 24,
-        "finetune-rounds": 1, "finetune-epochs": 1}
+TINY = {
+    "model": "tiny-cnn",
+    "image-size": 16,
+    "synthetic-per-class": 6,
+    "num-server-rounds": 2,
+    "local-epochs": 1,
+    "batch-size": 8,
+    "optimizer": "sgd",
+    "lr": 0.03,
+    "fedclf.queue-size": 24,
+    "finetune-rounds": 1,
+    "finetune-epochs": 1,
+}
 
 
 def tiny(tmp_path, **overrides) -> dict:
@@ -63,8 +73,9 @@ def test_info_nce_equals_hand_computation():
         neg = sum(math.exp(dot(qi, n) / tau) for n in negatives.tolist())
         expected.append(-math.log(pos / (pos + neg)))
     # by hand for the first row: q·k⁺ = 0.96, q·n = 0.6, −0.8, 0.28
-    assert expected[0] == pytest.approx(-math.log(math.exp(4.8) / (math.exp(4.8) + math.exp(3) + math.exp(-4)
-                                                                   + math.exp(1.4))))
+    assert expected[0] == pytest.approx(
+        -math.log(math.exp(4.8) / (math.exp(4.8) + math.exp(3) + math.exp(-4) + math.exp(1.4)))
+    )
     assert info_nce(q, k, negatives, tau).item() == pytest.approx(sum(expected) / 2, rel=1e-6)
 
 
@@ -89,13 +100,23 @@ def test_moco_model_backbone_transfers_and_state_has_no_queue():
     assert prefixes == {"backbone", "head", "momentum_backbone", "momentum_head"}
     assert not [k for k in state if "queue" in k or "bank" in k or "ptr" in k]
     classifier = create_model("tiny-cnn", 5, 32)
-    assert {k[len("backbone."):] for k in state if k.startswith("backbone.")} == set(classifier.backbone.state_dict())
-    assert model.head[-1].out_features == 128 and len([m for m in model.head if isinstance(m, torch.nn.Linear)]) == 2
+    assert {k[len("backbone.") :] for k in state if k.startswith("backbone.")} == set(
+        classifier.backbone.state_dict()
+    )
+    assert (
+        model.head[-1].out_features == 128
+        and len([m for m in model.head if isinstance(m, torch.nn.Linear)]) == 2
+    )
     x = torch.randn(3, 3, 32, 32)
-    assert torch.allclose(model(x).norm(dim=1), torch.ones(3)) and torch.allclose(model.keys(x).norm(dim=1), torch.ones(3))
+    assert torch.allclose(model(x).norm(dim=1), torch.ones(3)) and torch.allclose(
+        model.keys(x).norm(dim=1), torch.ones(3)
+    )
     # the momentum encoder is not trained by gradients, and θ_k ← m θ_k + (1 − m) θ_q
     assert all(not p.requires_grad for p in model.momentum_parameters())
-    q0, k0 = model.backbone[0][0].weight.detach().clone(), model.momentum_backbone[0][0].weight.detach().clone()
+    q0, k0 = (
+        model.backbone[0][0].weight.detach().clone(),
+        model.momentum_backbone[0][0].weight.detach().clone(),
+    )
     with torch.no_grad():
         model.backbone[0][0].weight.add_(1.0)
     model.momentum_update(0.75)
@@ -130,7 +151,10 @@ def test_augment_is_seeded_per_image_and_keeps_the_image_without_transforms():
     identity = ContrastiveAugment(16, crop_scale=(1, 1), crop_ratio=(1, 1), jitter_p=0, gray_p=0, blur_p=0)
     out = identity(x, torch.Generator().manual_seed(0))
     for i in range(6):  # only the flips remain
-        assert any(torch.allclose(out[i], v, atol=1e-5) for v in (x[i], x[i].flip(-1), x[i].flip(-2), x[i].flip(-1, -2)))
+        assert any(
+            torch.allclose(out[i], v, atol=1e-5)
+            for v in (x[i], x[i].flip(-1), x[i].flip(-2), x[i].flip(-1, -2))
+        )
 
 
 # ---------------------------------------------------------------------------- negatives (Eq. 3-5)
@@ -149,9 +173,22 @@ def _round(local_negatives: bool, feature_sharing: bool = True, monkeypatch=None
 
     monkeypatch.setattr(moco_module, "info_nce", spy)
     local_before = local.features()
-    moco_round(model, images, local, remote=remote if feature_sharing else None, feature_sharing=feature_sharing,
-               local_negatives=local_negatives, queue_size=16, temperature=0.2, key_momentum=0.9, epochs=2,
-               batch_size=8, lr=0.01, seed=3, on_batch=lambda q: banks.append(q.features()))
+    moco_round(
+        model,
+        images,
+        local,
+        remote=remote if feature_sharing else None,
+        feature_sharing=feature_sharing,
+        local_negatives=local_negatives,
+        queue_size=16,
+        temperature=0.2,
+        key_momentum=0.9,
+        epochs=2,
+        batch_size=8,
+        lr=0.01,
+        seed=3,
+        on_batch=lambda q: banks.append(q.features()),
+    )
     return remote, local_before, local, seen_negatives, banks
 
 
@@ -179,17 +216,29 @@ def test_with_local_negatives_the_bank_mixes_local_and_remote(monkeypatch):
 
 
 def test_fedmoco_negatives_are_the_local_queue(monkeypatch):
-    remote, local_before, local, seen, banks = _round(local_negatives=False, feature_sharing=False,
-                                                      monkeypatch=monkeypatch)
+    remote, local_before, local, seen, banks = _round(
+        local_negatives=False, feature_sharing=False, monkeypatch=monkeypatch
+    )
     assert set(rows(banks[-1].numpy())) == set(rows(local.features().numpy()))
 
 
 def test_remote_only_negatives_need_remote_features():
     model = build_moco("tiny-cnn", 16)
     with pytest.raises(ValueError, match="fedclf.local-negatives"):
-        moco_round(model, torch.zeros(4, 3, 16, 16, dtype=torch.uint8), FeatureQueue(4, 128), remote=None,
-                   feature_sharing=True, local_negatives=False, queue_size=4, temperature=0.2, key_momentum=0.9,
-                   epochs=1, batch_size=4, lr=0.01)
+        moco_round(
+            model,
+            torch.zeros(4, 3, 16, 16, dtype=torch.uint8),
+            FeatureQueue(4, 128),
+            remote=None,
+            feature_sharing=True,
+            local_negatives=False,
+            queue_size=4,
+            temperature=0.2,
+            key_momentum=0.9,
+            epochs=1,
+            batch_size=4,
+            lr=0.01,
+        )
 
 
 # ---------------------------------------------------------------------------- the relay
@@ -207,14 +256,21 @@ def test_relay_gives_each_client_the_others_features_shuffled():
 
 
 def _instruction(nid: int) -> Message:
-    return Message(RecordDict({"config": ConfigRecord({"server-round": 1})}), dst_node_id=nid,
-                   message_type="train.pretrain")
+    return Message(
+        RecordDict({"config": ConfigRecord({"server-round": 1})}),
+        dst_node_id=nid,
+        message_type="train.pretrain",
+    )
 
 
 def _fake_reply(nid: int, pid: int, weights: dict, features: np.ndarray, n: int) -> Message:
-    content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in weights.items()}),
-                          "metrics": MetricRecord({"num-examples": n, "partition-id": pid, "train_loss": 1.0}),
-                          FEATURES: ArrayRecord({"features": Array(features)})})
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({k: Array(v) for k, v in weights.items()}),
+            "metrics": MetricRecord({"num-examples": n, "partition-id": pid, "train_loss": 1.0}),
+            FEATURES: ArrayRecord({"features": Array(features)}),
+        }
+    )
     return Message(content, reply_to=_instruction(nid))
 
 
@@ -250,7 +306,11 @@ def test_strategy_averages_models_only_and_relays_deidentified_features(tmp_path
         assert not np.array_equal(got, others)
         assert not {"node-id", "partition-id", "src"} & set(msg.content["config"].keys())
     relay = strategy.recorder.extra["feature_relay"]
-    assert relay[-1]["received_bytes"] == {"client 0": 12 * 128 * 2, "client 1": 12 * 128 * 2, "client 2": 12 * 128 * 2}
+    assert relay[-1]["received_bytes"] == {
+        "client 0": 12 * 128 * 2,
+        "client 1": 12 * 128 * 2,
+        "client 2": 12 * 128 * 2,
+    }
 
 
 def test_clients_receive_exactly_the_others_features_end_to_end(tmp_path):
@@ -265,7 +325,7 @@ def test_clients_receive_exactly_the_others_features_end_to_end(tmp_path):
     assert kinds == ["query.features"] * 3 + ["train.pretrain"] * 6
     latest = {}  # node -> what it uploaded in the previous exchange (query, round 1, round 2)
     for start in (0, 3, 6):
-        batch = list(zip(grid.sent, grid.replies))[start:start + 3]
+        batch = list(zip(grid.sent, grid.replies))[start : start + 3]
         for msg, reply in batch:
             nid = msg.metadata.dst_node_id
             if msg.metadata.message_type == "train.pretrain":
@@ -287,7 +347,9 @@ def test_feature_dtype_float32_travels_as_float32(tmp_path):
     rc = tiny(tmp_path, method="fedclf", **{"fedclf.feature-dtype": "float32", "num-server-rounds": 1})
     cfg = registry.load_config(rc)
     grid = FakeGrid(rc, 2)
-    pretrain(fedclf_strategy.build_strategy(cfg, recorder(tmp_path, cfg)), grid, fedclf_strategy.initial_moco(cfg))
+    pretrain(
+        fedclf_strategy.build_strategy(cfg, recorder(tmp_path, cfg)), grid, fedclf_strategy.initial_moco(cfg)
+    )
     assert grid.sent[-1].content[REMOTE]["features"].numpy().dtype == np.float32
     assert grid.replies[-1].content[FEATURES]["features"].numpy().dtype == np.float32
 
@@ -300,24 +362,33 @@ def test_fedclf_without_feature_sharing_equals_fedmoco(tmp_path):
         cfg = registry.load_config(rc)
         grid = FakeGrid(rc, 2)
         module = registry.get_method(method).strategy_module()
-        arrays = pretrain(module.build_strategy(cfg, recorder(tmp_path, cfg, method)), grid,
-                          fedclf_strategy.initial_moco(cfg))
+        arrays = pretrain(
+            module.build_strategy(cfg, recorder(tmp_path, cfg, method)),
+            grid,
+            fedclf_strategy.initial_moco(cfg),
+        )
         assert [m.metadata.message_type for m in grid.sent] == ["train.pretrain"] * 4
-        assert all(REMOTE not in m.content for m in grid.sent) and all(FEATURES not in r.content for r in grid.replies)
+        assert all(REMOTE not in m.content for m in grid.sent) and all(
+            FEATURES not in r.content for r in grid.replies
+        )
         results[method] = arrays.to_torch_state_dict()
     a, b = results["fedclf"], results["fedmoco"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # and sharing changes the result (the switch is not a no-op)
     rc = tiny(tmp_path, method="fedclf")
     cfg = registry.load_config(rc)
-    shared = pretrain(fedclf_strategy.build_strategy(cfg, recorder(tmp_path, cfg, "s")), FakeGrid(rc, 2),
-                      fedclf_strategy.initial_moco(cfg)).to_torch_state_dict()
+    shared = pretrain(
+        fedclf_strategy.build_strategy(cfg, recorder(tmp_path, cfg, "s")),
+        FakeGrid(rc, 2),
+        fedclf_strategy.initial_moco(cfg),
+    ).to_torch_state_dict()
     assert not torch.equal(shared["backbone.0.0.weight"], a["backbone.0.0.weight"])
 
 
 # ---------------------------------------------------------------------------- baselines, whole plans
-@pytest.mark.parametrize("method,finetune", [("localcl", "local"), ("fedsimclr", "federated"),
-                                             ("random-init", "federated")])
+@pytest.mark.parametrize(
+    "method,finetune", [("localcl", "local"), ("fedsimclr", "federated"), ("random-init", "federated")]
+)
 def test_baselines_run_their_plan(tmp_path, method, finetune):
     rc = tiny(tmp_path, method=method, finetune=finetune)
     cfg = registry.load_config(rc)
@@ -334,7 +405,10 @@ def test_baselines_run_their_plan(tmp_path, method, finetune):
         # nothing averaged: round 2 carries no weights, clients keep diverging models
         pre_msgs = [m for m in grid.sent if m.metadata.message_type == "train.pretrain"]
         assert [len(m.content["arrays"]) > 0 for m in pre_msgs] == [True, True, False, False]
-        own = [client_state(ctx).tensors("fedclf-model")["backbone.0.0.weight"].numpy() for ctx in grid.contexts.values()]
+        own = [
+            client_state(ctx).tensors("fedclf-model")["backbone.0.0.weight"].numpy()
+            for ctx in grid.contexts.values()
+        ]
         assert not np.array_equal(own[0], own[1])
         assert all(FEATURES not in r.content for r in grid.replies)
 
@@ -348,14 +422,27 @@ def test_localcl_finetunes_from_the_clients_own_backbone(tmp_path):
     ctx = next(iter(grid.contexts.values()))
     initial = {"backbone.w": np.zeros(2, np.float32), "head.0.weight": np.zeros(1, np.float32)}
     state = client_state(ctx)
-    state.put(INITIAL, meta={"digest": backbone_digest(ArrayRecord({k: Array(v) for k, v in initial.items()}))})
+    state.put(
+        INITIAL, meta={"digest": backbone_digest(ArrayRecord({k: Array(v) for k, v in initial.items()}))}
+    )
     state.put("fedclf-model", {"backbone.w": torch.ones(2), "head.0.weight": torch.zeros(1)})
 
     def instruction(backbone):
-        return Message(RecordDict({"arrays": ArrayRecord({"backbone.w": Array(np.asarray(backbone, np.float32)),
-                                                          "head.weight": Array(np.full(3, 5, np.float32))}),
-                                   "config": ConfigRecord({"server-round": 1})}),
-                       dst_node_id=1, message_type="train.finetune")
+        return Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord(
+                        {
+                            "backbone.w": Array(np.asarray(backbone, np.float32)),
+                            "head.weight": Array(np.full(3, 5, np.float32)),
+                        }
+                    ),
+                    "config": ConfigRecord({"server-round": 1}),
+                }
+            ),
+            dst_node_id=1,
+            message_type="train.finetune",
+        )
 
     arrays = with_own_backbone(instruction([0, 0]), ctx).content["arrays"]
     assert arrays["backbone.w"].numpy().tolist() == [1, 1]  # the client's own
@@ -378,10 +465,21 @@ def test_fedclf_keys_are_validated():
 def test_fedclf_pretrain_then_federated_finetune_with_sim(tmp_path):
     """Must show 2/3: sim.py, FedCLF pre-training -> federated fine-tuning at L = 10 %; the
     summary records the features relayed per client per round."""
-    run_dir = sim.simulate({**TINY, "method": "fedclf", "image-size": 32, "synthetic-per-class": 20,
-                            "label-fraction": 0.1, "finetune": "federated", "finetune-rounds": 2,
-                            "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "c"), "run-name": "r"},
-                           num_supernodes=2)
+    run_dir = sim.simulate(
+        {
+            **TINY,
+            "method": "fedclf",
+            "image-size": 32,
+            "synthetic-per-class": 20,
+            "label-fraction": 0.1,
+            "finetune": "federated",
+            "finetune-rounds": 2,
+            "output-dir": str(tmp_path),
+            "cache-dir": str(tmp_path / "c"),
+            "run-name": "r",
+        },
+        num_supernodes=2,
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [r["round"] for r in summary["rounds"] if r["split"] == "pretrain"] == [1, 2]
     assert [r["round"] for r in summary["rounds"] if r["split"] == "val"] == [0, 1, 2]
@@ -404,21 +502,36 @@ def test_presets_and_table_grids_are_valid_run_configs():
 
     root = Path(__file__).resolve().parents[1]
     presets = sorted((root / "presets").glob("fedclf-*.toml"))
-    assert {p.stem for p in presets} == {f"fedclf-{t}{s}" for t in ("table1", "table2", "fig6") for s in ("", "-small")}
+    assert {p.stem for p in presets} == {
+        f"fedclf-{t}{s}" for t in ("table1", "table2", "fig6") for s in ("", "-small")
+    }
     for preset in presets:
         base = sim.parse_overrides([str(preset)])
         paper_scale = not preset.stem.endswith("-small")
         cfg = registry.load_config(sim.resolved_run_config(base))
         assert cfg.method == "fedclf" and cfg.label_fraction == 0.1
         if paper_scale:  # 000 §V-A
-            assert (cfg.min_clients, cfg.num_server_rounds, cfg.batch_size, cfg.lr, cfg.lr_schedule,
-                    cfg.local_epochs, cfg.model, cfg.image_size) == (10, 100, 128, 0.03, "cosine", 1, "resnet18", 72)
+            assert (
+                cfg.min_clients,
+                cfg.num_server_rounds,
+                cfg.batch_size,
+                cfg.lr,
+                cfg.lr_schedule,
+                cfg.local_epochs,
+                cfg.model,
+                cfg.image_size,
+            ) == (10, 100, 128, 0.03, "cosine", 1, "resnet18", 72)
         assert cfg.finetune == ("local" if "table1" in preset.stem else "federated")
         if paper_scale:
             grid = load_sweep(root / "sweeps" / f"000-{preset.stem}.toml", load_config=registry.load_config)
             assert grid.num_supernodes == cfg.min_clients
-            shared = {k: v for k, v in base.items() if k not in ("method", "label-fraction") and not
-                      k.startswith("fedclf.feature") and not k.startswith("fedclf.local")}
+            shared = {
+                k: v
+                for k, v in base.items()
+                if k not in ("method", "label-fraction")
+                and not k.startswith("fedclf.feature")
+                and not k.startswith("fedclf.local")
+            }
             for run in grid.runs():
                 assert {k: run.overrides[k] for k in shared} == shared
     fig6 = load_sweep(root / "sweeps" / "000-fedclf-fig6.toml")

@@ -33,13 +33,27 @@ from fedderm.models import create_model
 from strategies.fedmae import FedMAEStrategy, mae_backbone_state
 from wire import LOCAL_RECORD
 
-MICRO = {"model": "vit-micro", "image-size": 32, "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1,
-         "fedmae.decoder-num-heads": 2}
+MICRO = {
+    "model": "vit-micro",
+    "image-size": 32,
+    "fedmae.decoder-embed-dim": 32,
+    "fedmae.decoder-depth": 1,
+    "fedmae.decoder-num-heads": 2,
+}
 
 
 def micro_mae(**kw) -> MaskedAutoencoderViT:
-    return MaskedAutoencoderViT(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2,
-                                decoder_embed_dim=32, decoder_depth=1, decoder_num_heads=2, **kw)
+    return MaskedAutoencoderViT(
+        img_size=32,
+        patch_size=8,
+        embed_dim=64,
+        depth=2,
+        num_heads=2,
+        decoder_embed_dim=32,
+        decoder_depth=1,
+        decoder_num_heads=2,
+        **kw,
+    )
 
 
 # -- the model ------------------------------------------------------------------------------------
@@ -49,8 +63,8 @@ def test_patchify_order_is_row_column_channel():
     x = patchify(imgs, p)
     assert x.shape == (2, 4, p * p * c)
     for n in range(2):
-        for gi in range(2):          # patch row
-            for gj in range(2):      # patch column
+        for gi in range(2):  # patch row
+            for gj in range(2):  # patch column
                 patch = x[n, gi * 2 + gj]  # patches in row-major order
                 for r in range(p):
                     for q in range(p):
@@ -81,7 +95,9 @@ def test_loss_is_the_masked_patch_mse_of_the_equation():
     # unmasked patches do not count
     pred2 = pred.clone()
     pred2[0, 1] += 100
-    assert masked_patch_mse(target, pred2, mask).item() == pytest.approx(masked_patch_mse(target, pred, mask).item())
+    assert masked_patch_mse(target, pred2, mask).item() == pytest.approx(
+        masked_patch_mse(target, pred, mask).item()
+    )
 
 
 def test_forward_loss_patchifies_the_image_before_the_equation():
@@ -89,7 +105,9 @@ def test_forward_loss_patchifies_the_image_before_the_equation():
     imgs = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     loss, pred, mask = model(imgs, 0.75, torch.Generator().manual_seed(1))
     assert pred.shape == (2, 16, 8 * 8 * 3) and mask.sum(1).tolist() == [12.0, 12.0]
-    assert loss.item() == pytest.approx(masked_patch_mse(patchify(imgs, 8), pred, mask, True).item(), rel=1e-6)
+    assert loss.item() == pytest.approx(
+        masked_patch_mse(patchify(imgs, 8), pred, mask, True).item(), rel=1e-6
+    )
 
 
 def test_random_masking_keeps_the_lowest_noise_and_restores_order():
@@ -112,8 +130,12 @@ def test_sincos_position_embedding_matches_the_formula():
     for row in range(grid):
         for col in range(grid):
             e = emb[1 + row * grid + col]
-            expected = ([math.sin(col * w) for w in omega] + [math.cos(col * w) for w in omega]
-                        + [math.sin(row * w) for w in omega] + [math.cos(row * w) for w in omega])
+            expected = (
+                [math.sin(col * w) for w in omega]
+                + [math.cos(col * w) for w in omega]
+                + [math.sin(row * w) for w in omega]
+                + [math.cos(row * w) for w in omega]
+            )
             assert np.allclose(e, expected, atol=1e-6)
     model = micro_mae()
     assert not model.pos_embed.requires_grad and not model.decoder_pos_embed.requires_grad
@@ -122,9 +144,27 @@ def test_sincos_position_embedding_matches_the_formula():
 
 def test_reference_names():
     names = {k.split(".")[0] for k in micro_mae().state_dict()}
-    assert names == {"patch_embed", "cls_token", "pos_embed", "blocks", "norm", "decoder_embed", "mask_token",
-                     "decoder_pos_embed", "decoder_blocks", "decoder_norm", "decoder_pred"}
-    for method in ("patchify", "unpatchify", "random_masking", "forward_encoder", "forward_decoder", "forward_loss"):
+    assert names == {
+        "patch_embed",
+        "cls_token",
+        "pos_embed",
+        "blocks",
+        "norm",
+        "decoder_embed",
+        "mask_token",
+        "decoder_pos_embed",
+        "decoder_blocks",
+        "decoder_norm",
+        "decoder_pred",
+    }
+    for method in (
+        "patchify",
+        "unpatchify",
+        "random_masking",
+        "forward_encoder",
+        "forward_decoder",
+        "forward_loss",
+    ):
         assert callable(getattr(MaskedAutoencoderViT, method))
 
 
@@ -155,33 +195,54 @@ def test_encoder_transfers_to_the_timm_classifier():
         tokens = clf.backbone.forward_features(x)  # (N, 1 + L, D), timm's norm is Identity under avg pooling
     assert not mask.any()
     ids_shuffle = torch.argsort(ids_restore, dim=1)
-    expected = mae.norm(torch.cat([tokens[:, :1], torch.stack([tokens[n, 1:][ids_shuffle[n]] for n in range(2)])], 1))
+    expected = mae.norm(
+        torch.cat([tokens[:, :1], torch.stack([tokens[n, 1:][ids_shuffle[n]] for n in range(2)])], 1)
+    )
     assert torch.allclose(latent, expected, atol=1e-5)
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
 def reference_named_state(depth=2, dim=64, dec=32, dec_depth=1, grid=4, patch=8, decoder=True):
     """A state dict written by hand with the MAE reference's names and shapes."""
-    s = {"cls_token": torch.randn(1, 1, dim), "pos_embed": torch.randn(1, grid * grid + 1, dim),
-         "patch_embed.proj.weight": torch.randn(dim, 3, patch, patch), "patch_embed.proj.bias": torch.randn(dim)}
+    s = {
+        "cls_token": torch.randn(1, 1, dim),
+        "pos_embed": torch.randn(1, grid * grid + 1, dim),
+        "patch_embed.proj.weight": torch.randn(dim, 3, patch, patch),
+        "patch_embed.proj.bias": torch.randn(dim),
+    }
 
     def block(prefix, d):
-        return {f"{prefix}.norm1.weight": torch.randn(d), f"{prefix}.norm1.bias": torch.randn(d),
-                f"{prefix}.attn.qkv.weight": torch.randn(3 * d, d), f"{prefix}.attn.qkv.bias": torch.randn(3 * d),
-                f"{prefix}.attn.proj.weight": torch.randn(d, d), f"{prefix}.attn.proj.bias": torch.randn(d),
-                f"{prefix}.norm2.weight": torch.randn(d), f"{prefix}.norm2.bias": torch.randn(d),
-                f"{prefix}.mlp.fc1.weight": torch.randn(4 * d, d), f"{prefix}.mlp.fc1.bias": torch.randn(4 * d),
-                f"{prefix}.mlp.fc2.weight": torch.randn(d, 4 * d), f"{prefix}.mlp.fc2.bias": torch.randn(d)}
+        return {
+            f"{prefix}.norm1.weight": torch.randn(d),
+            f"{prefix}.norm1.bias": torch.randn(d),
+            f"{prefix}.attn.qkv.weight": torch.randn(3 * d, d),
+            f"{prefix}.attn.qkv.bias": torch.randn(3 * d),
+            f"{prefix}.attn.proj.weight": torch.randn(d, d),
+            f"{prefix}.attn.proj.bias": torch.randn(d),
+            f"{prefix}.norm2.weight": torch.randn(d),
+            f"{prefix}.norm2.bias": torch.randn(d),
+            f"{prefix}.mlp.fc1.weight": torch.randn(4 * d, d),
+            f"{prefix}.mlp.fc1.bias": torch.randn(4 * d),
+            f"{prefix}.mlp.fc2.weight": torch.randn(d, 4 * d),
+            f"{prefix}.mlp.fc2.bias": torch.randn(d),
+        }
 
     for i in range(depth):
         s.update(block(f"blocks.{i}", dim))
     s.update({"norm.weight": torch.randn(dim), "norm.bias": torch.randn(dim)})
     if decoder:
-        s.update({"mask_token": torch.randn(1, 1, dec), "decoder_pos_embed": torch.randn(1, grid * grid + 1, dec),
-                  "decoder_embed.weight": torch.randn(dec, dim), "decoder_embed.bias": torch.randn(dec),
-                  "decoder_norm.weight": torch.randn(dec), "decoder_norm.bias": torch.randn(dec),
-                  "decoder_pred.weight": torch.randn(patch * patch * 3, dec),
-                  "decoder_pred.bias": torch.randn(patch * patch * 3)})
+        s.update(
+            {
+                "mask_token": torch.randn(1, 1, dec),
+                "decoder_pos_embed": torch.randn(1, grid * grid + 1, dec),
+                "decoder_embed.weight": torch.randn(dec, dim),
+                "decoder_embed.bias": torch.randn(dec),
+                "decoder_norm.weight": torch.randn(dec),
+                "decoder_norm.bias": torch.randn(dec),
+                "decoder_pred.weight": torch.randn(patch * patch * 3, dec),
+                "decoder_pred.bias": torch.randn(patch * patch * 3),
+            }
+        )
         for i in range(dec_depth):
             s.update(block(f"decoder_blocks.{i}", dec))
     return s
@@ -189,7 +250,9 @@ def reference_named_state(depth=2, dim=64, dec=32, dec_depth=1, grid=4, patch=8,
 
 def test_reference_checkpoint_loads_strictly(tmp_path):
     state = reference_named_state()
-    torch.save({"model": state, "epoch": 799, "args": argparse.Namespace(mask_ratio=0.75)}, tmp_path / "full.pth")
+    torch.save(
+        {"model": state, "epoch": 799, "args": argparse.Namespace(mask_ratio=0.75)}, tmp_path / "full.pth"
+    )
     model = micro_mae()
     assert len(load_mae_checkpoint(model, tmp_path / "full.pth")) == len(state)
     for k, v in model.state_dict().items():
@@ -246,14 +309,26 @@ class FakeGrid:
 def make_strategy(tmp_path, exclude="cls-token", rounds=2):
     from fedderm.results import RunRecorder
 
-    cfg = registry.load_config({**MICRO, "method": "fedmae", "fedmae.exclude": exclude, "num-server-rounds": rounds})
-    return FedMAEStrategy(cfg=cfg, recorder=RunRecorder(tmp_path / "run", "fedmae", cfg.to_flat()),
-                          action="pretrain", fraction_evaluate=0.0, min_train_nodes=2, min_available_nodes=2)
+    cfg = registry.load_config(
+        {**MICRO, "method": "fedmae", "fedmae.exclude": exclude, "num-server-rounds": rounds}
+    )
+    return FedMAEStrategy(
+        cfg=cfg,
+        recorder=RunRecorder(tmp_path / "run", "fedmae", cfg.to_flat()),
+        action="pretrain",
+        fraction_evaluate=0.0,
+        min_train_nodes=2,
+        min_available_nodes=2,
+    )
 
 
 def fake_reply(instruction, arrays: dict, n: int, pid: int, local: dict | None = None):
-    content = RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
-                          "metrics": MetricRecord({"num-examples": n, "train_loss": 1.0, "partition-id": pid})})
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+            "metrics": MetricRecord({"num-examples": n, "train_loss": 1.0, "partition-id": pid}),
+        }
+    )
     if local is not None:
         content[LOCAL_RECORD] = ArrayRecord({k: Array(v) for k, v in local.items()})
     return Message(content, reply_to=instruction)
@@ -262,7 +337,10 @@ def fake_reply(instruction, arrays: dict, n: int, pid: int, local: dict | None =
 def test_strategy_averages_the_synchronised_part_and_the_kept_part_once_at_the_end(tmp_path):
     strategy = make_strategy(tmp_path)
     rng = np.random.default_rng(0)
-    glob = {"cls_token": rng.normal(size=(1, 1, 4)).astype(np.float32), "w": rng.normal(size=3).astype(np.float32)}
+    glob = {
+        "cls_token": rng.normal(size=(1, 1, 4)).astype(np.float32),
+        "w": rng.normal(size=3).astype(np.float32),
+    }
     clients = [{k: rng.normal(size=v.shape).astype(np.float32) for k, v in glob.items()} for _ in range(2)]
     weights = [30, 10]
     arrays = ArrayRecord({k: Array(v) for k, v in glob.items()})
@@ -278,8 +356,10 @@ def test_strategy_averages_the_synchronised_part_and_the_kept_part_once_at_the_e
 
     ins = strategy.configure_train(2, new, ConfigRecord(), FakeGrid([11, 12]))
     assert [m.content["config"]["send-local"] for m in ins] == [True, True]
-    replies = [fake_reply(m, {"w": c["w"]}, n, i, local={"cls_token": c["cls_token"]})
-               for i, (m, c, n) in enumerate(zip(ins, clients, weights))]
+    replies = [
+        fake_reply(m, {"w": c["w"]}, n, i, local={"cls_token": c["cls_token"]})
+        for i, (m, c, n) in enumerate(zip(ins, clients, weights))
+    ]
     final, _ = strategy.aggregate_train(2, replies)
     expected = (30 * clients[0]["cls_token"] + 10 * clients[1]["cls_token"]) / 40
     assert np.allclose(final["cls_token"].numpy(), expected)  # averaged once, after the last round
@@ -291,8 +371,10 @@ def test_exclude_none_is_plain_fedavg(tmp_path):
     state = {k: v.numpy() for k, v in micro_mae().state_dict().items()}
     arrays = ArrayRecord({k: Array(v) for k, v in state.items()})
     ins = list(strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid([1, 2])))
-    replies = [fake_reply(m, {k: (v + rng.normal(size=v.shape)).astype(np.float32) for k, v in state.items()},
-                          n, i) for i, (m, n) in enumerate(zip(ins, [7, 13]))]
+    replies = [
+        fake_reply(m, {k: (v + rng.normal(size=v.shape)).astype(np.float32) for k, v in state.items()}, n, i)
+        for i, (m, n) in enumerate(zip(ins, [7, 13]))
+    ]
     ours, _ = strategy.aggregate_train(1, copy.deepcopy(replies))
     theirs, _ = FedAvg().aggregate_train(1, copy.deepcopy(replies))
     assert list(ours.keys()) == list(theirs.keys())
@@ -303,15 +385,30 @@ def test_exclude_none_is_plain_fedavg(tmp_path):
 # -- the knowledge split: real clients, in process ----------------------------------------------------
 def client_context(run_id: int, pid: int, run_config: dict) -> Context:
     """A client's context; sessions are cached per (run id, partition), so each test uses its own run id."""
-    return Context(run_id=run_id, node_id=100 + pid, node_config={"partition-id": pid, "num-partitions": 2},
-                   state=RecordDict(), run_config=run_config)
+    return Context(
+        run_id=run_id,
+        node_id=100 + pid,
+        node_config={"partition-id": pid, "num-partitions": 2},
+        state=RecordDict(),
+        run_config=run_config,
+    )
 
 
 @pytest.mark.parametrize("exclude", ["cls-token", "decoder"])
 def test_rounds_with_real_clients_keep_the_excluded_part_local(tmp_path, exclude):
-    run_config = {**MICRO, "method": "fedmae", "fedmae.exclude": exclude, "num-server-rounds": 2,
-                  "synthetic-per-class": 8, "local-epochs": 1, "batch-size": 16, "optimizer": "adamw",
-                  "lr": 1e-3, "cache-dir": str(tmp_path / "cache"), "seed": 1}
+    run_config = {
+        **MICRO,
+        "method": "fedmae",
+        "fedmae.exclude": exclude,
+        "num-server-rounds": 2,
+        "synthetic-per-class": 8,
+        "local-epochs": 1,
+        "batch-size": 16,
+        "optimizer": "adamw",
+        "lr": 1e-3,
+        "cache-dir": str(tmp_path / "cache"),
+        "seed": 1,
+    }
     strategy = make_strategy(tmp_path, exclude=exclude)
     run_id = 5000 + sorted(EXCLUDE_PRESETS).index(exclude)
     contexts = [client_context(run_id, pid, run_config) for pid in (0, 1)]
@@ -329,8 +426,10 @@ def test_rounds_with_real_clients_keep_the_excluded_part_local(tmp_path, exclude
         arrays, _ = strategy.aggregate_train(rnd, replies)
         if rnd == 1:
             # what each client starts round 2 from: synchronised part identical, excluded part its own
-            starts = [{k: v.clone() for k, v in mae_client.receive(ctx, arrays)[0].state_dict().items()}
-                      for ctx in contexts]
+            starts = [
+                {k: v.clone() for k, v in mae_client.receive(ctx, arrays)[0].state_dict().items()}
+                for ctx in contexts
+            ]
             for k in starts[0]:
                 if k in kept:
                     assert not torch.equal(starts[0][k], starts[1][k]), k
@@ -359,11 +458,25 @@ def test_exclude_presets_select_table_v_parameters():
 
 # -- end to end --------------------------------------------------------------------------------------
 def test_fedmae_pretrain_then_federated_finetune_end_to_end(tmp_path):
-    run_dir = sim.simulate({**MICRO, "method": "fedmae", "num-server-rounds": 2, "local-epochs": 1,
-                            "optimizer": "adamw", "lr": 1.5e-3, "batch-size": 16, "synthetic-per-class": 16,
-                            "finetune-rounds": 2, "finetune-epochs": 1, "finetune-lr": 1e-3,
-                            "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "c"), "run-name": "r"},
-                           num_supernodes=2)
+    run_dir = sim.simulate(
+        {
+            **MICRO,
+            "method": "fedmae",
+            "num-server-rounds": 2,
+            "local-epochs": 1,
+            "optimizer": "adamw",
+            "lr": 1.5e-3,
+            "batch-size": 16,
+            "synthetic-per-class": 16,
+            "finetune-rounds": 2,
+            "finetune-epochs": 1,
+            "finetune-lr": 1e-3,
+            "output-dir": str(tmp_path),
+            "cache-dir": str(tmp_path / "c"),
+            "run-name": "r",
+        },
+        num_supernodes=2,
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     pre = [r for r in summary["rounds"] if r["split"] == "pretrain"]
     assert [r["round"] for r in pre] == [1, 2] and all(r["metrics"]["loss"] > 0 for r in pre)
@@ -376,4 +489,4 @@ def test_fedmae_pretrain_then_federated_finetune_end_to_end(tmp_path):
     cfg = registry.load_config({**MICRO, "method": "fedmae"})
     # the fine-tuning started from the pre-trained encoder: round-0 classifier = mapped encoder
     start = mae_backbone_state(cfg, 5)(pretrained)
-    assert set(start) == {k[len("backbone."):] for k in final if k.startswith("backbone.")}
+    assert set(start) == {k[len("backbone.") :] for k in final if k.startswith("backbone.")}

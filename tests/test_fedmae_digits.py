@@ -11,8 +11,14 @@ from fedderm.mae import build_mae, vit_backbone_state
 from fedderm.models import create_model
 from fedderm.train import evaluate, mim_schedule, random_flips, to_input, train_epochs, train_supervised
 
-MICRO = {"method": "fedmae", "model": "vit-micro", "image-size": 32, "fedmae.decoder-embed-dim": 32,
-         "fedmae.decoder-depth": 1, "fedmae.decoder-num-heads": 2}
+MICRO = {
+    "method": "fedmae",
+    "model": "vit-micro",
+    "image-size": 32,
+    "fedmae.decoder-embed-dim": 32,
+    "fedmae.decoder-depth": 1,
+    "fedmae.decoder-num-heads": 2,
+}
 
 
 def _digits():
@@ -22,7 +28,7 @@ def _digits():
     x = torch.from_numpy(np.repeat(x[:, None], 3, axis=1))  # N×3×32×32 uint8
     y = torch.from_numpy(d.target.astype(np.int64))
     idx = torch.from_numpy(np.random.default_rng(0).permutation(len(y)))
-    train, test = idx[: int(0.7 * len(y))][: int(0.7 * len(y)) // 4], idx[int(0.8 * len(y)):]
+    train, test = idx[: int(0.7 * len(y))][: int(0.7 * len(y)) // 4], idx[int(0.8 * len(y)) :]
     return x[train], y[train], x[test], y[test]
 
 
@@ -35,14 +41,37 @@ def _pretrain(cfg, images, labels, recipe: bool):
     rounds, epochs = 3, 2
     for r in range(1, rounds + 1):
         if recipe:
-            kw = dict(optimizer="adamw", weight_decay=0.05, **mim_schedule(
-                1.5e-4, server_round=r, num_rounds=rounds, local_epochs=epochs, batch_size=32,
-                lr_step="iteration", warmup_epochs=1, adam_beta2=0.95, lr_scaling="batch"))
+            kw = dict(
+                optimizer="adamw",
+                weight_decay=0.05,
+                **mim_schedule(
+                    1.5e-4,
+                    server_round=r,
+                    num_rounds=rounds,
+                    local_epochs=epochs,
+                    batch_size=32,
+                    lr_step="iteration",
+                    warmup_epochs=1,
+                    adam_beta2=0.95,
+                    lr_scaling="batch",
+                ),
+            )
         else:
-            kw = dict(optimizer="adam", weight_decay=5e-4, **mim_schedule(
-                1e-3, server_round=r, num_rounds=rounds, local_epochs=epochs, batch_size=32))
-        train_epochs(mae, images, labels, lambda m, xb, yb, g: m(to_input(random_flips(xb, g), "cpu"), 0.75, g)[0],
-                     epochs=epochs, batch_size=32, seed=r, **kw)
+            kw = dict(
+                optimizer="adam",
+                weight_decay=5e-4,
+                **mim_schedule(1e-3, server_round=r, num_rounds=rounds, local_epochs=epochs, batch_size=32),
+            )
+        train_epochs(
+            mae,
+            images,
+            labels,
+            lambda m, xb, yb, g: m(to_input(random_flips(xb, g), "cpu"), 0.75, g)[0],
+            epochs=epochs,
+            batch_size=32,
+            seed=r,
+            **kw,
+        )
     return mae
 
 
@@ -50,9 +79,12 @@ def _finetune(mae, images, labels, test_x, test_y) -> float:
     torch.manual_seed(0)
     clf = create_model("vit-micro", 10, 32)
     if mae is not None:
-        clf.backbone.load_state_dict(vit_backbone_state(mae.state_dict(), clf.backbone.state_dict().keys()), strict=True)
-    train_supervised(clf, images, labels, epochs=30, batch_size=32, lr=1e-4, optimizer="adam", weight_decay=5e-4,
-                     seed=0)
+        clf.backbone.load_state_dict(
+            vit_backbone_state(mae.state_dict(), clf.backbone.state_dict().keys()), strict=True
+        )
+    train_supervised(
+        clf, images, labels, epochs=30, batch_size=32, lr=1e-4, optimizer="adam", weight_decay=5e-4, seed=0
+    )
     return evaluate(clf, test_x, test_y, 10)["balanced_accuracy"]
 
 

@@ -11,9 +11,18 @@ from fedderm.models import create_model
 from fedderm.rotation import rotate_batch
 from strategies.finetune import backbone_prefix_state, classifier_from_pretrained
 
-SMALL = {"model": "tiny-cnn", "image-size": 32, "synthetic-per-class": 30, "num-server-rounds": 2,
-         "finetune-rounds": 2, "finetune-epochs": 1, "local-epochs": 1, "batch-size": 16,
-         "label-fraction": 0.5, "finetune-lr": 0.003}
+SMALL = {
+    "model": "tiny-cnn",
+    "image-size": 32,
+    "synthetic-per-class": 30,
+    "num-server-rounds": 2,
+    "finetune-rounds": 2,
+    "finetune-epochs": 1,
+    "local-epochs": 1,
+    "batch-size": 16,
+    "label-fraction": 0.5,
+    "finetune-lr": 0.003,
+}
 
 
 def test_rotate_batch():
@@ -38,9 +47,17 @@ def test_classifier_takes_the_pretrained_backbone_and_a_new_head():
 
 @pytest.mark.parametrize("finetune", ["federated", "local"])
 def test_pretrain_then_finetune_end_to_end(tmp_path, finetune):
-    run_dir = sim.simulate({**SMALL, "method": "fedrotation", "finetune": finetune,
-                            "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "c"), "run-name": "r"},
-                           num_supernodes=2)
+    run_dir = sim.simulate(
+        {
+            **SMALL,
+            "method": "fedrotation",
+            "finetune": finetune,
+            "output-dir": str(tmp_path),
+            "cache-dir": str(tmp_path / "c"),
+            "run-name": "r",
+        },
+        num_supernodes=2,
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     pre = [r for r in summary["rounds"] if r["split"] == "pretrain"]
     val = [r for r in summary["rounds"] if r["split"] == "val"]

@@ -29,8 +29,7 @@ def test_barlow_twins_paper_normalisation_by_hand():
     z_b = torch.tensor([[2.0, 0.0], [1.0, 1.0]])
     # Eq. 6: column norms |a0| = √10, |a1| = √20, |b0| = √5, |b1| = 1;
     # Σ_b a_bi b_bj: (0,0) 1·2+3·1 = 5, (0,1) 3, (1,0) 2·2+4·1 = 8, (1,1) 4
-    c = np.array([[5 / math.sqrt(50), 3 / math.sqrt(10)],
-                  [8 / 10, 4 / math.sqrt(20)]])
+    c = np.array([[5 / math.sqrt(50), 3 / math.sqrt(10)], [8 / 10, 4 / math.sqrt(20)]])
     assert cross_correlation(z_a, z_b, "paper").numpy() == pytest.approx(c, abs=1e-6)
     # Eq. 5: (1 − 1/√2)² + (1 − 2/√5)² + λ (0.9 + 0.64)
     expected = (1 - 1 / math.sqrt(2)) ** 2 + (1 - 2 / math.sqrt(5)) ** 2 + LAMBDA * (0.9 + 0.64)
@@ -47,7 +46,8 @@ def test_barlow_twins_original_batchnorm_normalisation_by_hand():
     assert cross_correlation(z_a, z_b, "batchnorm").numpy() == pytest.approx(c, abs=1e-6)
     # Eq. 5 on that C: (1 − (−1))² + 0 + λ (3/4 + 3/4)
     assert barlow_twins(z_a, z_b, LAMBDA, normalize="batchnorm").item() == pytest.approx(
-        4 + 1.5 * LAMBDA, rel=1e-6)
+        4 + 1.5 * LAMBDA, rel=1e-6
+    )
 
 
 def test_barlow_twins_identical_decorrelated_inputs_give_zero_and_bad_args_raise():
@@ -67,14 +67,21 @@ def test_moon_term_equals_its_formula_on_fixed_cosines():
     assert moon_from_cosines(pos, neg, tau).item() == pytest.approx(expected, rel=1e-6)
     # on vectors: cos(z, z_glob) = 1, cos(z, z_prev) = 0
     z, zg, zp = torch.tensor([[2.0, 0.0]]), torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 3.0]])
-    assert moon_contrastive(z, zg, zp, tau).item() == pytest.approx(math.log(1 + math.exp(-1 / tau)), rel=1e-6)
+    assert moon_contrastive(z, zg, zp, tau).item() == pytest.approx(
+        math.log(1 + math.exp(-1 / tau)), rel=1e-6
+    )
 
 
 # ----------------------------------------------------------------------------- local training
 def _clients(n_clients=2, n=24, size=16, classes=3):
     g = torch.Generator().manual_seed(0)
-    return [(torch.randint(0, 255, (n + 6 * c, 3, size, size), generator=g, dtype=torch.uint8),
-             torch.arange(n + 6 * c) % classes) for c in range(n_clients)]
+    return [
+        (
+            torch.randint(0, 255, (n + 6 * c, 3, size, size), generator=g, dtype=torch.uint8),
+            torch.arange(n + 6 * c) % classes,
+        )
+        for c in range(n_clients)
+    ]
 
 
 KW = dict(epochs=1, batch_size=8, lr=0.05, optimizer="sgd", momentum=0.9, weight_decay=0.0)
@@ -91,18 +98,26 @@ def _fedavg_rounds(train_fn, rounds=2):
             local = build_projected_net("tiny-cnn", 3, 16, proj_dim=8)
             local.load_state_dict(global_net.state_dict())
             metrics = train_fn(local, frozen_copy(global_net), x, y, seed=100 * r + c)
-            replies.append(RecordDict({"arrays": ArrayRecord(local.state_dict()),
-                                       "metrics": MetricRecord({"num-examples": metrics["num-examples"]})}))
+            replies.append(
+                RecordDict(
+                    {
+                        "arrays": ArrayRecord(local.state_dict()),
+                        "metrics": MetricRecord({"num-examples": metrics["num-examples"]}),
+                    }
+                )
+            )
         global_net.load_state_dict(aggregate_arrayrecords(replies, "num-examples").to_torch_state_dict())
     return global_net.state_dict()
 
 
 def test_flbt_with_mu_zero_gives_the_fedavg_weights():
     fedavg = _fedavg_rounds(lambda m, ref, x, y, seed: train_supervised(m, x, y, seed=seed, **KW))
-    flbt0 = _fedavg_rounds(lambda m, ref, x, y, seed: train_flbt(m, ref, x, y, mu=0.0, lambd=LAMBDA,
-                                                                 seed=seed, **KW))
-    flbt = _fedavg_rounds(lambda m, ref, x, y, seed: train_flbt(m, ref, x, y, mu=1.0, lambd=LAMBDA,
-                                                                seed=seed, **KW))
+    flbt0 = _fedavg_rounds(
+        lambda m, ref, x, y, seed: train_flbt(m, ref, x, y, mu=0.0, lambd=LAMBDA, seed=seed, **KW)
+    )
+    flbt = _fedavg_rounds(
+        lambda m, ref, x, y, seed: train_flbt(m, ref, x, y, mu=1.0, lambd=LAMBDA, seed=seed, **KW)
+    )
     assert all(torch.equal(fedavg[k], flbt0[k]) for k in fedavg)
     assert not all(torch.equal(fedavg[k], flbt[k]) for k in fedavg)  # μ > 0 does change them
 
@@ -141,11 +156,17 @@ def test_fedbn_selects_the_20_batchnorm_modules_of_resnet18_by_type():
     keys = batchnorm_keys(model)
     modules = {k.rsplit(".", 1)[0] for k in keys}
     assert len(modules) == 20
-    assert {"backbone.layer2.0.downsample.1", "backbone.layer3.0.downsample.1",
-            "backbone.layer4.0.downsample.1", "backbone.bn1"} <= modules
+    assert {
+        "backbone.layer2.0.downsample.1",
+        "backbone.layer3.0.downsample.1",
+        "backbone.layer4.0.downsample.1",
+        "backbone.bn1",
+    } <= modules
     # weights, biases and running statistics of each
-    assert all({f"{m}.{s}" for s in ("weight", "bias", "running_mean", "running_var",
-                                     "num_batches_tracked")} <= keys for m in modules)
+    assert all(
+        {f"{m}.{s}" for s in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")} <= keys
+        for m in modules
+    )
     # exactly the BatchNorm modules: a name test ("bn" in the name) misses the downsample ones
     by_name = {k for k in model.state_dict() if ".bn" in k or k.startswith("backbone.bn")}
     assert by_name < keys and len(keys - by_name) == 3 * 5
@@ -168,6 +189,8 @@ def test_parameter_counts_reproduce_table_xii_for_resnet50():
 def test_macs_per_image_by_hand():
     from fedderm.costs import macs_per_image
 
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(8 * 64, 5))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(8 * 64, 5)
+    )
     # conv: 8 out-channels × 64 positions × (3 × 3 × 3) = 13824; linear: 512 × 5 = 2560
     assert macs_per_image(model, 8) == 13824 + 2560

@@ -18,8 +18,15 @@ from fedderm.models import create_model
 from fedderm.msggan import Generator, generate_images, scales_for
 
 _RUN_IDS = itertools.count(1000)
-BASE = {"image-size": 32, "synthetic-per-class": 6, "local-epochs": 1, "batch-size": 8, "num-server-rounds": 2,
-        "lr": 0.01, "model": "tiny-cnn"}
+BASE = {
+    "image-size": 32,
+    "synthetic-per-class": 6,
+    "local-epochs": 1,
+    "batch-size": 8,
+    "num-server-rounds": 2,
+    "lr": 0.01,
+    "model": "tiny-cnn",
+}
 
 
 @pytest.fixture
@@ -28,9 +35,14 @@ def make_context(tmp_path):
 
     def make(partition=0, **run_config):
         rc = {**BASE, "cache-dir": str(tmp_path / "cache"), "output-dir": str(tmp_path), **run_config}
-        return Context(run_id=next(_RUN_IDS), node_id=10 + partition,
-                       node_config={"partition-id": partition, "num-partitions": 3}, state=RecordDict(),
-                       run_config=rc)
+        return Context(
+            run_id=next(_RUN_IDS),
+            node_id=10 + partition,
+            node_config={"partition-id": partition, "num-partitions": 3},
+            state=RecordDict(),
+            run_config=rc,
+        )
+
     return make
 
 
@@ -59,8 +71,16 @@ def test_msggan_generator_makes_images_of_the_configured_shape(size):
 
 @pytest.mark.parametrize("fid_select", [False, True])
 def test_gan_stage_sends_only_generated_images_none_of_them_real(make_context, fid_select):
-    ctx = make_context(method="ssl-flbt", **{"ssl.gan-steps": 4, "ssl.pseudo-per-centre": 12, "ssl.gan-width": 16,
-                                             "ssl.fid-select": fid_select, "ssl.fid-checkpoints": 2})
+    ctx = make_context(
+        method="ssl-flbt",
+        **{
+            "ssl.gan-steps": 4,
+            "ssl.pseudo-per-centre": 12,
+            "ssl.gan-width": 16,
+            "ssl.fid-select": fid_select,
+            "ssl.fid-checkpoints": 2,
+        },
+    )
     reply = ssl_flbt.train_gan(message("train.gan", 0), ctx)
     if fid_select:  # both snapshots scored, the better one uploaded
         metrics = reply.content["metrics"]
@@ -102,7 +122,10 @@ def test_fedbn_keeps_the_20_resnet18_batchnorm_modules_local(make_context):
     trained = session(ctx).model().state_dict()
     assert all(torch.equal(stored[k], trained[k]) for k in bn)
     # round 2: the server's model has no BN keys; the client substitutes its own (round 1)
-    shared = {k: v + 1.0 if v.is_floating_point() else v for k, v in reply.content["arrays"].to_torch_state_dict().items()}
+    shared = {
+        k: v + 1.0 if v.is_floating_point() else v
+        for k, v in reply.content["arrays"].to_torch_state_dict().items()
+    }
     model = fedbn.local_model(message("train", 2, ArrayRecord(shared)), ctx, 1)
     state = model.state_dict()
     assert all(torch.equal(state[k], stored[k]) for k in bn)

@@ -26,7 +26,9 @@ def scipy_frechet(mu1, s1, mu2, s2):
 
 def test_frechet_distance_by_hand_in_one_dimension():
     # N(1, 2²) vs N(4, 3²): (1 - 4)² + (2 - 3)² = 10
-    assert frechet_distance(np.array([1.0]), np.array([[4.0]]), np.array([4.0]), np.array([[9.0]])) == pytest.approx(10)
+    assert frechet_distance(
+        np.array([1.0]), np.array([[4.0]]), np.array([4.0]), np.array([[9.0]])
+    ) == pytest.approx(10)
     # diagonal covariances: sum over dimensions of (mu diff)² + (sd diff)²
     d = frechet_distance(np.zeros(2), np.diag([1.0, 4.0]), np.array([1.0, 0.0]), np.diag([9.0, 4.0]))
     assert d == pytest.approx(1 + (1 - 3) ** 2 + 0)
@@ -67,7 +69,7 @@ class ShiftGenerator(nn.Module):
 
 def test_selection_keeps_the_snapshot_closest_to_the_real_images():
     g = torch.Generator().manual_seed(0)
-    real = ((0.2 + 0.3 * torch.randn(40, 3, 1, 1, generator=g)).expand(-1, 3, 16, 16).clamp(-1, 1) * 0.5 + 0.5)
+    real = (0.2 + 0.3 * torch.randn(40, 3, 1, 1, generator=g)).expand(-1, 3, 16, 16).clamp(-1, 1) * 0.5 + 0.5
     real = (real * 255).round().to(torch.uint8)
     snapshots = [(step, {"level": torch.tensor(level)}) for step, level in [(1, -0.8), (2, 0.2), (3, 0.9)]]
     images, info = select_pseudo_images(ShiftGenerator(), snapshots, real, 10, keep=1, seed=0)
@@ -76,11 +78,14 @@ def test_selection_keeps_the_snapshot_closest_to_the_real_images():
     gen = ShiftGenerator()
     gen.level.data.fill_(0.2)
     from fedderm.msggan import generate_images
+
     assert torch.equal(images, generate_images(gen, 10, seed=2))  # the images of snapshot 2
     both, info2 = select_pseudo_images(ShiftGenerator(), snapshots, real, 11, keep=2, seed=0)
     second = min((1, 3), key=lambda k: info2[f"fid_step{k}"])
     assert len(both) == 11 and (info2["fid_kept0_step"], info2["fid_kept1_step"]) == (2, second)
-    assert torch.equal(both[:6], generate_images(gen, 11, seed=2)[:6])  # 6 of snapshot 2, then 5 of the runner-up
+    assert torch.equal(
+        both[:6], generate_images(gen, 11, seed=2)[:6]
+    )  # 6 of snapshot 2, then 5 of the runner-up
 
 
 def test_snapshot_steps_are_evenly_spaced():

@@ -1,6 +1,5 @@
 """Fine-tuning on a centre held out of the federation (``holdout-centre``, paper 004 Table XI)."""
 
-
 import pytest
 import torch
 from fake_grid import FakeGrid
@@ -15,8 +14,17 @@ from fedderm.models import create_model
 from fedderm.results import RunRecorder
 from strategies.holdout import HoldoutError, HoldoutGrid, finetune_holdout, holdout_nodes
 
-TINY = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 6, "num-server-rounds": 1, "local-epochs": 1,
-        "batch-size": 8, "optimizer": "sgd", "lr": 0.03, "holdout-epochs": 2}
+TINY = {
+    "model": "tiny-cnn",
+    "image-size": 16,
+    "synthetic-per-class": 6,
+    "num-server-rounds": 1,
+    "local-epochs": 1,
+    "batch-size": 8,
+    "optimizer": "sgd",
+    "lr": 0.03,
+    "holdout-epochs": 2,
+}
 
 
 def config(tmp_path, **overrides):
@@ -42,13 +50,17 @@ def test_the_held_out_node_is_invisible_and_unreachable_for_a_method(tmp_path):
     result = finetune_holdout(grid, cfg, recorder, held[0], ["a", "b", "c", "d", "e"])
     assert result["centre"] == "2" and result["start"] == "model-best.pt" and 1 <= result["best_epoch"] <= 2
     assert [m.metadata.message_type for m in grid.sent if m.metadata.dst_node_id in held] == ["train.holdout"]
-    sent = next(m for m in grid.sent if m.metadata.dst_node_id in held).content["arrays"].to_torch_state_dict()
+    sent = (
+        next(m for m in grid.sent if m.metadata.dst_node_id in held).content["arrays"].to_torch_state_dict()
+    )
     best = torch.load(recorder.run_dir / "model-best.pt")
     assert sent.keys() == best.keys() and all(torch.equal(sent[k], best[k]) for k in best)
     splits = [r["split"] for r in recorder.rounds]
     assert splits.count("holdout-val") == 2 and splits.count("holdout-test") == 1
     assert recorder.extra["holdout"]["final"]["per_client"]["2"]["accuracy"] == result["final"]["accuracy"]
-    assert (recorder.run_dir / "holdout_table.txt").exists() and (recorder.run_dir / "pr_curve_client2.png").exists()
+    assert (recorder.run_dir / "holdout_table.txt").exists() and (
+        recorder.run_dir / "pr_curve_client2.png"
+    ).exists()
 
 
 def test_holdout_centre_by_site_name_and_bad_names_fail(tmp_path):
@@ -67,7 +79,9 @@ def test_transfer_keeps_everything_but_the_output_layer():
     torch.manual_seed(0)
     glob = build_projected_net("tiny-cnn", 4, 16)
     torch.manual_seed(1)
-    local = build_network("projected", "tiny-cnn", 3, 16, 128)  # the held-out centre has 3 classes (004: 4 -> 3)
+    local = build_network(
+        "projected", "tiny-cnn", 3, 16, 128
+    )  # the held-out centre has 3 classes (004: 4 -> 3)
     head_before = local.head.weight.clone()
     assert transfer(local, glob.state_dict()) == []
     state = local.state_dict()
@@ -79,5 +93,7 @@ def test_transfer_keeps_everything_but_the_output_layer():
     fresh = build_network("classifier", "tiny-cnn", 5, 16, 128)
     assert set(transfer(fresh, shared)) == batchnorm_keys(fresh)
     with pytest.raises(ValueError, match="lacks"):  # anything else missing is an error
-        transfer(build_network("classifier", "tiny-cnn", 5, 16, 128),
-                 {k: v for k, v in shared.items() if not k.startswith("backbone.0.0")})
+        transfer(
+            build_network("classifier", "tiny-cnn", 5, 16, 128),
+            {k: v for k, v in shared.items() if not k.startswith("backbone.0.0")},
+        )

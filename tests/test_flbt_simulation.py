@@ -10,19 +10,39 @@ import sim
 from fedderm.flbt import batchnorm_keys
 from fedderm.models import create_model
 
-FAST = {"model": "tiny-cnn", "image-size": 32, "synthetic-per-class": 12, "num-server-rounds": 1,
-        "local-epochs": 1, "batch-size": 16, "lr": 0.01, "optimizer": "sgd"}
+FAST = {
+    "model": "tiny-cnn",
+    "image-size": 32,
+    "synthetic-per-class": 12,
+    "num-server-rounds": 1,
+    "local-epochs": 1,
+    "batch-size": 16,
+    "lr": 0.01,
+    "optimizer": "sgd",
+}
 
 
 def _run(tmp_path, name, num_supernodes=2, **overrides):
-    run_dir = sim.simulate({**FAST, "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "cache"),
-                            "run-name": name, **overrides}, num_supernodes=num_supernodes)
+    run_dir = sim.simulate(
+        {
+            **FAST,
+            "output-dir": str(tmp_path),
+            "cache-dir": str(tmp_path / "cache"),
+            "run-name": name,
+            **overrides,
+        },
+        num_supernodes=num_supernodes,
+    )
     return run_dir, json.loads((run_dir / "summary.json").read_text())
 
 
 def test_ssl_flbt_end_to_end_on_synthetic_centres(tmp_path):
-    run_dir, summary = _run(tmp_path, "ssl", method="ssl-flbt", **{
-        "ssl.gan-steps": 10, "ssl.pseudo-per-centre": 16, "ssl.gan-width": 16, "ssl.epochs": 1})
+    run_dir, summary = _run(
+        tmp_path,
+        "ssl",
+        method="ssl-flbt",
+        **{"ssl.gan-steps": 10, "ssl.pseudo-per-centre": 16, "ssl.gan-width": 16, "ssl.epochs": 1},
+    )
     ssl = summary["ssl"]
     assert ssl["pseudo_images"] == 2 * 16 and set(ssl["gan"]) == {"0", "1"}
     assert ssl["pretrain"]["ssl_mse"] > 0 and ssl["pretrain"]["ssl_ce"] > 0
@@ -54,10 +74,14 @@ def test_fedbn_and_local_end_to_end(tmp_path, monkeypatch, method):
         return
     assert all("best-round" in c for c in final.values())  # each client tested its own best-on-val model
     holdout = summary["holdout"]
-    assert holdout["centre"] == "2" and holdout["start"] == "random" and 0 <= holdout["final"]["accuracy"] <= 1
+    assert (
+        holdout["centre"] == "2" and holdout["start"] == "random" and 0 <= holdout["final"]["accuracy"] <= 1
+    )
     assert [r["split"] for r in summary["rounds"]].count("holdout-val") == 2
     entries = [json.loads(line) for line in (audit / "audit-2.jsonl").read_text().splitlines()]
     assert [e["message_type"] for e in entries] == ["query.info", "train.holdout"]
     assert set(entries[1]["records"]) <= set(registry.HOLDOUT_SENDS)
-    others = [json.loads(line) for p in (0, 1) for line in (audit / f"audit-{p}.jsonl").read_text().splitlines()]
+    others = [
+        json.loads(line) for p in (0, 1) for line in (audit / f"audit-{p}.jsonl").read_text().splitlines()
+    ]
     assert others and "train.holdout" not in {e["message_type"] for e in others}

@@ -16,9 +16,22 @@ from fedderm.ssl_pseudo import backbone_arrays, encoder_prefix, original_ssl_net
 from strategies import ssl_flbt
 
 CLASSES = ["a", "b", "c", "d", "e"]
-TINY = {"method": "ssl-flbt", "model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 6,
-        "num-server-rounds": 1, "local-epochs": 1, "batch-size": 8, "optimizer": "sgd", "lr": 0.03,
-        "ssl.rounds": 2, "ssl.epochs": 1, "ssl.gan-steps": 3, "ssl.pseudo-per-centre": 8, "ssl.gan-width": 16}
+TINY = {
+    "method": "ssl-flbt",
+    "model": "tiny-cnn",
+    "image-size": 16,
+    "synthetic-per-class": 6,
+    "num-server-rounds": 1,
+    "local-epochs": 1,
+    "batch-size": 8,
+    "optimizer": "sgd",
+    "lr": 0.03,
+    "ssl.rounds": 2,
+    "ssl.epochs": 1,
+    "ssl.gan-steps": 3,
+    "ssl.pseudo-per-centre": 8,
+    "ssl.gan-width": 16,
+}
 
 
 def run(tmp_path, **overrides):
@@ -48,20 +61,25 @@ def initial_encoder(cfg):
 def test_ssl_fed_r_pretrains_each_centre_alone_and_starts_fl_from_its_own_encoder(tmp_path):
     """SSL-Fed-R: restoration on each centre's own images, nothing averaged, no pre-trained
     weights ever reach the server; stage 2 (FedAvg) starts on every centre from its own encoder."""
-    grid, recorder, cfg = run(tmp_path, **{"ssl.pretrain": "local", "ssl.tasks": "restoration",
-                                           "ssl.finetune": "fedavg"})
+    grid, recorder, cfg = run(
+        tmp_path, **{"ssl.pretrain": "local", "ssl.tasks": "restoration", "ssl.finetune": "fedavg"}
+    )
     pre = kinds(grid, "train.pretrain")
     assert len(pre) == 2 * 2 and not kinds(grid, "train.gan")
     assert all(carries(m) for m in pre[:2]) and not any(carries(m) for m in pre[2:])
     pre_replies = [r for r in grid.replies if "ssl_mse" in r.content["metrics"]]
     assert len(pre_replies) == 4 and not any(carries(r) for r in pre_replies)
     server = torch.load(recorder.run_dir / "ssl-encoder.pt")
-    assert all(torch.equal(server[k], v) for k, v in initial_encoder(cfg).items())  # the server's is the initial one
+    assert all(
+        torch.equal(server[k], v) for k, v in initial_encoder(cfg).items()
+    )  # the server's is the initial one
     net = build_projected_net(cfg.model, 5, cfg.image_size)
     net.encoder.load_state_dict(server)
     own = []
     for node, context in grid.contexts.items():
-        sent = Message(RecordDict({"arrays": ArrayRecord(net.state_dict())}), dst_node_id=node, message_type="train")
+        sent = Message(
+            RecordDict({"arrays": ArrayRecord(net.state_dict())}), dst_node_id=node, message_type="train"
+        )
         msg = ssl_client.with_own_encoder(sent, context)
         swapped = msg.content["arrays"].to_torch_state_dict()
         mine = backbone_arrays(client_state(context).tensors(ssl_client.OWN_SSL), "encoder.")
@@ -70,17 +88,22 @@ def test_ssl_fed_r_pretrains_each_centre_alone_and_starts_fl_from_its_own_encode
         own.append(mine)
     key = next(iter(own[0]))
     assert not torch.equal(own[0][key], own[1][key])  # two different centre models
-    assert [r["split"] for r in recorder.rounds].count("pretrain") == 2 and recorder.final["per_client"].keys() == {"0", "1"}
+    assert [r["split"] for r in recorder.rounds].count("pretrain") == 2 and recorder.final[
+        "per_client"
+    ].keys() == {"0", "1"}
 
 
 def test_fedssl_s_averages_simclr_pretraining_and_starts_from_the_global_encoder(tmp_path):
-    grid, recorder, cfg = run(tmp_path, **{"ssl.pretrain": "federated", "ssl.tasks": "simclr",
-                                           "ssl.finetune": "fedavg"})
+    grid, recorder, cfg = run(
+        tmp_path, **{"ssl.pretrain": "federated", "ssl.tasks": "simclr", "ssl.finetune": "fedavg"}
+    )
     pre = kinds(grid, "train.pretrain")
     assert len(pre) == 4 and all(carries(m) for m in pre)
     pretrained = torch.load(recorder.run_dir / "model-pretrained.pt")
     server = torch.load(recorder.run_dir / "ssl-encoder.pt")
-    assert set(server) == set(backbone_arrays(pretrained, "")) and all(torch.equal(server[k], pretrained[k]) for k in server)
+    assert set(server) == set(backbone_arrays(pretrained, "")) and all(
+        torch.equal(server[k], pretrained[k]) for k in server
+    )
     first = next(m for m in grid.sent if m.metadata.message_type == "train")
     sent = first.content["arrays"].to_torch_state_dict()
     assert all(torch.equal(sent[f"encoder.{k}"], v) for k, v in server.items())
@@ -102,16 +125,19 @@ def test_ssl_l_ft_fine_tunes_the_server_model_on_each_centre_without_fl(tmp_path
     assert all("best-round" in m for m in recorder.final["per_client"].values())
 
 
-@pytest.mark.parametrize("bad, key", [
-    ({"ssl.tasks": "simclr"}, "ssl.tasks"),
-    ({"ssl.pretrain": "local", "ssl.tasks": "both"}, "ssl.tasks"),
-    ({"ssl.finetune": "fedprox"}, "ssl.finetune"),
-    ({"ssl.fid-keep": 5, "ssl.fid-checkpoints": 4}, "ssl.fid-keep"),
-    ({"ssl.gan-lr": 0.0}, "ssl.gan-lr"),
-    ({"flbt.normalize": "layernorm"}, "flbt.normalize"),
-    ({"moon.tau": 0.0}, "moon.tau"),
-    ({"flbt.mu": -1.0}, "flbt.mu"),
-])
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ({"ssl.tasks": "simclr"}, "ssl.tasks"),
+        ({"ssl.pretrain": "local", "ssl.tasks": "both"}, "ssl.tasks"),
+        ({"ssl.finetune": "fedprox"}, "ssl.finetune"),
+        ({"ssl.fid-keep": 5, "ssl.fid-checkpoints": 4}, "ssl.fid-keep"),
+        ({"ssl.gan-lr": 0.0}, "ssl.gan-lr"),
+        ({"flbt.normalize": "layernorm"}, "flbt.normalize"),
+        ({"moon.tau": 0.0}, "moon.tau"),
+        ({"flbt.mu": -1.0}, "flbt.mu"),
+    ],
+)
 def test_bad_004_options_fail_when_the_config_is_parsed(bad, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         registry.load_config({"method": "fedavg", **bad})  # before anything starts, whatever the method

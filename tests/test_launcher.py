@@ -26,7 +26,8 @@ def test_the_flower_internals_the_launcher_patches_exist():
     import flwr
 
     assert launcher.check_flower_internals() == [], (
-        f"flwr {flwr.__version__}: fedderm.launcher was verified with {launcher.VERIFIED_FLOWER}")
+        f"flwr {flwr.__version__}: fedderm.launcher was verified with {launcher.VERIFIED_FLOWER}"
+    )
 
 
 def test_fast_object_pulls_sets_the_shared_backoff_defaults():
@@ -91,11 +92,20 @@ def test_app_hash_is_the_sha256_of_the_bundle_flwr_run_ships(tmp_path):
     assert launcher.app_hash(app) == digest  # the same files, the same hash
     (app / "client_app.py").write_text((app / "client_app.py").read_text() + "\n# changed\n")
     assert launcher.app_hash(app) != digest  # any edit to shipped code changes what must be approved
-    out = subprocess.run([sys.executable, "-m", "fedderm.launcher", "app-hash", str(app)],
-                         capture_output=True, text=True, check=True, cwd=APP_DIR)
+    out = subprocess.run(
+        [sys.executable, "-m", "fedderm.launcher", "app-hash", str(app)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=APP_DIR,
+    )
     assert out.stdout.strip() == launcher.app_hash(app)
-    bad = subprocess.run([sys.executable, "-m", "fedderm.launcher", "app-hash", str(tmp_path)],
-                         capture_output=True, text=True, cwd=APP_DIR)
+    bad = subprocess.run(
+        [sys.executable, "-m", "fedderm.launcher", "app-hash", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=APP_DIR,
+    )
     assert bad.returncode != 0 and "has no pyproject.toml" in bad.stderr
 
 
@@ -127,10 +137,20 @@ def test_no_allow_list_approves_everything(monkeypatch):
 def test_superexec_popen_is_redirected_to_the_launcher():
     popen = launcher._SuperExecPopen(["--allow-list", "/x"])
     seen = []
-    popen._subprocess = type("S", (), {"Popen": staticmethod(lambda cmd, *a, **k: seen.append(cmd)),
-                                       "PIPE": -1})()
+    popen._subprocess = type(
+        "S", (), {"Popen": staticmethod(lambda cmd, *a, **k: seen.append(cmd)), "PIPE": -1}
+    )()
     popen.Popen(["flower-superexec", "--insecure", "--runtime-api-address", "127.0.0.1:1"])
     popen.Popen(["other", "x"])
-    assert seen[0] == [sys.executable, "-m", "fedderm.launcher", "superexec", "--insecure",
-                       "--runtime-api-address", "127.0.0.1:1", "--allow-list", "/x"]
+    assert seen[0] == [
+        sys.executable,
+        "-m",
+        "fedderm.launcher",
+        "superexec",
+        "--insecure",
+        "--runtime-api-address",
+        "127.0.0.1:1",
+        "--allow-list",
+        "/x",
+    ]
     assert seen[1] == ["other", "x"] and popen.PIPE == -1

@@ -29,16 +29,19 @@ def imported_roots(path: Path) -> set[str]:
 
 @pytest.mark.parametrize(("package", "forbidden"), [("strategies", "clients"), ("clients", "strategies")])
 def test_server_and_client_sides_never_import_each_other(package, forbidden):
-    offenders = sorted(str(p.relative_to(ROOT)) for p in (ROOT / package).rglob("*.py")
-                       if forbidden in imported_roots(p))
+    offenders = sorted(
+        str(p.relative_to(ROOT)) for p in (ROOT / package).rglob("*.py") if forbidden in imported_roots(p)
+    )
     assert offenders == []
     # the check itself sees imports: both sides do import the shared wire module
     assert any("wire" in imported_roots(p) for p in (ROOT / package).rglob("*.py"))
 
 
 #: core modules allowed to import flwr, and why (none may import the app's modules)
-FLWR_ALLOWED = {"fedderm/launcher.py": "the SuperNode-side launcher wraps Flower's own SuperNode and SuperExec",
-                "fedderm/console.py": "sim.py's console quiets Flower's logger (imported inside functions)"}
+FLWR_ALLOWED = {
+    "fedderm/launcher.py": "the SuperNode-side launcher wraps Flower's own SuperNode and SuperExec",
+    "fedderm/console.py": "sim.py's console quiets Flower's logger (imported inside functions)",
+}
 
 
 def test_core_imports_neither_side_nor_flwr():
@@ -46,8 +49,11 @@ def test_core_imports_neither_side_nor_flwr():
         allowed = {"flwr"} if str(p.relative_to(ROOT)) in FLWR_ALLOWED else set()
         return APP_MODULES | ({"flwr"} - allowed)
 
-    offenders = sorted(f"{p.relative_to(ROOT)}: {sorted(bad)}" for p in (ROOT / "fedderm").rglob("*.py")
-                       if (bad := imported_roots(p) & forbidden(p)))
+    offenders = sorted(
+        f"{p.relative_to(ROOT)}: {sorted(bad)}"
+        for p in (ROOT / "fedderm").rglob("*.py")
+        if (bad := imported_roots(p) & forbidden(p))
+    )
     assert offenders == []
     assert "flwr" in imported_roots(ROOT / "fedderm" / "launcher.py")  # the check sees its imports
 

@@ -19,7 +19,14 @@ def probs_from_pred(y_pred, num_classes, high=0.6):
 
 def test_metric_names_fixed():
     assert METRIC_NAMES == (
-        "balanced_accuracy", "precision", "recall", "f1", "specificity", "auc", "accuracy", "ap",
+        "balanced_accuracy",
+        "precision",
+        "recall",
+        "f1",
+        "specificity",
+        "auc",
+        "accuracy",
+        "ap",
     )
 
 
@@ -30,9 +37,7 @@ def test_three_class_by_hand():
     #   true 0: pred 0,0,1,2 -> [2, 1, 1]
     #   true 1: pred 1,1,0   -> [1, 2, 0]
     #   true 2: pred 2,2,2   -> [0, 0, 3]
-    cm = np.array([[2, 1, 1],
-                   [1, 2, 0],
-                   [0, 0, 3]])
+    cm = np.array([[2, 1, 1], [1, 2, 0], [0, 0, 3]])
     assert (confusion_matrix(y_true, y_pred) == cm).all()
     # recall    = 2/4, 2/3, 3/3                      -> macro 13/18
     # precision = 2/3 (col 3), 2/3 (col 3), 3/4 (col 4) -> macro 25/36
@@ -119,14 +124,16 @@ def test_confusion_and_per_class_metrics_match_sklearn():
 def test_class_missing_from_y_true_but_predicted():
     # num_classes = 3, class 2 never occurs in y_true but is predicted once.
     y_true = np.array([0, 0, 1, 1])
-    y_prob = np.array([[0.8, 0.1, 0.1],
-                       [0.3, 0.2, 0.5],   # predicted 2 (wrong)
-                       [0.1, 0.8, 0.1],
-                       [0.2, 0.7, 0.1]])
+    y_prob = np.array(
+        [
+            [0.8, 0.1, 0.1],
+            [0.3, 0.2, 0.5],  # predicted 2 (wrong)
+            [0.1, 0.8, 0.1],
+            [0.2, 0.7, 0.1],
+        ]
+    )
     # labels = {0,1} ∪ {0,1,2} = {0,1,2}; confusion matrix by hand:
-    cm = np.array([[1, 0, 1],
-                   [0, 2, 0],
-                   [0, 0, 0]])
+    cm = np.array([[1, 0, 1], [0, 2, 0], [0, 0, 0]])
     assert (confusion_matrix(y_true, y_prob.argmax(1), labels=[0, 1, 2]) == cm).all()
     m = classification_metrics(y_true, y_prob, num_classes=3)
     # balanced accuracy over classes in y_true only: (1/2 + 1) / 2
@@ -155,10 +162,7 @@ def test_class_absent_everywhere_is_not_averaged():
 def test_auc_hand_computed_three_class():
     # One-vs-rest, classes present: 0 and 2 (class 1 absent from y_true).
     y_true = np.array([0, 0, 2, 2])
-    y_prob = np.array([[0.6, 0.1, 0.3],
-                       [0.3, 0.3, 0.4],
-                       [0.4, 0.1, 0.5],
-                       [0.1, 0.1, 0.8]])
+    y_prob = np.array([[0.6, 0.1, 0.3], [0.3, 0.3, 0.4], [0.4, 0.1, 0.5], [0.1, 0.1, 0.8]])
     # class 0: pos scores 0.6, 0.3 vs neg 0.4, 0.1 -> wins 0.6>0.4, 0.6>0.1, 0.3>0.1 = 3/4
     # class 2: pos scores 0.5, 0.8 vs neg 0.3, 0.4 -> 4/4
     m = classification_metrics(y_true, y_prob, num_classes=3)

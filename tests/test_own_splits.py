@@ -70,8 +70,16 @@ def _numbers(images: torch.Tensor) -> list[int]:
 
 
 def _cfg(tmp_path: Path, dataset: str, data_path: Path, **extra):
-    return parse_config({"dataset": dataset, "data-path": str(data_path), "image-size": 8,
-                         "partition": "iid", "cache-dir": str(tmp_path / "cache"), **extra})
+    return parse_config(
+        {
+            "dataset": dataset,
+            "data-path": str(data_path),
+            "image-size": 8,
+            "partition": "iid",
+            "cache-dir": str(tmp_path / "cache"),
+            **extra,
+        }
+    )
 
 
 def _expected(split: str) -> list[int]:

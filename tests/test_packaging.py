@@ -17,8 +17,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 APP_NAMES = ("clients", "strategies", "registry", "records", "sim", "server_app", "client_app", "wire")
-_SKIP = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info", "build", "results", "site",
-                               ".flwr-ci", "deploy-secrets", ".pytest_cache")
+_SKIP = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "__pycache__",
+    "*.egg-info",
+    "build",
+    "results",
+    "site",
+    ".flwr-ci",
+    "deploy-secrets",
+    ".pytest_cache",
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +37,24 @@ def wheel(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=_SKIP)
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                          "--no-index", "-q", "-w", str(tmp / "dist"), str(src)],
-                         capture_output=True, text=True, env=_clean_env())
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(tmp / "dist"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     (whl,) = (tmp / "dist").glob("fedderm-*.whl")
     return whl
@@ -54,25 +79,58 @@ def test_installed_fedderm_exposes_no_app_modules(wheel, tmp_path):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
-    out = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps",
-                          "--no-index", "-q", str(wheel)], capture_output=True, text=True, env=_clean_env())
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(py),
+            "install",
+            "--no-deps",
+            "--no-index",
+            "-q",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+    )
     if out.returncode and "no such option: --python" in out.stderr:  # pip < 22.3
-        out = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
-                              "--prefix", str(env_dir), str(wheel)], capture_output=True, text=True,
-                             env=_clean_env())
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--no-deps",
+                "--no-index",
+                "-q",
+                "--prefix",
+                str(env_dir),
+                str(wheel),
+            ],
+            capture_output=True,
+            text=True,
+            env=_clean_env(),
+        )
     assert out.returncode == 0, out.stderr[-3000:]
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    probe = ("import importlib, json\n"
-             "res = {}\n"
-             f"for name in {APP_NAMES!r} + ('fedderm.config',):\n"
-             "    try:\n"
-             "        m = importlib.import_module(name)\n"
-             "        res[name] = getattr(m, '__file__', '?')\n"
-             "    except ImportError:\n"
-             "        res[name] = None\n"
-             "print(json.dumps(res))\n")
-    run = subprocess.run([str(py), "-c", probe], cwd=outside, capture_output=True, text=True, env=_clean_env())
+    probe = (
+        "import importlib, json\n"
+        "res = {}\n"
+        f"for name in {APP_NAMES!r} + ('fedderm.config',):\n"
+        "    try:\n"
+        "        m = importlib.import_module(name)\n"
+        "        res[name] = getattr(m, '__file__', '?')\n"
+        "    except ImportError:\n"
+        "        res[name] = None\n"
+        "print(json.dumps(res))\n"
+    )
+    run = subprocess.run(
+        [str(py), "-c", probe], cwd=outside, capture_output=True, text=True, env=_clean_env()
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     import json
 

@@ -21,8 +21,9 @@ def test_fast_poll_grid_polls_the_in_memory_grid_more_often():
 
 
 def test_every_client_of_a_process_reuses_one_partition_of_the_pool(tmp_path, monkeypatch):
-    cfg = registry.load_config({"synthetic-per-class": 4, "image-size": 16, "partition": "source",
-                                "cache-dir": str(tmp_path)})  # one site per client
+    cfg = registry.load_config(
+        {"synthetic-per-class": 4, "image-size": 16, "partition": "source", "cache-dir": str(tmp_path)}
+    )  # one site per client
     calls = []
     real = data.partition_indices
     monkeypatch.setattr(data, "partition_indices", lambda *a, **k: calls.append(a) or real(*a, **k))
@@ -45,15 +46,23 @@ def test_methods_bench_counts_overlapping_loops_once_and_splits_rounds_by_stage(
     assert union([(0, 2), (1, 3), (5, 6)], 0, 10) == 4  # two parallel clients overlap in [1, 2)
     assert union([(0, 2), (1, 3), (5, 6)], 1.5, 5.5) == 2  # clipped to the window
     assert union([], 0, 1) == 0
-    ends = {("pretrain", 1): 10.0, ("pretrain", 2): 12.0, ("pretrain", 3): 15.0, ("finetune", 0): 16.0,
-            ("finetune", 1): 18.0, ("finetune", 2): 19.0}
+    ends = {
+        ("pretrain", 1): 10.0,
+        ("pretrain", 2): 12.0,
+        ("pretrain", 3): 15.0,
+        ("finetune", 0): 16.0,
+        ("finetune", 1): 18.0,
+        ("finetune", 2): 19.0,
+    }
     work = [(10.5, 11.5), (11.0, 11.8), (12.0, 14.0)]
     waits = [(10.1, 11.9), (12.0, 14.5), (18.0, 18.9)]
     out = per_stage(ends, work, waits)
     assert list(out) == ["pretrain", "finetune"]  # in the order they ran; round 1 of each left out
     # rounds 2 (10 -> 12: loops 1.3, waiting 1.8) and 3 (12 -> 15: loops 2, waiting 2.5), median = mean of two
     assert out["pretrain"]["rounds"] == 2
-    assert np.allclose([out["pretrain"][k] for k in ("round", "loops", "outside", "server")], [2.5, 1.65, 0.85, 0.35])
+    assert np.allclose(
+        [out["pretrain"][k] for k in ("round", "loops", "outside", "server")], [2.5, 1.65, 0.85, 0.35]
+    )
     assert out["finetune"]["rounds"] == 1 and np.isclose(out["finetune"]["server"], 0.1)
 
 
@@ -64,6 +73,15 @@ def test_the_apps_start_without_scikit_learn():
     from pathlib import Path
 
     code = "import sys, server_app, client_app; print(sorted(m for m in ('sklearn', 'scipy', 'pandas') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
-                         text=True, check=True).stdout.strip().splitlines()[-1]
+    out = (
+        subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=Path(__file__).resolve().parents[1],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     assert out == "[]"

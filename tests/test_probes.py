@@ -89,12 +89,15 @@ def _initial_state(method: str, cfg) -> dict:
     return original_ssl_network(cfg.model, cfg.image_size, str(cfg.option("ssl.tasks"))).state_dict()
 
 
-@pytest.mark.parametrize("method,extra", [
-    *((m, {}) for m in sorted(SSL_METHODS - {"ssl-flbt"})),
-    ("ssl-flbt", {}),
-    ("ssl-flbt", {"ssl.pretrain": "federated", "ssl.tasks": "restoration"}),
-    ("ssl-flbt", {"ssl.pretrain": "local", "ssl.tasks": "simclr"}),
-])
+@pytest.mark.parametrize(
+    "method,extra",
+    [
+        *((m, {}) for m in sorted(SSL_METHODS - {"ssl-flbt"})),
+        ("ssl-flbt", {}),
+        ("ssl-flbt", {"ssl.pretrain": "federated", "ssl.tasks": "restoration"}),
+        ("ssl-flbt", {"ssl.pretrain": "local", "ssl.tasks": "simclr"}),
+    ],
+)
 def test_probe_mapping_gives_the_whole_backbone(method, extra):
     """Each SSL method's ``Method.probe`` maps its pre-training model onto every key of
     ``cfg.model``'s backbone (strict load), with the pre-trained values."""
@@ -108,16 +111,22 @@ def test_probe_mapping_gives_the_whole_backbone(method, extra):
     model.backbone.load_state_dict(backbone, strict=True)
     # the backbone's tensors are the pre-trained ones (same suffix, same values); MAE/BEiT's fresh
     # fc_norm (average pooling) is the only exception
-    pretrained = [k for k in backbone if any((s == k or s.endswith("." + k)) and torch.equal(state[s], backbone[k])
-                                             for s in state)]
+    pretrained = [
+        k
+        for k in backbone
+        if any((s == k or s.endswith("." + k)) and torch.equal(state[s], backbone[k]) for s in state)
+    ]
     assert len(backbone) > 0 and set(backbone) - set(pretrained) <= {"fc_norm.weight", "fc_norm.bias"}
 
 
-@pytest.mark.parametrize("raw,match", [
-    ({"method": "fedavg", "probe-every": 2}, "'probe-every'.*'fedavg'"),
-    ({"method": "random-init", "probe-every": 1}, "'probe-every'.*'random-init'"),
-    ({"method": "fedclf", "probe-every": -1}, "'probe-every' must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "raw,match",
+    [
+        ({"method": "fedavg", "probe-every": 2}, "'probe-every'.*'fedavg'"),
+        ({"method": "random-init", "probe-every": 1}, "'probe-every'.*'random-init'"),
+        ({"method": "fedclf", "probe-every": -1}, "'probe-every' must be >= 0"),
+    ],
+)
 def test_bad_probe_every(raw, match):
     with pytest.raises(ConfigError, match=match):
         registry.load_config(raw)
@@ -126,14 +135,27 @@ def test_bad_probe_every(raw, match):
 def test_fedclf_run_records_probes_every_round(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    run_dir = sim.simulate(registry.smallest_run(
-        "fedclf", **{"num-server-rounds": 2, "probe-every": 1, "fedclf.queue-size": 16, "finetune": "none",
-                     "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "cache"), "run-name": "p"}),
-        num_supernodes=2)
+    run_dir = sim.simulate(
+        registry.smallest_run(
+            "fedclf",
+            **{
+                "num-server-rounds": 2,
+                "probe-every": 1,
+                "fedclf.queue-size": 16,
+                "finetune": "none",
+                "output-dir": str(tmp_path),
+                "cache-dir": str(tmp_path / "cache"),
+                "run-name": "p",
+            },
+        ),
+        num_supernodes=2,
+    )
     with open(run_dir / "rounds.csv") as fh:
         rows = [r for r in csv.DictReader(fh) if r["split"].startswith("probe-")]
     got = {(r["split"], r["round"], r["client"]) for r in rows}
-    assert got == {(f"probe-{k}", str(r), c) for k in ("knn", "linear") for r in (1, 2) for c in ("0", "1", "mean")}
+    assert got == {
+        (f"probe-{k}", str(r), c) for k in ("knn", "linear") for r in (1, 2) for c in ("0", "1", "mean")
+    }
     summary = json.loads((run_dir / "summary.json").read_text())
     for r in rows:
         assert 0 <= float(r["balanced_accuracy"]) <= 1
@@ -143,4 +165,6 @@ def test_fedclf_run_records_probes_every_round(tmp_path):
     assert probes == [("probe-knn", 1), ("probe-linear", 1), ("probe-knn", 2), ("probe-linear", 2)]
     acc = EventAccumulator(str(run_dir))
     acc.Reload()
-    assert {"probe-knn/balanced_accuracy/mean", "probe-linear/balanced_accuracy/client-1"} <= set(acc.Tags()["scalars"])
+    assert {"probe-knn/balanced_accuracy/mean", "probe-linear/balanced_accuracy/client-1"} <= set(
+        acc.Tags()["scalars"]
+    )

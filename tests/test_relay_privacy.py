@@ -30,7 +30,7 @@ def test_releases_bound_holds_for_any_window_of_the_key_stream(k, n):
     and some window reaches it (the bound is tight)."""
     rng = np.random.default_rng(0)
     stream = np.concatenate([rng.permutation(n) for _ in range(k // n + 4)])
-    worst = max(np.bincount(stream[i:i + k], minlength=n).max() for i in range(len(stream) - k + 1))
+    worst = max(np.bincount(stream[i : i + k], minlength=n).max() for i in range(len(stream) - k + 1))
     assert worst <= releases_per_upload(k, n)
     assert worst >= releases_per_upload(k, n) - 1
 
@@ -51,29 +51,45 @@ def test_epsilon_decreases_with_sigma_and_matches_opacus():
     assert 3 < relay_epsilon(1.0, 1, 1e-5) < 6
 
 
-@pytest.mark.parametrize("raw,key", [
-    ({"fedclf.relay-noise-multiplier": -1.0, "fedclf.relay-clip": 1.0}, "fedclf.relay-noise-multiplier"),
-    ({"fedclf.relay-clip": -0.5}, "fedclf.relay-clip"),
-    ({"fedclf.relay-delta": 1.0}, "fedclf.relay-delta"),
-    ({"fedclf.relay-delta": 0.0}, "fedclf.relay-delta"),
-    ({"fedclf.relay-noise-multiplier": 1.0}, "fedclf.relay-clip"),  # noise needs a clip
-])
+@pytest.mark.parametrize(
+    "raw,key",
+    [
+        ({"fedclf.relay-noise-multiplier": -1.0, "fedclf.relay-clip": 1.0}, "fedclf.relay-noise-multiplier"),
+        ({"fedclf.relay-clip": -0.5}, "fedclf.relay-clip"),
+        ({"fedclf.relay-delta": 1.0}, "fedclf.relay-delta"),
+        ({"fedclf.relay-delta": 0.0}, "fedclf.relay-delta"),
+        ({"fedclf.relay-noise-multiplier": 1.0}, "fedclf.relay-clip"),  # noise needs a clip
+    ],
+)
 def test_bad_relay_settings_name_the_key(raw, key):
     with pytest.raises(ConfigError, match=f"'{key}'"):
         registry.load_config({"method": "fedclf", **raw})
 
 
 def test_fedclf_run_reports_epsilon_per_client_after_every_round(tmp_path):
-    run_dir = sim.simulate(registry.smallest_run(
-        "fedclf", **{"num-server-rounds": 2, "fedclf.queue-size": 16, "finetune": "none",
-                     "fedclf.relay-clip": 1.0, "fedclf.relay-noise-multiplier": 2.0,
-                     "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "cache"), "run-name": "dp"}),
-        num_supernodes=2)
+    run_dir = sim.simulate(
+        registry.smallest_run(
+            "fedclf",
+            **{
+                "num-server-rounds": 2,
+                "fedclf.queue-size": 16,
+                "finetune": "none",
+                "fedclf.relay-clip": 1.0,
+                "fedclf.relay-noise-multiplier": 2.0,
+                "output-dir": str(tmp_path),
+                "cache-dir": str(tmp_path / "cache"),
+                "run-name": "dp",
+            },
+        ),
+        num_supernodes=2,
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     entries = summary["relay_privacy"]
     assert [e["round"] for e in entries] == [0, 1, 2]
-    per_upload = {pid: releases_per_upload(16, sum(c["train"].values()))
-                  for pid, c in summary["classes"]["counts"].items()}
+    per_upload = {
+        pid: releases_per_upload(16, sum(c["train"].values()))
+        for pid, c in summary["classes"]["counts"].items()
+    }
     for i, e in enumerate(entries):
         assert set(e["epsilon"]) == {"0", "1"}
         for pid, eps in e["epsilon"].items():

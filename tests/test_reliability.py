@@ -18,8 +18,13 @@ from fedderm.results import RunRecorder
 from strategies.fedavg import build_strategy
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
-SMALL = {"model": "tiny-cnn", "image-size": 32, "synthetic-per-class": 20, "local-epochs": 1,
-         "batch-size": 16}
+SMALL = {
+    "model": "tiny-cnn",
+    "image-size": 32,
+    "synthetic-per-class": 20,
+    "local-epochs": 1,
+    "batch-size": 16,
+}
 
 
 class Killed(Exception):
@@ -60,9 +65,19 @@ def test_a_failing_and_a_silent_client_do_not_stop_the_run(tmp_path, monkeypatch
     monkeypatch.setenv("FEDDERM_TEST_HANG", "40")
     import faults
 
-    run_dir = sim.simulate({**SMALL, "num-server-rounds": 3, "round-timeout": 25.0, "partition": "iid",
-                            "synthetic-sites": 1, "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "c")},
-                           num_supernodes=4, client_app=faults.app)
+    run_dir = sim.simulate(
+        {
+            **SMALL,
+            "num-server-rounds": 3,
+            "round-timeout": 25.0,
+            "partition": "iid",
+            "synthetic-sites": 1,
+            "output-dir": str(tmp_path),
+            "cache-dir": str(tmp_path / "c"),
+        },
+        num_supernodes=4,
+        client_app=faults.app,
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     missing = {(m["round"], m["partition-id"]): m["reason"] for m in summary["missing_clients"]}
     assert "injected failure" in missing[(2, "0")]
@@ -77,9 +92,15 @@ def _strategy(tmp_path, min_clients=1):
 
 
 def _reply(instruction, weights, pid):
-    return Message(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in weights.items()}),
-                               "metrics": MetricRecord({"num-examples": 10, "partition-id": pid})}),
-                   reply_to=instruction)
+    return Message(
+        RecordDict(
+            {
+                "arrays": ArrayRecord({k: Array(v) for k, v in weights.items()}),
+                "metrics": MetricRecord({"num-examples": 10, "partition-id": pid}),
+            }
+        ),
+        reply_to=instruction,
+    )
 
 
 def test_nan_and_wrong_shape_updates_are_rejected_and_logged(tmp_path, caplog):
@@ -89,13 +110,17 @@ def test_nan_and_wrong_shape_updates_are_rejected_and_logged(tmp_path, caplog):
     global_w = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}
     sent = ArrayRecord({k: Array(v) for k, v in global_w.items()})
     strategy.sent, strategy._sent_to = sent, [11, 12, 13]
-    instr = {n: Message(RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type="train") for n in (11, 12, 13)}
+    instr = {
+        n: Message(RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type="train")
+        for n in (11, 12, 13)
+    }
     good = {"w": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32)}
     nan = {"w": np.full((2, 3), np.nan, np.float32), "b": np.ones(3, np.float32)}
     shape = {"w": np.ones((3, 2), np.float32), "b": np.ones(3, np.float32)}
     with caplog.at_level(logging.WARNING):
-        arrays, _ = strategy.aggregate_train(1, [_reply(instr[11], good, 0), _reply(instr[12], nan, 1),
-                                                 _reply(instr[13], shape, 2)])
+        arrays, _ = strategy.aggregate_train(
+            1, [_reply(instr[11], good, 0), _reply(instr[12], nan, 1), _reply(instr[13], shape, 2)]
+        )
     assert np.array_equal(arrays["w"].numpy(), good["w"])  # only the valid update is averaged
     assert all(np.isfinite(a.numpy()).all() for a in arrays.values())
     text = caplog.text
@@ -128,8 +153,15 @@ def _folder_with_a_corrupt_image(root, size=40):
 
 def test_bad_file_is_named_with_the_client_or_skipped_and_counted(tmp_path):
     data = _folder_with_a_corrupt_image(tmp_path / "data")
-    base = {**SMALL, "dataset": "folder", "data-path": str(data), "partition": "iid", "num-server-rounds": 1,
-            "output-dir": str(tmp_path / "out"), "cache-dir": str(tmp_path / "c")}
+    base = {
+        **SMALL,
+        "dataset": "folder",
+        "data-path": str(data),
+        "partition": "iid",
+        "num-server-rounds": 1,
+        "output-dir": str(tmp_path / "out"),
+        "cache-dir": str(tmp_path / "c"),
+    }
     with pytest.raises(Exception) as err:
         sim.simulate(base)
     # the shared pool is checked before Ray starts: the error names the file and how to skip it
@@ -156,8 +188,16 @@ def test_aggregation_keeps_integer_buffers_integer(tmp_path):
     sent = {"w": np.zeros(2, np.float32), "n": np.array(4, np.int64)}
     strategy.sent = ArrayRecord({k: Array(v) for k, v in sent.items()})
     strategy._sent_to = [11, 12]
-    instr = {n: Message(RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type="train") for n in (11, 12)}
-    arrays, _ = strategy.aggregate_train(1, [_reply(instr[11], {"w": np.ones(2, np.float32), "n": np.array(6)}, 0),
-                                             _reply(instr[12], {"w": np.zeros(2, np.float32), "n": np.array(8)}, 1)])
+    instr = {
+        n: Message(RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type="train")
+        for n in (11, 12)
+    }
+    arrays, _ = strategy.aggregate_train(
+        1,
+        [
+            _reply(instr[11], {"w": np.ones(2, np.float32), "n": np.array(6)}, 0),
+            _reply(instr[12], {"w": np.zeros(2, np.float32), "n": np.array(8)}, 1),
+        ],
+    )
     assert arrays["n"].dtype == "int64" and int(arrays["n"].numpy()) == 7
     assert arrays["w"].dtype == "float32" and np.allclose(arrays["w"].numpy(), 0.5)

@@ -77,13 +77,24 @@ def test_rounds_csv(finished_run):
     with open(run_dir / "rounds.csv", newline="") as fh:
         reader = csv.DictReader(fh)
         rows = list(reader)
-    assert reader.fieldnames == ["round", "split", "client", "num-examples", "loss",
-                                 *METRIC_NAMES, "train_loss"]
+    assert reader.fieldnames == [
+        "round",
+        "split",
+        "client",
+        "num-examples",
+        "loss",
+        *METRIC_NAMES,
+        "train_loss",
+    ]
     assert len(rows) == 3 * (3 + 1) + (3 + 1)  # three val rounds, then the test rows
     assert [r["client"] for r in rows[:4]] == ["0", "1", "10", "mean"]
     test_rows = rows[-4:]
     assert [(r["round"], r["split"], r["client"]) for r in test_rows] == [
-        ("3", "test", "0"), ("3", "test", "1"), ("3", "test", "10"), ("3", "test", "mean")]
+        ("3", "test", "0"),
+        ("3", "test", "1"),
+        ("3", "test", "10"),
+        ("3", "test", "mean"),
+    ]
     assert float(test_rows[1]["balanced_accuracy"]) == FINAL["1"]["balanced_accuracy"]
     for r in (1, 2, 3):
         block = [row for row in rows if row["round"] == str(r) and row["split"] == "val"]
@@ -93,10 +104,10 @@ def test_rounds_csv(finished_run):
             if row["client"] == "mean":
                 assert int(row["num-examples"]) == 60
                 assert float(row["train_loss"]) == 1.5 / r
+                assert float(row["balanced_accuracy"]) == pytest.approx(means[r - 1]["balanced_accuracy"])
                 assert float(row["balanced_accuracy"]) == pytest.approx(
-                    means[r - 1]["balanced_accuracy"])
-                assert float(row["balanced_accuracy"]) == pytest.approx(
-                    (0.1 * r + (0.1 * r + 0.2) + (0.1 * r + 0.4)) / 3)
+                    (0.1 * r + (0.1 * r + 0.2) + (0.1 * r + 0.4)) / 3
+                )
                 assert float(row["loss"]) == pytest.approx((1.0 + 2.0 + 3.0) / 3 / r)
             else:
                 expected = per_client[row["client"]]
@@ -141,12 +152,19 @@ def test_summary_json_contract(finished_run):
     assert final["balanced_accuracy"] == pytest.approx(final_mean["balanced_accuracy"])
     assert set(final["per_client"]) == {"0", "1", "10"}
     assert final["per_client"]["10"] == {
-        **{name: 0.85 for name in METRIC_NAMES}, "auc": None, "num-examples": 15, "loss": 0.7}
+        **{name: 0.85 for name in METRIC_NAMES},
+        "auc": None,
+        "num-examples": 15,
+        "loss": 0.7,
+    }
 
 
 def test_summary_all_nan_mean_is_null(tmp_path):
     rec = RunRecorder(tmp_path / "run", "fedavg", {})
-    per_client = {"0": {"auc": float("nan"), "num-examples": 3}, "1": {"auc": float("nan"), "num-examples": 4}}
+    per_client = {
+        "0": {"auc": float("nan"), "num-examples": 3},
+        "1": {"auc": float("nan"), "num-examples": 4},
+    }
     mean = rec.log_round(1, "val", per_client)
     assert math.isnan(mean["auc"])
     rec.set_final(per_client, best_round=None)
@@ -200,21 +218,27 @@ def test_table(finished_run):
     header = next(line for line in lines if line.startswith("client"))
     for name in METRIC_NAMES:
         assert name in header
-    rows = {line.split()[0]: line.split()[1:] for line in lines
-            if line.split() and line.split()[0] in {"0", "1", "10", "mean"}}
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in lines
+        if line.split() and line.split()[0] in {"0", "1", "10", "mean"}
+    }
     assert set(rows) == {"0", "1", "10", "mean"}
     col = {name: i for i, name in enumerate([*METRIC_NAMES, "n"])}
     assert rows["0"][col["balanced_accuracy"]] == "0.500"
     assert rows["10"][col["auc"]] == "n/a"
     assert rows["10"][col["n"]] == "15"
-    assert rows["mean"][col["balanced_accuracy"]] == "0.650"   # (0.50+0.60+0.85)/3
-    assert rows["mean"][col["auc"]] == "0.550"                 # (0.50+0.60)/2, NaN ignored
+    assert rows["mean"][col["balanced_accuracy"]] == "0.650"  # (0.50+0.60+0.85)/3
+    assert rows["mean"][col["auc"]] == "0.550"  # (0.50+0.60)/2, NaN ignored
     assert rows["mean"][col["n"]] == "75"
     assert (run_dir / "final_table.txt").read_text().strip() == text.strip()
 
 
 def test_format_table_orders_clients_naturally():
     text = format_table({"10": {"accuracy": 1.0}, "2": {"accuracy": 0.0}}, "T")
-    order = [line.split()[0] for line in text.splitlines()
-             if line.split() and line.split()[0] in {"2", "10", "mean"}]
+    order = [
+        line.split()[0]
+        for line in text.splitlines()
+        if line.split() and line.split()[0] in {"2", "10", "mean"}
+    ]
     assert order == ["2", "10", "mean"]

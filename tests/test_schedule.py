@@ -23,19 +23,31 @@ def test_epoch_lr_is_the_mae_reference_schedule():
 
 def test_base_lr_is_scaled_by_batch_over_256():
     assert batch_scaled_lr(7.5e-4, 128) == pytest.approx(3.75e-4)  # 003 Derm Fed-MAE: η 7.5e-4, B 128
-    s = mim_schedule(7.5e-4, server_round=1, num_rounds=4, local_epochs=1, batch_size=128, lr_scaling="batch",
-                     schedule="constant")
+    s = mim_schedule(
+        7.5e-4,
+        server_round=1,
+        num_rounds=4,
+        local_epochs=1,
+        batch_size=128,
+        lr_scaling="batch",
+        schedule="constant",
+    )
     assert s["lr"] == pytest.approx(3.75e-4)
-    assert mim_schedule(7.5e-4, server_round=1, num_rounds=4, local_epochs=1, batch_size=128,
-                        schedule="constant")["lr"] == 7.5e-4
+    assert (
+        mim_schedule(
+            7.5e-4, server_round=1, num_rounds=4, local_epochs=1, batch_size=128, schedule="constant"
+        )["lr"]
+        == 7.5e-4
+    )
 
 
 def test_betas_reach_the_optimizer():
     p = [nn.Parameter(torch.zeros(2))]
     assert make_optimizer(p, "adamw", 1e-3, betas=(0.9, 0.95)).param_groups[0]["betas"] == (0.9, 0.95)
     assert make_optimizer(p, "adamw", 1e-3).param_groups[0]["betas"] == (0.9, 0.999)
-    assert mim_schedule(1e-3, server_round=1, num_rounds=2, local_epochs=1, batch_size=8,
-                        adam_beta2=0.95)["betas"] == (0.9, 0.95)
+    assert mim_schedule(1e-3, server_round=1, num_rounds=2, local_epochs=1, batch_size=8, adam_beta2=0.95)[
+        "betas"
+    ] == (0.9, 0.95)
 
 
 def _record_lrs(lr_at_epoch, epochs=2, n=8, batch=2, betas=(0.9, 0.999)):
@@ -54,8 +66,18 @@ def _record_lrs(lr_at_epoch, epochs=2, n=8, batch=2, betas=(0.9, 0.999)):
 
     torch.optim.AdamW.step = step
     try:
-        train_epochs(model, torch.ones(n, 1), torch.zeros(n, dtype=torch.long), loss_fn, epochs=epochs,
-                     batch_size=batch, lr=0.123, optimizer="adamw", betas=betas, lr_at_epoch=lr_at_epoch)
+        train_epochs(
+            model,
+            torch.ones(n, 1),
+            torch.zeros(n, dtype=torch.long),
+            loss_fn,
+            epochs=epochs,
+            batch_size=batch,
+            lr=0.123,
+            optimizer="adamw",
+            betas=betas,
+            lr_at_epoch=lr_at_epoch,
+        )
     finally:
         torch.optim.AdamW.step = orig_step
     return seen
@@ -63,10 +85,18 @@ def _record_lrs(lr_at_epoch, epochs=2, n=8, batch=2, betas=(0.9, 0.999)):
 
 def test_per_iteration_schedule_sets_the_lr_before_every_step():
     # round 2 of 3, 2 local epochs of 4 batches: epochs 2.0, 2.25, …, 3.75 of 6, warm-up 3
-    kw = mim_schedule(1.0, server_round=2, num_rounds=3, local_epochs=2, batch_size=2, lr_step="iteration",
-                      warmup_epochs=3, adam_beta2=0.95)
+    kw = mim_schedule(
+        1.0,
+        server_round=2,
+        num_rounds=3,
+        local_epochs=2,
+        batch_size=2,
+        lr_step="iteration",
+        warmup_epochs=3,
+        adam_beta2=0.95,
+    )
     seen = _record_lrs(kw["lr_at_epoch"], betas=kw["betas"])
-    expected = [epoch_lr(1.0, 2 + e, 6, 3) for e in (0, .25, .5, .75, 1, 1.25, 1.5, 1.75)]
+    expected = [epoch_lr(1.0, 2 + e, 6, 3) for e in (0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75)]
     assert [lr for lr, _ in seen] == pytest.approx(expected)
     assert expected[0] == pytest.approx(2 / 3) and expected[-1] < expected[4]  # warm-up, then decay
     assert all(b == (0.9, 0.95) for _, b in seen)

@@ -29,10 +29,21 @@ CLASSES = ["nevus", "melanoma", "basal cell carcinoma", "keratosis", "vascular"]
 
 
 def tiny_run_config(tmp_path, **extra):
-    return {"method": "sift", "model": "tiny-cnn", "image-size": 32, "synthetic-per-class": 20,
-            "num-server-rounds": 2, "local-epochs": 1, "batch-size": 16, "optimizer": "sgd", "lr": 0.05,
-            "lr-schedule": "exponential", "cache-dir": str(tmp_path / "cache"),
-            "output-dir": str(tmp_path / "out"), **extra}
+    return {
+        "method": "sift",
+        "model": "tiny-cnn",
+        "image-size": 32,
+        "synthetic-per-class": 20,
+        "num-server-rounds": 2,
+        "local-epochs": 1,
+        "batch-size": 16,
+        "optimizer": "sgd",
+        "lr": 0.05,
+        "lr-schedule": "exponential",
+        "cache-dir": str(tmp_path / "cache"),
+        "output-dir": str(tmp_path / "out"),
+        **extra,
+    }
 
 
 def fake_text_embeddings(monkeypatch, dim=12):
@@ -97,7 +108,9 @@ def test_failing_and_silent_clients_are_skipped_and_the_ring_completes(tmp_path,
     # client 3 trained on client 0's result: the failures in between left the pair untouched
     train = grid.train_messages()
     to_3 = [m for m in train if m.metadata.dst_node_id == 42][0]
-    from_0 = [r for r in grid.replies if r.metadata.src_node_id == 13 and r.metadata.message_type == "train"][0]
+    from_0 = [r for r in grid.replies if r.metadata.src_node_id == 13 and r.metadata.message_type == "train"][
+        0
+    ]
     assert _same(to_3.content["short"], from_0.content["short"])
     assert summary["final"]["per_client"].keys() == {"0", "1", "2", "3"}  # evaluation still reaches all
 
@@ -157,7 +170,11 @@ def test_logits_equal_the_cosine_formula():
 def test_ema_equals_eq2():
     torch.manual_seed(0)
     long = {"a": torch.randn(3, 4), "bn.num_batches_tracked": torch.tensor(5), "projector": torch.randn(2, 2)}
-    short = {"a": torch.randn(3, 4), "bn.num_batches_tracked": torch.tensor(9), "projector": long["projector"]}
+    short = {
+        "a": torch.randn(3, 4),
+        "bn.num_batches_tracked": torch.tensor(9),
+        "projector": long["projector"],
+    }
     out = ema_update(long, short, 0.9, frozen={"projector"})
     assert torch.allclose(out["a"], 0.9 * long["a"] + 0.1 * short["a"])
     assert torch.equal(out["a"], 0.9 * long["a"] + (1 - 0.9) * short["a"])
@@ -172,7 +189,9 @@ def test_long_term_update_is_eq2_on_parameters_and_bn_by_mode(bn):
     torch.manual_seed(0)
     W = torch.randn(5, 8)
     short = build_sift_model("tiny-cnn", W, image_size=32)
-    long_state = {k: v.clone() for k, v in build_sift_model("tiny-cnn", W, image_size=32).state_dict().items()}
+    long_state = {
+        k: v.clone() for k, v in build_sift_model("tiny-cnn", W, image_size=32).state_dict().items()
+    }
     images = torch.randint(0, 255, (40, 3, 32, 32), dtype=torch.uint8)
     new = update_long_term(long_state, short, 0.8, bn=bn, images=images, batch_size=20)  # equal batches
     short_state = short.state_dict()
@@ -206,7 +225,9 @@ def test_projector_and_head_frozen_unless_the_variant_trains_them(variant):
     labels = torch.arange(32) % 5
     train_supervised(model, images, labels, epochs=2, batch_size=8, lr=0.5, optimizer="sgd", seed=1)
     after = model.state_dict()
-    trained = {"trainable-projector": {PROJECTOR}, "trainable-head": {"head.weight", "head.bias"}}.get(variant, set())
+    trained = {"trainable-projector": {PROJECTOR}, "trainable-head": {"head.weight", "head.bias"}}.get(
+        variant, set()
+    )
     for key in (PROJECTOR, CLASS_EMBEDDINGS, "head.weight", "head.bias"):
         if key not in before:
             continue
@@ -219,8 +240,9 @@ def test_projector_and_head_frozen_unless_the_variant_trains_them(variant):
         assert PROJECTOR not in after and CLASS_EMBEDDINGS not in after
     else:
         assert torch.equal(after[CLASS_EMBEDDINGS], W)
-        assert model.frozen_keys() == ({CLASS_EMBEDDINGS} if variant == "trainable-projector"
-                                       else {PROJECTOR, CLASS_EMBEDDINGS})
+        assert model.frozen_keys() == (
+            {CLASS_EMBEDDINGS} if variant == "trainable-projector" else {PROJECTOR, CLASS_EMBEDDINGS}
+        )
 
 
 def test_client_hop_keeps_p_and_w_bit_identical_in_both_models(tmp_path, monkeypatch):
@@ -233,12 +255,17 @@ def test_client_hop_keeps_p_and_w_bit_identical_in_both_models(tmp_path, monkeyp
     for reply in (r for r in grid.replies if r.metadata.message_type == "train"):
         for which in ("short", "long"):
             for key in (PROJECTOR, CLASS_EMBEDDINGS):
-                assert reply.content[which][key].numpy().tobytes() == first.content["short"][key].numpy().tobytes()
+                assert (
+                    reply.content[which][key].numpy().tobytes()
+                    == first.content["short"][key].numpy().tobytes()
+                )
         # and the long-term model really is Eq. 2 of the pair it was sent
         sent = [m for m in grid.train_messages() if m.metadata.dst_node_id == reply.metadata.src_node_id][0]
         name = "extractor.backbone.0.0.weight"
         expected = 0.9 * sent.content["long"][name].numpy() + 0.1 * reply.content["short"][name].numpy()
-        assert torch.allclose(torch.from_numpy(reply.content["long"][name].numpy()), torch.from_numpy(expected))
+        assert torch.allclose(
+            torch.from_numpy(reply.content["long"][name].numpy()), torch.from_numpy(expected)
+        )
 
 
 # -- text --------------------------------------------------------------------------------
@@ -261,8 +288,13 @@ def _tiny_bert(path):
     (path / "vocab" / "vocab.txt").write_text("\n".join(words) + "\n")
     BertTokenizerFast(vocab_file=str(path / "vocab" / "vocab.txt")).save_pretrained(path)
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32)
+    config = BertConfig(
+        vocab_size=len(words),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+    )
     BertModel(config).save_pretrained(path)
     return path
 
@@ -304,8 +336,16 @@ def test_missing_text_model_names_the_key(monkeypatch):
 def test_sim_runs_sift_ring_in_partition_order(tmp_path):
     import sim
 
-    run_dir = sim.simulate({**tiny_run_config(tmp_path), "synthetic-per-class": 30, "partition": "dirichlet",
-                            "run-name": "sift", "targets": "0.1,0.99"}, num_supernodes=3)
+    run_dir = sim.simulate(
+        {
+            **tiny_run_config(tmp_path),
+            "synthetic-per-class": 30,
+            "partition": "dirichlet",
+            "run-name": "sift",
+            "targets": "0.1,0.99",
+        },
+        num_supernodes=3,
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["method"] == "sift"
     assert [r["visited"] for r in summary["ring"]] == [[0, 1, 2], [0, 1, 2]]
@@ -324,8 +364,10 @@ def test_sim_runs_scaffold(tmp_path):
 
     method = "scaffold"
 
-    run_dir = sim.simulate({**tiny_run_config(tmp_path), "method": method, "num-server-rounds": 2,
-                            "run-name": method}, num_supernodes=2)
+    run_dir = sim.simulate(
+        {**tiny_run_config(tmp_path), "method": method, "num-server-rounds": 2, "run-name": method},
+        num_supernodes=2,
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["method"] == method and set(summary["final"]["per_client"]) == {"0", "1"}
     assert set(summary["rounds_to_target"]) == {"0.55", "0.65", "0.75", "0.85"}

@@ -11,13 +11,22 @@ import sim
 from fedderm.config import ConfigError
 from fedderm.metrics import METRIC_NAMES
 
-FAST = {"model": "tiny-cnn", "image-size": 32, "synthetic-per-class": 40, "num-server-rounds": 2,
-        "local-epochs": 2, "batch-size": 16, "lr": 0.05}
+FAST = {
+    "model": "tiny-cnn",
+    "image-size": 32,
+    "synthetic-per-class": 40,
+    "num-server-rounds": 2,
+    "local-epochs": 2,
+    "batch-size": 16,
+    "lr": 0.05,
+}
 
 
 def test_fedavg_on_synthetic_writes_results_and_learns(tmp_path):
-    run_dir = sim.simulate({**FAST, "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "cache"),
-                            "run-name": "e2e"}, num_supernodes=2)
+    run_dir = sim.simulate(
+        {**FAST, "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "cache"), "run-name": "e2e"},
+        num_supernodes=2,
+    )
     assert run_dir == tmp_path / "e2e"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["method"] == "fedavg"
@@ -45,9 +54,19 @@ def test_fedavg_on_synthetic_writes_results_and_learns(tmp_path):
 
 def test_same_seed_same_numbers(tmp_path):
     """Determinism on CPU: two runs with one seed give identical metrics and weights."""
-    dirs = [sim.simulate({**FAST, "num-server-rounds": 1, "output-dir": str(tmp_path / str(i)),
-                          "cache-dir": str(tmp_path / "cache"), "run-name": "r"}, num_supernodes=2)
-            for i in range(2)]
+    dirs = [
+        sim.simulate(
+            {
+                **FAST,
+                "num-server-rounds": 1,
+                "output-dir": str(tmp_path / str(i)),
+                "cache-dir": str(tmp_path / "cache"),
+                "run-name": "r",
+            },
+            num_supernodes=2,
+        )
+        for i in range(2)
+    ]
     a, b = (json.loads((d / "summary.json").read_text()) for d in dirs)
     assert a["final"] == b["final"] and a["rounds"] == b["rounds"]
     wa, wb = (torch.load(d / "model.pt") for d in dirs)
@@ -74,14 +93,27 @@ def _medmnist_like(path, n=300, size=28, classes=4, seed=0):
 @pytest.mark.parametrize("method,extra", [("fedavg", {}), ("fedprox", {"proximal-mu": 0.01})])
 def test_npz_dirichlet_reports_per_client_metrics(tmp_path, method, extra):
     npz = _medmnist_like(tmp_path / "organmnist.npz")
-    run_dir = sim.simulate({**FAST, "dataset": "npz", "data-path": str(npz), "image-size": 28,
-                            "partition": "dirichlet", "dirichlet-alpha": 0.5, "method": method,
-                            "num-server-rounds": 2, "output-dir": str(tmp_path),
-                            "cache-dir": str(tmp_path / "cache"), **extra}, num_supernodes=3)
+    run_dir = sim.simulate(
+        {
+            **FAST,
+            "dataset": "npz",
+            "data-path": str(npz),
+            "image-size": 28,
+            "partition": "dirichlet",
+            "dirichlet-alpha": 0.5,
+            "method": method,
+            "num-server-rounds": 2,
+            "output-dir": str(tmp_path),
+            "cache-dir": str(tmp_path / "cache"),
+            **extra,
+        },
+        num_supernodes=3,
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["method"] == method
     assert set(summary["final"]["per_client"]) == {"0", "1", "2"}
     assert sum(c["num-examples"] for c in summary["final"]["per_client"].values()) == pytest.approx(
-        0.2 * 420, abs=6)
+        0.2 * 420, abs=6
+    )
     if method == "fedprox":
         assert summary["config"]["proximal-mu"] == 0.01

@@ -67,8 +67,14 @@ def test_resize_square_grayscale_and_16bit():
 
 
 def test_image_pool_validates_and_subsets():
-    pool = ImagePool(torch.zeros((3, 3, 4, 4), dtype=torch.uint8), np.array([0, 1, 1]), ["a", "b"],
-                     sites=[0, 0, 1], site_names=["x", "y"], groups=[5, 5, 6])
+    pool = ImagePool(
+        torch.zeros((3, 3, 4, 4), dtype=torch.uint8),
+        np.array([0, 1, 1]),
+        ["a", "b"],
+        sites=[0, 0, 1],
+        site_names=["x", "y"],
+        groups=[5, 5, 6],
+    )
     assert len(pool) == 3 and pool.labels.dtype == np.int64
     sub = pool.subset([2, 0])
     assert len(sub) == 2 and sub.labels.tolist() == [1, 0] and sub.sites.tolist() == [1, 0]
@@ -279,7 +285,9 @@ def test_ham10000_label_outside_given_classes(tmp_path):
 
 def test_csv_without_expected_columns(tmp_path):
     csv = tmp_path / "ISIC_2019_Training_Metadata.csv"
-    csv.write_text("image,age_approx,anatom_site_general,lesion_id,sex\nISIC_0000000,55.0,anterior torso,,female\n")
+    csv.write_text(
+        "image,age_approx,anatom_site_general,lesion_id,sex\nISIC_0000000,55.0,anterior torso,,female\n"
+    )
     with pytest.raises(DataError) as err:
         load_csv(csv, S)
     msg = str(err.value)
@@ -312,7 +320,7 @@ def test_npz_grayscale(tmp_path):
     assert pool.images.shape == (10, 3, 32, 32) and pool.images.dtype == torch.uint8
     assert pool.labels.tolist() == labels.tolist()
     # named after a MedMNIST data set: MedMNIST's class names (labels index them)
-    assert pool.classes == ["bladder", "femur-left", "femur-right", "heart"][:labels.max() + 1]
+    assert pool.classes == ["bladder", "femur-left", "femur-right", "heart"][: labels.max() + 1]
     assert torch.equal(pool.images[:, 0], pool.images[:, 2])  # gray replicated
     assert torch.equal(load_npz(path, 32).images, pool.images)  # deterministic
 
@@ -333,8 +341,7 @@ def test_npz_errors(tmp_path):
     with pytest.raises(DataError, match=f"'val_labels'.*{path}"):
         load_npz(path, S)
 
-    chest = make_npz(tmp_path / "chestmnist.npz", rgb=False,
-                     train_labels=np.zeros((5, 14), np.uint8))
+    chest = make_npz(tmp_path / "chestmnist.npz", rgb=False, train_labels=np.zeros((5, 14), np.uint8))
     with pytest.raises(DataError, match=f"{chest}.*multi-label"):
         load_npz(chest, S)
 

@@ -23,18 +23,34 @@ def parse(data, **kw):
 
 
 def spec(**sweep):
-    return {"sweep": {"seeds": [0, 1], "metrics": ["balanced_accuracy"], **sweep,
-                     "axes": sweep.get("axes", {"method": ["fedavg", "fedprox"]})},
-            "run-config": dict(TINY)}
+    return {
+        "sweep": {
+            "seeds": [0, 1],
+            "metrics": ["balanced_accuracy"],
+            **sweep,
+            "axes": sweep.get("axes", {"method": ["fedavg", "fedprox"]}),
+        },
+        "run-config": dict(TINY),
+    }
 
 
 # --------------------------------------------------------------------------- parsing and expansion
 def test_rows_are_the_product_of_the_axes_in_file_order_and_runs_add_seeds():
-    g = parse(spec(axes={"method": ["fedavg", "fedprox"],
-                         "variant": [{"name": "A", "lr": 0.1}, {"name": "B", "lr": 0.2, "local-epochs": 3}]}))
+    g = parse(
+        spec(
+            axes={
+                "method": ["fedavg", "fedprox"],
+                "variant": [{"name": "A", "lr": 0.1}, {"name": "B", "lr": 0.2, "local-epochs": 3}],
+            }
+        )
+    )
     rows = g.rows()
-    assert [r.labels for r in rows] == [{"method": "fedavg", "variant": "A"}, {"method": "fedavg", "variant": "B"},
-                                        {"method": "fedprox", "variant": "A"}, {"method": "fedprox", "variant": "B"}]
+    assert [r.labels for r in rows] == [
+        {"method": "fedavg", "variant": "A"},
+        {"method": "fedavg", "variant": "B"},
+        {"method": "fedprox", "variant": "A"},
+        {"method": "fedprox", "variant": "B"},
+    ]
     assert rows[3].overrides == {"method": "fedprox", "lr": 0.2, "local-epochs": 3}
     runs = g.runs()
     assert len(runs) == 8 and len({r.name for r in runs}) == 8
@@ -45,9 +61,16 @@ def test_rows_are_the_product_of_the_axes_in_file_order_and_runs_add_seeds():
 
 
 def test_quick_and_set_override_rows_and_sweep_keys():
-    data = spec(axes={"row": [{"name": "a", "num-server-rounds": 50}, {"name": "b"}]}, **{"num-supernodes": 4})
-    data["quick"] = {"num-server-rounds": 2, "sweep.seeds": [5], "sweep.num-supernodes": 3,
-                     "sweep.axes.label-fraction": [0.1, 0.5], "sweep": {"title": "nested form"}}
+    data = spec(
+        axes={"row": [{"name": "a", "num-server-rounds": 50}, {"name": "b"}]}, **{"num-supernodes": 4}
+    )
+    data["quick"] = {
+        "num-server-rounds": 2,
+        "sweep.seeds": [5],
+        "sweep.num-supernodes": 3,
+        "sweep.axes.label-fraction": [0.1, 0.5],
+        "sweep": {"title": "nested form"},
+    }
     full, quick = parse(data), parse(data, quick=True)
     assert full.num_supernodes == 4 and [r.overrides["num-server-rounds"] for r in full.runs()][0] == 50
     assert quick.num_supernodes == 3 and quick.seeds == [5] and quick.title == "nested form"
@@ -61,26 +84,48 @@ def test_cv_folds_are_replicates():
     g = parse(spec(**{"cv-folds": 3}))
     runs = g.runs()
     assert len(runs) == 2 * 2 * 3
-    assert runs[1].overrides["cv-folds"] == 3 and runs[1].overrides["cv-fold"] == 1 and runs[1].name.endswith("-s0-f1")
+    assert (
+        runs[1].overrides["cv-folds"] == 3
+        and runs[1].overrides["cv-fold"] == 1
+        and runs[1].name.endswith("-s0-f1")
+    )
 
 
-@pytest.mark.parametrize("data, match", [
-    ({"sweep": {}, "runconfig": {}}, r"unknown section 'runconfig'.*Did you mean 'run-config'"),
-    ({"sweep": {"seed": [0]}}, r"unknown sweep key 'seed'.*Did you mean 'seeds'"),
-    ({"sweep": {"axes": {"label-fractoin": [0.1]}}}, r"axis 'label-fractoin' is not a run-config key. Did you mean 'label-fraction'"),
-    ({"sweep": {"axes": {"seed": [0, 1]}}}, r"'seed' cannot be an axis"),
-    ({"sweep": {"axes": {"method": ["fedavg", "fedavgg"]}}}, r"row method=fedavgg: unknown method 'fedavgg'"),
-    ({"sweep": {"axes": {"m": [{"name": "x", "lrr": 1.0}]}}}, r"row m=x: unknown run-config key 'lrr'"),
-    ({"sweep": {"axes": {"m": [{"lr": 1.0}]}}}, r"needs a string 'name'"),
-    ({"sweep": {"metrics": ["balanced_acc"]}}, r"unknown metric 'balanced_acc'.*'balanced_accuracy'"),
-    ({"sweep": {"metrics": [{"key": "auc", "lable": "AUC"}]}}, r"unknown metric field 'lable'"),
-    ({"sweep": {"table": "per-client", "metrics": ["rounds_to_target.0.55"]}}, r"per-client.*final metrics only"),
-    ({"sweep": {"seeds": []}}, r"'seeds' must be a non-empty list"),
-    ({"sweep": {"num-supernodes": 2}, "run-config": {"min-clients": 3}}, r"min-clients=3 > num-supernodes=2"),
-    ({"sweep": {"axes": {"method": ["fedavg"]}}, "quick": {"method": "fedprox"}}, r"\[quick\]: 'method' is set by every entry"),
-    ({"sweep": {}, "quick": {"sweep.axis": 1}}, r"unknown sweep key 'sweep.axis'"),
-    ({"sweep": {}, "run-config": {"seed": 3}}, r"'seed' is set per run"),
-])
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        ({"sweep": {}, "runconfig": {}}, r"unknown section 'runconfig'.*Did you mean 'run-config'"),
+        ({"sweep": {"seed": [0]}}, r"unknown sweep key 'seed'.*Did you mean 'seeds'"),
+        (
+            {"sweep": {"axes": {"label-fractoin": [0.1]}}},
+            r"axis 'label-fractoin' is not a run-config key. Did you mean 'label-fraction'",
+        ),
+        ({"sweep": {"axes": {"seed": [0, 1]}}}, r"'seed' cannot be an axis"),
+        (
+            {"sweep": {"axes": {"method": ["fedavg", "fedavgg"]}}},
+            r"row method=fedavgg: unknown method 'fedavgg'",
+        ),
+        ({"sweep": {"axes": {"m": [{"name": "x", "lrr": 1.0}]}}}, r"row m=x: unknown run-config key 'lrr'"),
+        ({"sweep": {"axes": {"m": [{"lr": 1.0}]}}}, r"needs a string 'name'"),
+        ({"sweep": {"metrics": ["balanced_acc"]}}, r"unknown metric 'balanced_acc'.*'balanced_accuracy'"),
+        ({"sweep": {"metrics": [{"key": "auc", "lable": "AUC"}]}}, r"unknown metric field 'lable'"),
+        (
+            {"sweep": {"table": "per-client", "metrics": ["rounds_to_target.0.55"]}},
+            r"per-client.*final metrics only",
+        ),
+        ({"sweep": {"seeds": []}}, r"'seeds' must be a non-empty list"),
+        (
+            {"sweep": {"num-supernodes": 2}, "run-config": {"min-clients": 3}},
+            r"min-clients=3 > num-supernodes=2",
+        ),
+        (
+            {"sweep": {"axes": {"method": ["fedavg"]}}, "quick": {"method": "fedprox"}},
+            r"\[quick\]: 'method' is set by every entry",
+        ),
+        ({"sweep": {}, "quick": {"sweep.axis": 1}}, r"unknown sweep key 'sweep.axis'"),
+        ({"sweep": {}, "run-config": {"seed": 3}}, r"'seed' is set per run"),
+    ],
+)
 def test_sweep_errors_name_the_key(data, match):
     with pytest.raises(fs.SweepError, match=match):
         parse(data, quick="quick" in data)
@@ -98,49 +143,93 @@ def test_load_sweep_names_the_file(tmp_path):
 # --------------------------------------------------------------------------- aggregation
 def fake_summary(bacc, auc=None, per_client=None, rtt=None, mb=()):
     final = {"balanced_accuracy": bacc, "auc": auc, "per_client": per_client or {}}
-    return {"final": final, "best_round": 2, "rounds_to_target": rtt or {},
-            "bytes_per_round": [{"round": i + 1, "bytes": b} for i, b in enumerate(mb)]}
+    return {
+        "final": final,
+        "best_round": 2,
+        "rounds_to_target": rtt or {},
+        "bytes_per_round": [{"round": i + 1, "bytes": b} for i, b in enumerate(mb)],
+    }
 
 
 def test_aggregate_mean_sd_over_seeds_missing_and_failed_runs():
-    g = fs.parse_sweep(spec(metrics=["balanced_accuracy", "auc", "rounds_to_target.0.55",
-                                    {"key": "bytes_per_round.bytes", "label": "MB", "scale": 2 ** -20}]), "g")
-    s = [fake_summary(0.5, 0.9, rtt={"0.55": 3}, mb=[2 ** 20, 3 * 2 ** 20]),
-         fake_summary(0.7, None, rtt={"0.55": None}, mb=[2 ** 20])]
-    results = [{"run": 0, "status": "done", "summary": s[0], "dir": "a"},
-               {"run": 1, "status": "done", "summary": s[1], "dir": "b"},
-               {"run": 2, "status": "failed", "reason": "RuntimeError: boom | pipe", "summary": None},
-               {"run": 3, "status": "done", "summary": fake_summary(0.25)}]
+    g = fs.parse_sweep(
+        spec(
+            metrics=[
+                "balanced_accuracy",
+                "auc",
+                "rounds_to_target.0.55",
+                {"key": "bytes_per_round.bytes", "label": "MB", "scale": 2**-20},
+            ]
+        ),
+        "g",
+    )
+    s = [
+        fake_summary(0.5, 0.9, rtt={"0.55": 3}, mb=[2**20, 3 * 2**20]),
+        fake_summary(0.7, None, rtt={"0.55": None}, mb=[2**20]),
+    ]
+    results = [
+        {"run": 0, "status": "done", "summary": s[0], "dir": "a"},
+        {"run": 1, "status": "done", "summary": s[1], "dir": "b"},
+        {"run": 2, "status": "failed", "reason": "RuntimeError: boom | pipe", "summary": None},
+        {"run": 3, "status": "done", "summary": fake_summary(0.25)},
+    ]
     table = ft.aggregate(g, results)
     r0, r1 = table["rows"]
     cell = r0["metrics"]["balanced_accuracy"]
     assert cell["mean"] == pytest.approx(0.6) and cell["sd"] == pytest.approx(0.1414213562)  # sample SD
     assert r0["metrics"]["auc"]["n"] == 1 and r0["metrics"]["rounds_to_target.0.55"]["values"] == [3.0]
-    assert r0["metrics"]["MB"]["values"] == [2 * 2 ** 20, 2 ** 20]  # mean over each run's rounds (bytes; scaled when shown)
+    assert r0["metrics"]["MB"]["values"] == [
+        2 * 2**20,
+        2**20,
+    ]  # mean over each run's rounds (bytes; scaled when shown)
     assert r1["done"] == 1 and r1["runs"][0]["status"] == "failed"
     md = ft.render_markdown(table)
     assert "| fedavg | 60.00 ± 14.14 | 90.00 (1/2) | 3.00 (1/2) | 1.50 ± 0.71 | 2/2 |" in md
-    assert "| fedprox | 25.00 | n/a | n/a | n/a | 1/2; failed: r01-fedprox-s0: RuntimeError: boom \\| pipe |" in md
+    assert (
+        "| fedprox | 25.00 | n/a | n/a | n/a | 1/2; failed: r01-fedprox-s0: RuntimeError: boom \\| pipe |"
+        in md
+    )
     json.dumps(table, allow_nan=False)
 
 
 def test_all_runs_failed_row_says_failed():
     g = fs.parse_sweep(spec(seeds=[0]), "g")
-    table = ft.aggregate(g, [{"run": 0, "status": "failed", "reason": "x"},
-                             {"run": 1, "status": "done", "summary": fake_summary(1.0)}])
+    table = ft.aggregate(
+        g,
+        [
+            {"run": 0, "status": "failed", "reason": "x"},
+            {"run": 1, "status": "done", "summary": fake_summary(1.0)},
+        ],
+    )
     md = ft.render_markdown(table)
     assert "| fedavg | failed | 0/1; failed: r00-fedavg-s0: x |" in md and "| fedprox | 100.00 | 1/1 |" in md
 
 
 def test_per_client_tables_and_gta():
-    g = fs.parse_sweep({"sweep": {"seeds": [0, 1], "table": "per-client", "metrics": ["accuracy"],
-                                "axes": {"method": ["flbt"]}}}, "g")
+    g = fs.parse_sweep(
+        {
+            "sweep": {
+                "seeds": [0, 1],
+                "table": "per-client",
+                "metrics": ["accuracy"],
+                "axes": {"method": ["flbt"]},
+            }
+        },
+        "g",
+    )
 
     def s(a0, a1):
-        return {"final": {"accuracy": (a0 + a1) / 2, "per_client": {"0": {"accuracy": a0}, "1": {"accuracy": a1}}}}
+        return {
+            "final": {"accuracy": (a0 + a1) / 2, "per_client": {"0": {"accuracy": a0}, "1": {"accuracy": a1}}}
+        }
 
-    table = ft.aggregate(g, [{"run": 0, "status": "done", "summary": s(0.8, 0.6)},
-                             {"run": 1, "status": "done", "summary": s(1.0, 0.6)}])
+    table = ft.aggregate(
+        g,
+        [
+            {"run": 0, "status": "done", "summary": s(0.8, 0.6)},
+            {"run": 1, "status": "done", "summary": s(1.0, 0.6)},
+        ],
+    )
     assert table["clients"] == ["0", "1"]
     md = ft.render_markdown(table)
     c1, c2, gta = md.split("**C1**")[1], md.split("**C2**")[1], md.split("**GTA**")[1]
@@ -158,9 +247,11 @@ def test_lookup_is_greedy_on_keys_with_dots():
 
 # --------------------------------------------------------------------------- runner: resume, failures
 def write_sweep(path, rows=("fedavg", "fedprox"), seeds=(0,)):
-    path.write_text(f"[sweep]\ntitle = 'T'\nseeds = {list(seeds)}\nmetrics = ['balanced_accuracy']\n"
-                    f"[sweep.axes]\nmethod = {json.dumps(list(rows))}\n[run-config]\n"
-                    + "".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in TINY.items()))
+    path.write_text(
+        f"[sweep]\ntitle = 'T'\nseeds = {list(seeds)}\nmetrics = ['balanced_accuracy']\n"
+        f"[sweep.axes]\nmethod = {json.dumps(list(rows))}\n[run-config]\n"
+        + "".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in TINY.items())
+    )
     return path
 
 
@@ -175,17 +266,24 @@ def test_run_sweep_records_failures_and_resume_skips_finished_runs(tmp_path, mon
         run_dir.mkdir(parents=True)
         config = sim.resolved_run_config({k: v for k, v in overrides.items() if k != "resume"})
         bacc = {"fedavg": 0.5, "fedprox": 0.75}[overrides["method"]]
-        (run_dir / "summary.json").write_text(json.dumps({"config": config, "final": {"balanced_accuracy": bacc}}))
+        (run_dir / "summary.json").write_text(
+            json.dumps({"config": config, "final": {"balanced_accuracy": bacc}})
+        )
         return run_dir
 
     monkeypatch.setattr(sim, "simulate", fake_simulate)
     sweep_file, out, lines = write_sweep(tmp_path / "g.toml"), tmp_path / "out", []
     table_md = sim.run_sweep(str(sweep_file), out=str(out), echo=lines.append)
     assert calls == ["r00-fedavg-s0", "r01-fedprox-s0"]
-    assert re.match(r"run 2/2: method=fedprox seed=0 \.\.\. \d+ s FAILED: RuntimeError: client 1 ran out of memory",
-                    lines[2])
+    assert re.match(
+        r"run 2/2: method=fedprox seed=0 \.\.\. \d+ s FAILED: RuntimeError: client 1 ran out of memory",
+        lines[2],
+    )
     md = table_md.read_text()
-    assert "| fedavg | 50.00 | 1/1 |" in md and "| fedprox | failed | 0/1; failed: r01-fedprox-s0: RuntimeError" in md
+    assert (
+        "| fedavg | 50.00 | 1/1 |" in md
+        and "| fedprox | failed | 0/1; failed: r01-fedprox-s0: RuntimeError" in md
+    )
     # an incomplete folder left by a dead run (no checkpoint) is moved aside, not lost
     (out / "r01-fedprox-s0").mkdir()
     (out / "r01-fedprox-s0" / "summary.json").write_text(json.dumps({"final": None}))
@@ -197,8 +295,11 @@ def test_run_sweep_records_failures_and_resume_skips_finished_runs(tmp_path, mon
     table = json.loads((out / "table.json").read_text())
     assert [r["metrics"]["balanced_accuracy"]["mean"] for r in table["rows"]] == [0.5, 0.75]
     # a finished run with other settings is not reused silently
-    with pytest.raises(fs.SweepError, match=r"r00-fedavg-s0 holds a finished run with other settings "
-                                           r"\(num-server-rounds: 1 there, 2 now\)"):
+    with pytest.raises(
+        fs.SweepError,
+        match=r"r00-fedavg-s0 holds a finished run with other settings "
+        r"\(num-server-rounds: 1 there, 2 now\)",
+    ):
         sim.run_sweep(str(sweep_file), out=str(out), sets={"num-server-rounds": 2}, echo=lines.append)
 
 
@@ -222,7 +323,10 @@ def test_incomplete_run_with_a_checkpoint_is_resumed(tmp_path, monkeypatch):
 
 def test_cli_set_takes_toml_values_with_spaces_and_bad_sweeps_exit_2(tmp_path, monkeypatch, capsys):
     assert sim.parse_sets(['sweep.axes.data=[{name="Organ C", dirichlet-alpha=0.5}]', "lr=0.5 seed=1"]) == {
-        "sweep.axes.data": [{"name": "Organ C", "dirichlet-alpha": 0.5}], "lr": 0.5, "seed": 1}
+        "sweep.axes.data": [{"name": "Organ C", "dirichlet-alpha": 0.5}],
+        "lr": 0.5,
+        "seed": 1,
+    }
     seen = []
 
     def fake_simulate(overrides, num_supernodes, *args, **kwargs):
@@ -231,8 +335,22 @@ def test_cli_set_takes_toml_values_with_spaces_and_bad_sweeps_exit_2(tmp_path, m
 
     monkeypatch.setattr(sim, "simulate", fake_simulate)
     sweep_file = write_sweep(tmp_path / "g.toml", rows=["fedavg"])
-    assert sim.main(["--sweep", str(sweep_file), "--out", str(tmp_path / "o"), "--seeds", "3",
-                     "--set", "finetune-rounds=4", "sweep.num-supernodes=3"]) == 0
+    assert (
+        sim.main(
+            [
+                "--sweep",
+                str(sweep_file),
+                "--out",
+                str(tmp_path / "o"),
+                "--seeds",
+                "3",
+                "--set",
+                "finetune-rounds=4",
+                "sweep.num-supernodes=3",
+            ]
+        )
+        == 0
+    )
     assert seen == [("r00-fedavg-s3", 4, 3)]
     assert "table: " + str(tmp_path / "o" / "table.md") in capsys.readouterr().out
     assert sim.main(["--sweep", str(sweep_file), "--set", "sweep.seed=[1]"]) == 2
@@ -257,9 +375,21 @@ def test_every_config_parses_and_its_rows_load(path):
 
 def test_configs_exist_for_the_paper_tables():
     names = {p.stem for p in CONFIGS}
-    assert {"000-fedclf-table1", "000-fedclf-table2", "000-fedclf-fig6", "000-fedmae-table3", "000-fedmae-table4",
-            "000-fedmae-table5", "003-table3", "003-table9", "002-sift-tables-1-2", "002-sift-fig4",
-            "004-tables-2-4", "004-tables-5-7", "004-tables-8-10"} <= names
+    assert {
+        "000-fedclf-table1",
+        "000-fedclf-table2",
+        "000-fedclf-fig6",
+        "000-fedmae-table3",
+        "000-fedmae-table4",
+        "000-fedmae-table5",
+        "003-table3",
+        "003-table9",
+        "002-sift-tables-1-2",
+        "002-sift-fig4",
+        "004-tables-2-4",
+        "004-tables-5-7",
+        "004-tables-8-10",
+    } <= names
 
 
 # --------------------------------------------------------------------------- end to end
@@ -292,7 +422,9 @@ def test_old_grid_names_still_work_for_one_release_and_say_so(tmp_path, monkeypa
     assert [r.overrides for r in old.rows()] == [r.overrides for r in new.rows()]
     assert old.seeds == [5] and old.num_supernodes == 3
     seen = []
-    monkeypatch.setattr(sim, "simulate", lambda overrides, *a, **k: seen.append(overrides["run-name"]) or 1 / 0)
+    monkeypatch.setattr(
+        sim, "simulate", lambda overrides, *a, **k: seen.append(overrides["run-name"]) or 1 / 0
+    )
     sweep_file = write_sweep(tmp_path / "g.toml", rows=["fedavg"])
     assert sim.main(["--grid", str(sweep_file), "--out", str(tmp_path / "o"), "--seeds", "3"]) == 0
     assert seen == ["r00-fedavg-s3"]

@@ -26,17 +26,34 @@ def write_npz(path, seed=0):
     return arrays
 
 
-FAST = {"model": "tiny-cnn", "image-size": 16, "num-server-rounds": 1, "local-epochs": 1, "batch-size": 16,
-        "lr": 0.05, "partition": "iid", "dataset": "npz", "classes": "dark,mid,bright"}
+FAST = {
+    "model": "tiny-cnn",
+    "image-size": 16,
+    "num-server-rounds": 1,
+    "local-epochs": 1,
+    "batch-size": 16,
+    "lr": 0.05,
+    "partition": "iid",
+    "dataset": "npz",
+    "classes": "dark,mid,bright",
+}
 
 
 @pytest.fixture(scope="module")
 def global_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("global")
     arrays = write_npz(tmp / "three.npz")
-    run_dir = sim.simulate({**FAST, "data-path": str(tmp / "three.npz"), "test-set": "global",
-                            "output-dir": str(tmp), "cache-dir": str(tmp / "cache"), "run-name": "g"},
-                           num_supernodes=2)
+    run_dir = sim.simulate(
+        {
+            **FAST,
+            "data-path": str(tmp / "three.npz"),
+            "test-set": "global",
+            "output-dir": str(tmp),
+            "cache-dir": str(tmp / "cache"),
+            "run-name": "g",
+        },
+        num_supernodes=2,
+    )
     return run_dir, arrays, json.loads((run_dir / "summary.json").read_text())
 
 
@@ -55,7 +72,10 @@ def test_global_test_set_is_the_npz_test_arrays_and_never_trained_on(global_run)
     assert set(counts) == {"0", "1"}
     names = summary["classes"]["names"]
     assert names == ["dark", "mid", "bright"]
-    total = {s: np.sum([[c[s][n] for n in names] for c in counts.values()], axis=0) for s in ("train", "val", "test")}
+    total = {
+        s: np.sum([[c[s][n] for n in names] for c in counts.values()], axis=0)
+        for s in ("train", "val", "test")
+    }
     assert (total["val"] == np.bincount(arrays["val_labels"][:, 0], minlength=3)).all()
     assert (total["train"] + total["test"] == np.bincount(arrays["train_labels"][:, 0], minlength=3)).all()
     # next to it: the per-client test means on the clients' own test splits
@@ -134,7 +154,9 @@ def test_two_stage_loss_plot_has_both_stages(tmp_path):
     for r in (1, 2):
         rec.log_round(r, "pretrain", {"0": {"loss": 1.0 / r, "num-examples": 4}})
     for r in (0, 1):
-        rec.log_round(r, "val", {"0": {"balanced_accuracy": 0.5, "num-examples": 4}}, train={"train_loss": 0.3})
+        rec.log_round(
+            r, "val", {"0": {"balanced_accuracy": 0.5, "num-examples": 4}}, train={"train_loss": 0.3}
+        )
     fig_calls = []
     import matplotlib.figure
 

@@ -10,8 +10,14 @@ import sim
 from fedderm.metrics import METRIC_NAMES
 from fedderm.results import RunRecorder
 
-TINY = {"model": "tiny-cnn", "image-size": 16, "synthetic-per-class": 8, "num-server-rounds": 2,
-        "local-epochs": 1, "batch-size": 8}
+TINY = {
+    "model": "tiny-cnn",
+    "image-size": 16,
+    "synthetic-per-class": 8,
+    "num-server-rounds": 2,
+    "local-epochs": 1,
+    "batch-size": 8,
+}
 
 
 def read_events(run_dir):
@@ -42,7 +48,9 @@ def assert_events_match_csv(run_dir):
                 assert int(row["round"]) not in scalars.get(tag, {}), tag
                 continue
             # event files store float32
-            assert scalars[tag][int(row["round"])] == pytest.approx(float(row[column]), rel=1e-6, abs=1e-7), tag
+            assert scalars[tag][int(row["round"])] == pytest.approx(float(row[column]), rel=1e-6, abs=1e-7), (
+                tag
+            )
             checked += 1
     return checked, scalars
 
@@ -50,10 +58,15 @@ def assert_events_match_csv(run_dir):
 def test_recorder_writes_rounds_csv_values_and_final_table(tmp_path):
     rec = RunRecorder(tmp_path, "fedavg", {"tensorboard": True})
     for r, acc in enumerate((0.25, 0.5, 0.75)):
-        rec.log_round(r, "val", {"0": {"accuracy": acc, "balanced_accuracy": acc / 2, "loss": 1.0 - acc,
-                                       "num-examples": 10},
-                                 "1": {"accuracy": acc + 0.1, "balanced_accuracy": float("nan"), "num-examples": 20}},
-                      train={"train_loss": 2.0 - r})
+        rec.log_round(
+            r,
+            "val",
+            {
+                "0": {"accuracy": acc, "balanced_accuracy": acc / 2, "loss": 1.0 - acc, "num-examples": 10},
+                "1": {"accuracy": acc + 0.1, "balanced_accuracy": float("nan"), "num-examples": 20},
+            },
+            train={"train_loss": 2.0 - r},
+        )
     rec.track("probe", 3, {"knn": 0.4, "linear": float("nan")})
     rec.set_final({"0": {"accuracy": 0.9, "num-examples": 5}, "1": {"accuracy": 0.7, "num-examples": 5}}, 2)
     rec.finish()
@@ -76,8 +89,10 @@ def test_no_events_without_the_key(tmp_path):
 
 
 def test_sim_run_writes_events_equal_to_rounds_csv(tmp_path):
-    run_dir = sim.simulate({**TINY, "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "cache"),
-                            "run-name": "tb"}, num_supernodes=2)
+    run_dir = sim.simulate(
+        {**TINY, "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "cache"), "run-name": "tb"},
+        num_supernodes=2,
+    )
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1  # the server's only
     checked, scalars = assert_events_match_csv(run_dir)
     assert {f"val/{m}/{w}" for m in METRIC_NAMES for w in ("mean", "client-0", "client-1")} <= set(scalars)

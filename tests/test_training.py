@@ -59,8 +59,9 @@ def test_fedprox_keeps_weights_closer_to_global():
     for mu in (0.0, 10.0):
         model = create_model("tiny-cnn", 3)
         model.load_state_dict(start.state_dict())
-        train_supervised(model, images, labels, epochs=3, batch_size=16, lr=0.05, optimizer="sgd",
-                         proximal_mu=mu, seed=0)
+        train_supervised(
+            model, images, labels, epochs=3, batch_size=16, lr=0.05, optimizer="sgd", proximal_mu=mu, seed=0
+        )
         drift[mu] = sum(((p - q) ** 2).sum().item() for p, q in zip(model.parameters(), start.parameters()))
     assert drift[10.0] < 0.7 * drift[0.0]
 
@@ -85,14 +86,31 @@ def test_every_stage_takes_its_lr_from_the_run_schedule():
     from clients.common import ClientSession
     from fedderm.node import NodeSettings
 
-    cfg = registry.load_config({"lr-schedule": "exponential", "lr-decay": 0.5, "lr": 0.1, "finetune-lr": 0.01,
-                                "finetune-epochs": 3, "finetune-optimizer": "sgd", "local-epochs": 2})
+    cfg = registry.load_config(
+        {
+            "lr-schedule": "exponential",
+            "lr-decay": 0.5,
+            "lr": 0.1,
+            "finetune-lr": 0.01,
+            "finetune-epochs": 3,
+            "finetune-optimizer": "sgd",
+            "local-epochs": 2,
+        }
+    )
     s = ClientSession(cfg, data=None, device=torch.device("cpu"), partition_id=1, node=NodeSettings(1))
     spine, tune = s.local_kwargs(3), s.local_kwargs(3, finetune=True)
-    assert spine["lr"] == pytest.approx(0.1 * 0.5 ** 2) and spine["epochs"] == 2 and spine["optimizer"] == "adam"
-    assert tune["lr"] == pytest.approx(0.01 * 0.5 ** 2) and tune["epochs"] == 3 and tune["optimizer"] == "sgd"
+    assert (
+        spine["lr"] == pytest.approx(0.1 * 0.5**2) and spine["epochs"] == 2 and spine["optimizer"] == "adam"
+    )
+    assert tune["lr"] == pytest.approx(0.01 * 0.5**2) and tune["epochs"] == 3 and tune["optimizer"] == "sgd"
     assert tune["seed"] != spine["seed"]  # the fine-tuning stage draws its own batches
-    assert s.lr_at(1e-3, 4, 10) == pytest.approx(1e-3 * 0.5 ** 3)
-    cosine = ClientSession(registry.load_config({"finetune-rounds": 4}), None, torch.device("cpu"), 0, NodeSettings(0))
-    assert cosine.local_kwargs(3, finetune=True)["lr"] == pytest.approx(1e-4 * 0.5 * (1 + math.cos(math.pi * 2 / 4)))
-    assert cosine.local_kwargs(2, 2, finetune=True)["lr"] == pytest.approx(0.5e-4)  # the stage's own round count
+    assert s.lr_at(1e-3, 4, 10) == pytest.approx(1e-3 * 0.5**3)
+    cosine = ClientSession(
+        registry.load_config({"finetune-rounds": 4}), None, torch.device("cpu"), 0, NodeSettings(0)
+    )
+    assert cosine.local_kwargs(3, finetune=True)["lr"] == pytest.approx(
+        1e-4 * 0.5 * (1 + math.cos(math.pi * 2 / 4))
+    )
+    assert cosine.local_kwargs(2, 2, finetune=True)["lr"] == pytest.approx(
+        0.5e-4
+    )  # the stage's own round count

@@ -39,16 +39,24 @@ def test_bad_transport_value_names_the_key():
 
 
 def _context(transport: str) -> Context:
-    return Context(run_id=1, node_id=5, node_config={}, state=RecordDict(),
-                   run_config={"transport-dtype": transport})
+    return Context(
+        run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={"transport-dtype": transport}
+    )
 
 
 def test_client_mod_decodes_what_arrives_and_encodes_what_leaves():
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, SUPERLINK_NODE_ID
     weights = {"w": np.full((3, 2), 0.1, np.float32), "n": np.array(4, np.int64)}
-    incoming = Message(RecordDict({"arrays": ArrayRecord({k: Array(encode(v, "float16")) for k, v in weights.items()}),
-                                   "config": ConfigRecord({"server-round": 1})}),
-                       dst_node_id=5, message_type="train")
+    incoming = Message(
+        RecordDict(
+            {
+                "arrays": ArrayRecord({k: Array(encode(v, "float16")) for k, v in weights.items()}),
+                "config": ConfigRecord({"server-round": 1}),
+            }
+        ),
+        dst_node_id=5,
+        message_type="train",
+    )
     seen = {}
 
     def handler(msg, context):
@@ -94,9 +102,18 @@ def test_float16_run_halves_traffic_and_still_learns(tmp_path, monkeypatch):
     (audit log), bytes per round are the model's float16 size, and the model still learns."""
     audit = tmp_path / "audit"
     monkeypatch.setenv("FEDDERM_AUDIT_DIR", str(audit))
-    overrides = {"model": "tiny-cnn", "image-size": 32, "synthetic-per-class": 40, "num-server-rounds": 2,
-                 "local-epochs": 2, "batch-size": 16, "lr": 0.05, "transport-dtype": "float16", "output-dir": str(tmp_path),
-                 "cache-dir": str(tmp_path / "cache")}
+    overrides = {
+        "model": "tiny-cnn",
+        "image-size": 32,
+        "synthetic-per-class": 40,
+        "num-server-rounds": 2,
+        "local-epochs": 2,
+        "batch-size": 16,
+        "lr": 0.05,
+        "transport-dtype": "float16",
+        "output-dir": str(tmp_path),
+        "cache-dir": str(tmp_path / "cache"),
+    }
     run_dir = sim.simulate(overrides, num_supernodes=2)
     summary = json.loads((run_dir / "summary.json").read_text())
 

@@ -18,13 +18,15 @@ from strategies.fedavg import build_strategy
 def _state(seed: int) -> dict[str, np.ndarray]:
     """A state dict with every kind of entry a model has (and a few it might)."""
     rng = np.random.default_rng(seed)
-    return {"conv.weight": rng.normal(size=(8, 3, 3, 3)).astype(np.float32),
-            "bn.running_mean": rng.normal(size=8).astype(np.float32),
-            "bn.num_batches_tracked": np.array(int(rng.integers(1, 100)), np.int64),
-            "half": rng.normal(size=(5, 7)).astype(np.float16),
-            "double": rng.normal(size=3),
-            "mask": rng.random(6) > 0.5,
-            "count": rng.integers(0, 9, size=(2, 2)).astype(np.int32)}
+    return {
+        "conv.weight": rng.normal(size=(8, 3, 3, 3)).astype(np.float32),
+        "bn.running_mean": rng.normal(size=8).astype(np.float32),
+        "bn.num_batches_tracked": np.array(int(rng.integers(1, 100)), np.int64),
+        "half": rng.normal(size=(5, 7)).astype(np.float16),
+        "double": rng.normal(size=3),
+        "mask": rng.random(6) > 0.5,
+        "count": rng.integers(0, 9, size=(2, 2)).astype(np.int32),
+    }
 
 
 def test_values_is_a_zero_copy_view_equal_to_flower_numpy():
@@ -55,7 +57,9 @@ def test_to_array_writes_flowers_bytes_and_round_trips():
 def test_weighted_mean_is_flowers_aggregation_bit_for_bit():
     states, weights = [_state(s) for s in range(3)], [255, 260, 17]
     recs = [ArrayRecord({k: Array(v) for k, v in st.items()}) for st in states]
-    contents = [RecordDict({"arrays": r, "metrics": MetricRecord({"num-examples": n})}) for r, n in zip(recs, weights)]
+    contents = [
+        RecordDict({"arrays": r, "metrics": MetricRecord({"num-examples": n})}) for r, n in zip(recs, weights)
+    ]
     ours, flowers = wire.weighted_mean(recs, weights), aggregate_arrayrecords(contents, "num-examples")
     assert list(ours) == list(flowers)
     for key in flowers:
@@ -74,7 +78,9 @@ def test_cast_like_restores_integer_and_half_dtypes():
     cast = cast_like(mean, template)
     for key, array in template.items():
         assert cast[key].dtype == array.dtype and tuple(cast[key].shape) == tuple(array.shape), key
-    expected = np.rint(0.25 * _state(0)["bn.num_batches_tracked"] + 0.75 * _state(1)["bn.num_batches_tracked"])
+    expected = np.rint(
+        0.25 * _state(0)["bn.num_batches_tracked"] + 0.75 * _state(1)["bn.num_batches_tracked"]
+    )
     assert int(cast["bn.num_batches_tracked"].numpy()) == int(expected)
 
 
@@ -89,9 +95,17 @@ def test_fedderm_fedavg_aggregates_like_flowers_fedavg(tmp_path):
 
     def reply(node, seed, n):
         instr = Message(RecordDict({"config": ConfigRecord()}), dst_node_id=node, message_type="train")
-        return Message(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in _state(seed).items()}),
-                                   "metrics": MetricRecord({"num-examples": n, "train_loss": float(seed),
-                                                            "partition-id": node - 11})}), reply_to=instr)
+        return Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord({k: Array(v) for k, v in _state(seed).items()}),
+                    "metrics": MetricRecord(
+                        {"num-examples": n, "train_loss": float(seed), "partition-id": node - 11}
+                    ),
+                }
+            ),
+            reply_to=instr,
+        )
 
     arrays, metrics = strategy.aggregate_train(1, [reply(11, 1, 30), reply(12, 2, 50), reply(13, 3, 20)])
     plain = FedAvg(min_available_nodes=1)
@@ -101,8 +115,9 @@ def test_fedderm_fedavg_aggregates_like_flowers_fedavg(tmp_path):
         assert arrays[key].dtype == strategy.sent[key].dtype
         assert np.array_equal(arrays[key].numpy(), ref_arrays[key].numpy()), key
     assert metrics["train_loss"] == pytest.approx((30 * 1 + 50 * 2 + 20 * 3) / 100)
-    assert dict(metrics) == {k: v for k, v in ref_metrics.items() if k != "partition-id"}  # taken out per client
-
+    assert dict(metrics) == {
+        k: v for k, v in ref_metrics.items() if k != "partition-id"
+    }  # taken out per client
 
 
 def test_replies_are_summed_in_partition_order_whatever_their_arrival(tmp_path):
@@ -119,9 +134,17 @@ def test_replies_are_summed_in_partition_order_whatever_their_arrival(tmp_path):
 
     def reply(node):
         instr = Message(RecordDict({"config": ConfigRecord()}), dst_node_id=node, message_type="train")
-        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.array([values[node]], np.float32))}),
-                                   "metrics": MetricRecord({"num-examples": 10, "partition-id": recorder.node_partitions[node]})}),
-                       reply_to=instr)
+        return Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord({"w": Array(np.array([values[node]], np.float32))}),
+                    "metrics": MetricRecord(
+                        {"num-examples": 10, "partition-id": recorder.node_partitions[node]}
+                    ),
+                }
+            ),
+            reply_to=instr,
+        )
 
     def aggregate(replies):
         strategy.sent = ArrayRecord({"w": Array(np.zeros(1, np.float32))})
@@ -129,6 +152,12 @@ def test_replies_are_summed_in_partition_order_whatever_their_arrival(tmp_path):
         return float(strategy.aggregate_train(1, replies)[0]["w"].numpy()[0])
 
     arrivals = list(itertools.permutations([907, 15, 442]))
-    assert [m.metadata.src_node_id for m in strategy.in_order([reply(n) for n in (442, 907, 15)])] == [907, 15, 442]
+    assert [m.metadata.src_node_id for m in strategy.in_order([reply(n) for n in (442, 907, 15)])] == [
+        907,
+        15,
+        442,
+    ]
     assert len({aggregate([reply(n) for n in order]) for order in arrivals}) > 1  # arrival order matters ...
-    assert {aggregate(strategy.in_order([reply(n) for n in order])) for order in arrivals} == {0.0}  # ... not here
+    assert {aggregate(strategy.in_order([reply(n) for n in order])) for order in arrivals} == {
+        0.0
+    }  # ... not here

@@ -51,9 +51,16 @@ def main(grid: Grid, context: Context) -> None:
         parts: dict[str, list[float]] = {"pickup": [], "startup": [], "work": [], "return": []}
         for hop in range(hops):
             dst = nodes[hop % len(nodes)]
-            msg = Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"hop": hop,
-                          "import-fedderm": bool(rc["import-fedderm"])})}), dst_node_id=dst,
-                          message_type="query.hop")
+            msg = Message(
+                RecordDict(
+                    {
+                        "arrays": arrays,
+                        "config": ConfigRecord({"hop": hop, "import-fedderm": bool(rc["import-fedderm"])}),
+                    }
+                ),
+                dst_node_id=dst,
+                message_type="query.hop",
+            )
             t0, w0 = time.monotonic(), time.time()
             replies = exchange(grid, [msg], 300)
             times.append(time.monotonic() - t0)
@@ -69,12 +76,26 @@ def main(grid: Grid, context: Context) -> None:
             parts["return"].append(w1 - t["reply"])
         if not np.array_equal(arrays["x"].numpy(), payload + hops):
             raise RuntimeError("the array did not make it around the ring intact")
-        summary = {"hop_s": times, "median_s": statistics.median(times), "mean_s": statistics.fmean(times),
-                   "min_s": min(times), "max_s": max(times),
-                   "parts_mean_s": {k: statistics.fmean(v) for k, v in parts.items() if v}, "parts": parts}
+        summary = {
+            "hop_s": times,
+            "median_s": statistics.median(times),
+            "mean_s": statistics.fmean(times),
+            "min_s": min(times),
+            "max_s": max(times),
+            "parts_mean_s": {k: statistics.fmean(v) for k, v in parts.items() if v},
+            "parts": parts,
+        }
         results["modes"][mode] = summary
-        log(INFO, "ringprobe %s: %d hops · median %.2f s · mean %.2f s · min %.2f · max %.2f · mean parts %s", mode,
-            hops, summary["median_s"], summary["mean_s"], summary["min_s"], summary["max_s"],
-            {k: round(v, 2) for k, v in summary["parts_mean_s"].items()})
+        log(
+            INFO,
+            "ringprobe %s: %d hops · median %.2f s · mean %.2f s · min %.2f · max %.2f · mean parts %s",
+            mode,
+            hops,
+            summary["median_s"],
+            summary["mean_s"],
+            summary["min_s"],
+            summary["max_s"],
+            {k: round(v, 2) for k, v in summary["parts_mean_s"].items()},
+        )
     if rc.get("out"):
         Path(str(rc["out"])).write_text(json.dumps(results, indent=2))

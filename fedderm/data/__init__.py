@@ -21,8 +21,15 @@ from .pool import DataError, ImagePool
 from .sources import load_source
 from .synthetic import load_synthetic
 
-__all__ = ["ClientData", "DataError", "ImagePool", "TensorBatches", "check_federation", "load_client_data",
-           "load_pool"]
+__all__ = [
+    "ClientData",
+    "DataError",
+    "ImagePool",
+    "TensorBatches",
+    "check_federation",
+    "load_client_data",
+    "load_pool",
+]
 
 log = logging.getLogger("fedderm.data")
 
@@ -32,21 +39,52 @@ _POOLS: dict[tuple, ImagePool] = {}
 _PARTITIONS: dict[tuple, list[np.ndarray]] = {}
 
 
-def load_pool(dataset: str, data_path: str, *, image_size: int, seed: int, num_partitions: int = 1,
-              synthetic_sites: int = 0, synthetic_per_class: int = 100, cache_dir: str | Path | None = None,
-              classes: list[str] | None = None, image_dir: str = "", site_column: str = "auto",
-              skip_bad_files: bool = False) -> ImagePool:
+def load_pool(
+    dataset: str,
+    data_path: str,
+    *,
+    image_size: int,
+    seed: int,
+    num_partitions: int = 1,
+    synthetic_sites: int = 0,
+    synthetic_per_class: int = 100,
+    cache_dir: str | Path | None = None,
+    classes: list[str] | None = None,
+    image_dir: str = "",
+    site_column: str = "auto",
+    skip_bad_files: bool = False,
+) -> ImagePool:
     """The decoded pool of a data source, memoised per process."""
-    key = (dataset, data_path, image_size, seed, num_partitions, synthetic_sites, synthetic_per_class,
-           str(cache_dir), tuple(classes or ()), image_dir, site_column, skip_bad_files)
+    key = (
+        dataset,
+        data_path,
+        image_size,
+        seed,
+        num_partitions,
+        synthetic_sites,
+        synthetic_per_class,
+        str(cache_dir),
+        tuple(classes or ()),
+        image_dir,
+        site_column,
+        skip_bad_files,
+    )
     if key not in _POOLS:
         if dataset == "synthetic":
-            _POOLS[key] = load_synthetic(synthetic_sites or num_partitions, synthetic_per_class,
-                                         image_size, seed, cache_dir)
+            _POOLS[key] = load_synthetic(
+                synthetic_sites or num_partitions, synthetic_per_class, image_size, seed, cache_dir
+            )
         else:
             extra = {"image_dir": image_dir or None, "site_column": site_column} if dataset == "csv" else {}
-            _POOLS[key] = load_source(dataset, data_path, image_size=image_size, classes=classes,
-                                      skip_bad_files=skip_bad_files, cache_dir=cache_dir, **extra)
+            _POOLS[key] = load_source(
+                dataset,
+                data_path,
+                image_size=image_size,
+                classes=classes,
+                skip_bad_files=skip_bad_files,
+                cache_dir=cache_dir,
+                **extra,
+            )
     return _POOLS[key]
 
 
@@ -74,8 +112,10 @@ class ClientData:
         ``global-test`` (the global test set of ``test-set="global"``)."""
         if which == testset.GLOBAL_SPLIT:
             if self.global_test is None:
-                raise DataError(f"client {self.partition_id} was asked for the global test set, but the "
-                                "run has test-set='per-client'")
+                raise DataError(
+                    f"client {self.partition_id} was asked for the global test set, but the "
+                    "run has test-set='per-client'"
+                )
             pool, idx = self.global_test()
             return pool.images[torch.from_numpy(idx)], torch.from_numpy(pool.labels[idx])
         idx = getattr(self.split, which)
@@ -83,18 +123,24 @@ class ClientData:
 
     def class_counts(self) -> dict[str, list[int]]:
         """Images per class (in ``classes`` order) of every split of this client."""
-        return {which: np.bincount(self.pool.labels[getattr(self.split, which)],
-                                   minlength=self.num_classes).tolist()
-                for which in ("train", "labelled", "val", "test")}
+        return {
+            which: np.bincount(
+                self.pool.labels[getattr(self.split, which)], minlength=self.num_classes
+            ).tolist()
+            for which in ("train", "labelled", "val", "test")
+        }
 
     def __repr__(self) -> str:
         s = self.split
-        return (f"ClientData(partition={self.partition_id}, train={len(s.train)}, "
-                f"labelled={len(s.labelled)}, val={len(s.val)}, test={len(s.test)})")
+        return (
+            f"ClientData(partition={self.partition_id}, train={len(s.train)}, "
+            f"labelled={len(s.labelled)}, val={len(s.val)}, test={len(s.test)})"
+        )
 
 
-def load_client_data(cfg, partition_id: int, num_partitions: int, *, data_path: str | None = None,
-                     dataset: str | None = None) -> ClientData:
+def load_client_data(
+    cfg, partition_id: int, num_partitions: int, *, data_path: str | None = None, dataset: str | None = None
+) -> ClientData:
     """Load client ``partition_id``'s data according to the run config ``cfg``.
 
     In simulation every client partitions one shared pool (``cfg.partition``).  In deployment a
@@ -104,63 +150,119 @@ def load_client_data(cfg, partition_id: int, num_partitions: int, *, data_path: 
     own = data_path is not None
     path = data_path if own else cfg.data_path
     pool = load_pool(
-        dataset or cfg.dataset, path,
-        image_size=cfg.image_size, seed=cfg.seed, num_partitions=1 if own else num_partitions,
-        synthetic_sites=cfg.synthetic_sites, synthetic_per_class=cfg.synthetic_per_class,
-        cache_dir=cfg.cache_path, classes=cfg.class_list, image_dir=cfg.image_dir,
-        site_column=cfg.site_column, skip_bad_files=cfg.skip_bad_files,
+        dataset or cfg.dataset,
+        path,
+        image_size=cfg.image_size,
+        seed=cfg.seed,
+        num_partitions=1 if own else num_partitions,
+        synthetic_sites=cfg.synthetic_sites,
+        synthetic_per_class=cfg.synthetic_per_class,
+        cache_dir=cfg.cache_path,
+        classes=cfg.class_list,
+        image_dir=cfg.image_dir,
+        site_column=cfg.site_column,
+        skip_bad_files=cfg.skip_bad_files,
     )
     source = data_path if own else cfg.data_path
     kind = dataset or cfg.dataset
-    check_pool(pool, dataset=kind, data_path=source, classes_given=bool(cfg.class_list) or kind == "synthetic",
-               whole=not own, who=f"client {partition_id}: " if own else "")
+    check_pool(
+        pool,
+        dataset=kind,
+        data_path=source,
+        classes_given=bool(cfg.class_list) or kind == "synthetic",
+        whole=not own,
+        who=f"client {partition_id}: " if own else "",
+    )
     test_set = getattr(cfg, "test_set", "per-client")
     held = None
     if test_set == "global":
         if own and not cfg.test_data_path:
-            raise DataError("test-set='global' with a hospital's own data (node-config data-path) needs the "
-                            "run-config key 'test-data-path': a test set every client can read")
+            raise DataError(
+                "test-set='global' with a hospital's own data (node-config data-path) needs the "
+                "run-config key 'test-data-path': a test set every client can read"
+            )
         held = testset.global_split(pool, cfg) if not own else None
     if own:
         idx = np.arange(len(pool))
     else:
         rest = held.rest if held is not None else np.arange(len(pool))
-        key = (id(pool), cfg.partition, num_partitions, cfg.seed, cfg.dirichlet_alpha,  # pools live on in _POOLS
-               test_set, cfg.test_fraction if held is not None else None, getattr(cfg, "test_data_path", ""))
+        key = (
+            id(pool),
+            cfg.partition,
+            num_partitions,
+            cfg.seed,
+            cfg.dirichlet_alpha,  # pools live on in _POOLS
+            test_set,
+            cfg.test_fraction if held is not None else None,
+            getattr(cfg, "test_data_path", ""),
+        )
         if key not in _PARTITIONS:
-            parts = partition_indices(cfg.partition, pool.labels[rest], num_partitions, seed=cfg.seed,
-                                      alpha=cfg.dirichlet_alpha,
-                                      sites=None if pool.sites is None else pool.sites[rest],
-                                      site_names=pool.site_names)
+            parts = partition_indices(
+                cfg.partition,
+                pool.labels[rest],
+                num_partitions,
+                seed=cfg.seed,
+                alpha=cfg.dirichlet_alpha,
+                sites=None if pool.sites is None else pool.sites[rest],
+                site_names=pool.site_names,
+            )
             _PARTITIONS[key] = [rest[p] for p in parts]
         parts = _PARTITIONS[key]
         idx = parts[partition_id]
     if len(idx) == 0:
-        raise DataError(f"client {partition_id} has an empty partition "
-                        f"(partition={cfg.partition!r}, {len(pool)} images in the pool)")
+        raise DataError(
+            f"client {partition_id} has an empty partition "
+            f"(partition={cfg.partition!r}, {len(pool)} images in the pool)"
+        )
     fixed_val = None
     if held is not None and held.official_val is not None and not cfg.cv_folds:
         fixed_val = np.intersect1d(idx, held.official_val)  # MedMNIST's val_*: this client's share
-    split = split_client(idx, pool.labels, seed=cfg.seed * 1000 + partition_id,
-                         val_fraction=cfg.val_fraction, test_fraction=cfg.test_fraction,
-                         label_fraction=cfg.label_fraction, groups=pool.groups,
-                         cv_folds=cfg.cv_folds, cv_fold=cfg.cv_fold, fixed_val=fixed_val)
+    split = split_client(
+        idx,
+        pool.labels,
+        seed=cfg.seed * 1000 + partition_id,
+        val_fraction=cfg.val_fraction,
+        test_fraction=cfg.test_fraction,
+        label_fraction=cfg.label_fraction,
+        groups=pool.groups,
+        cv_folds=cfg.cv_folds,
+        cv_fold=cfg.cv_fold,
+        fixed_val=fixed_val,
+    )
     share = ("its own data " if own else f"partition={cfg.partition!r} of {len(pool)} images in ") + (
-        "the synthetic data" if kind == "synthetic" else str(source))
-    check_split(split, who=f"client {partition_id}", num_images=len(idx), val_fraction=cfg.val_fraction,
-                test_fraction=cfg.test_fraction, cv_folds=cfg.cv_folds, source=share,
-                needs_test=test_set != "global")
+        "the synthetic data" if kind == "synthetic" else str(source)
+    )
+    check_split(
+        split,
+        who=f"client {partition_id}",
+        num_images=len(idx),
+        val_fraction=cfg.val_fraction,
+        test_fraction=cfg.test_fraction,
+        cv_folds=cfg.cv_folds,
+        source=share,
+        needs_test=test_set != "global",
+    )
     loader = None
     if test_set == "global":
+
         def load_test(test_path: str, classes: list[str]) -> ImagePool:
-            return load_pool(cfg.dataset, test_path, image_size=cfg.image_size, seed=cfg.seed,
-                             cache_dir=cfg.cache_path, classes=classes, image_dir=cfg.image_dir,
-                             site_column=cfg.site_column, skip_bad_files=cfg.skip_bad_files)
+            return load_pool(
+                cfg.dataset,
+                test_path,
+                image_size=cfg.image_size,
+                seed=cfg.seed,
+                cache_dir=cfg.cache_path,
+                classes=classes,
+                image_dir=cfg.image_dir,
+                site_column=cfg.site_column,
+                skip_bad_files=cfg.skip_bad_files,
+            )
 
         def loader(pool=pool, held=held):
             if held is not None and not cfg.test_data_path:
                 return pool, held.test
             return testset.test_pool(pool, cfg, load_test)
+
     data = ClientData(pool=pool, split=split, partition_id=partition_id, global_test=loader)
     log.info("%r", data)
     return data
@@ -184,8 +286,16 @@ def check_federation(cfg, num_partitions: int) -> list[ClientData]:
 class TensorBatches:
     """Mini-batches of in-memory tensors; shuffled by a seeded generator (no worker processes)."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *,
-                 shuffle: bool = False, seed: int = 0, drop_last: bool = False):
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+    ):
         self.images, self.labels = images, labels
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.generator = torch.Generator().manual_seed(seed)
@@ -198,5 +308,5 @@ class TensorBatches:
         n = len(self.labels)
         order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
         for b in range(len(self)):
-            sel = order[b * self.batch_size:(b + 1) * self.batch_size]
+            sel = order[b * self.batch_size : (b + 1) * self.batch_size]
             yield self.images[sel], self.labels[sel]

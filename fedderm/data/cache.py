@@ -36,12 +36,26 @@ def _fingerprint(paths: Iterable[Path], base: Path) -> list[tuple[str, int, int]
     return sorted(out)
 
 
-def _cache_key(loader: str, path: Path, image_size: int, skip_bad: bool,
-               classes: list[str] | None, files: list[tuple[str, int, int]], **extra: Any) -> str:
+def _cache_key(
+    loader: str,
+    path: Path,
+    image_size: int,
+    skip_bad: bool,
+    classes: list[str] | None,
+    files: list[tuple[str, int, int]],
+    **extra: Any,
+) -> str:
     """Hex digest of everything the decoded pool depends on."""
-    parts = {"version": CACHE_VERSION, "loader": loader, "path": str(path),
-             "image_size": int(image_size), "skip_bad_files": bool(skip_bad),
-             "classes": classes, "files": files, **extra}
+    parts = {
+        "version": CACHE_VERSION,
+        "loader": loader,
+        "path": str(path),
+        "image_size": int(image_size),
+        "skip_bad_files": bool(skip_bad),
+        "classes": classes,
+        "files": files,
+        **extra,
+    }
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return f"{loader}-{hashlib.sha256(blob).hexdigest()[:32]}"
 
@@ -68,13 +82,18 @@ def _read_cache(cache_file: Path) -> ImagePool | None:
         if data.get("version") != CACHE_VERSION:
             raise ValueError(f"cache version {data.get('version')} != {CACHE_VERSION}")
         as_numpy = lambda t: None if t is None else t.numpy()  # noqa: E731
-        return ImagePool(images=data["images"], labels=as_numpy(data["labels"]),
-                         classes=data["classes"], sites=as_numpy(data["sites"]),
-                         site_names=data["site_names"], groups=as_numpy(data["groups"]),
-                         skipped=data["skipped"], splits=as_numpy(data["splits"]))
+        return ImagePool(
+            images=data["images"],
+            labels=as_numpy(data["labels"]),
+            classes=data["classes"],
+            sites=as_numpy(data["sites"]),
+            site_names=data["site_names"],
+            groups=as_numpy(data["groups"]),
+            skipped=data["skipped"],
+            splits=as_numpy(data["splits"]),
+        )
     except Exception as exc:  # a truncated or foreign file: decode again and overwrite it
-        logger.warning("ignoring unreadable cache file %s (%s: %s)", cache_file,
-                       type(exc).__name__, exc)
+        logger.warning("ignoring unreadable cache file %s (%s: %s)", cache_file, type(exc).__name__, exc)
         return None
 
 
@@ -84,15 +103,21 @@ def _write_cache(pool: ImagePool, cache_file: Path) -> None:
     images = pool.images.contiguous()
     if images.untyped_storage().nbytes() != images.numel():  # a view: don't save the whole base
         images = images.clone()
-    data = {"version": CACHE_VERSION, "images": images, "labels": as_tensor(pool.labels),
-            "classes": list(pool.classes), "sites": as_tensor(pool.sites),
-            "site_names": list(pool.site_names), "groups": as_tensor(pool.groups),
-            "skipped": list(pool.skipped), "splits": as_tensor(pool.splits)}
+    data = {
+        "version": CACHE_VERSION,
+        "images": images,
+        "labels": as_tensor(pool.labels),
+        "classes": list(pool.classes),
+        "sites": as_tensor(pool.sites),
+        "site_names": list(pool.site_names),
+        "groups": as_tensor(pool.groups),
+        "skipped": list(pool.skipped),
+        "splits": as_tensor(pool.splits),
+    }
     tmp = None
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_file.parent, prefix=f".{cache_file.name}.",
-                                   suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=cache_file.parent, prefix=f".{cache_file.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             torch.save(data, f)
         os.replace(tmp, cache_file)

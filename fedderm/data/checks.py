@@ -64,8 +64,9 @@ def _classes_fixed_by_file(dataset: str, data_path: str) -> bool:
     return "image" in header and "dx" not in header
 
 
-def check_pool(pool: ImagePool, *, dataset: str, data_path: str, classes_given: bool,
-               whole: bool = True, who: str = "") -> list[str]:
+def check_pool(
+    pool: ImagePool, *, dataset: str, data_path: str, classes_given: bool, whole: bool = True, who: str = ""
+) -> list[str]:
     """Check a pool's classes; raise :class:`DataError` (one line) on the first problem, return
     warnings.
 
@@ -78,39 +79,59 @@ def check_pool(pool: ImagePool, *, dataset: str, data_path: str, classes_given: 
     src = "the synthetic data" if dataset == "synthetic" else str(data_path)
     if len(classes) < 2:
         only = f" ({classes[0]!r}, {int(counts[0])} images)" if classes else ""
-        raise DataError(f"{who}{src} has {len(classes)} class{only}: a classifier needs at least 2 "
-                        "(one class folder or label per class)")
+        raise DataError(
+            f"{who}{src} has {len(classes)} class{only}: a classifier needs at least 2 "
+            "(one class folder or label per class)"
+        )
     warnings = []
     for cls, n in zip(classes, counts):
         if n:
             continue
         if cls.strip().lower() in EMPTY_BY_DESIGN:
-            warnings.append(f"{who}class {cls!r} has no images in {src} (as in ISIC 2019's training set); "
-                            "the model keeps an output for it")
+            warnings.append(
+                f"{who}class {cls!r} has no images in {src} (as in ISIC 2019's training set); "
+                "the model keeps an output for it"
+            )
         elif whole or not classes_given:
-            fix = ("remove the class from the run-config key 'classes'" if classes_given
-                   else "remove the empty folder or add its images")
-            raise DataError(f"{who}class {cls!r} has 0 images ({_where(dataset, data_path, cls)}; "
-                            f"{len(pool)} images in {len(classes)} classes): {fix}")
+            fix = (
+                "remove the class from the run-config key 'classes'"
+                if classes_given
+                else "remove the empty folder or add its images"
+            )
+            raise DataError(
+                f"{who}class {cls!r} has 0 images ({_where(dataset, data_path, cls)}; "
+                f"{len(pool)} images in {len(classes)} classes): {fix}"
+            )
     if not classes_given and dataset != "synthetic" and not _classes_fixed_by_file(dataset, data_path):
         largest = int(counts.max())
         limit = max(RARE_MIN, RARE_SHARE * largest)
         rare = [(c, int(n)) for c, n in zip(classes, counts) if 0 < n < limit and 5 * n <= largest]
         if rare:
             cls, n = min(rare, key=lambda cn: cn[1])
-            raise DataError(f"{who}class {cls!r} has only {n} image{'s' * (n != 1)} "
-                            f"({_where(dataset, data_path, cls)}) while the largest has {largest}: "
-                            "a typo in a label or folder name? Fix it, or if it is a real class, list "
-                            "every class in the run-config key 'classes' (e.g. classes=\""
-                            + ",".join(c for c, k in zip(classes, counts) if k >= limit) + "\")")
+            raise DataError(
+                f"{who}class {cls!r} has only {n} image{'s' * (n != 1)} "
+                f"({_where(dataset, data_path, cls)}) while the largest has {largest}: "
+                "a typo in a label or folder name? Fix it, or if it is a real class, list "
+                "every class in the run-config key 'classes' (e.g. classes=\""
+                + ",".join(c for c, k in zip(classes, counts) if k >= limit)
+                + '")'
+            )
     for w in warnings:
         log.warning("%s", w)
     return warnings
 
 
-def check_split(split: ClientSplit, *, who: str, num_images: int, val_fraction: float,
-                test_fraction: float, cv_folds: int = 0, needs_test: bool = True,
-                source: str = "") -> None:
+def check_split(
+    split: ClientSplit,
+    *,
+    who: str,
+    num_images: int,
+    val_fraction: float,
+    test_fraction: float,
+    cv_folds: int = 0,
+    needs_test: bool = True,
+    source: str = "",
+) -> None:
     """A client needs at least one image in train, in val and (``needs_test``) in test."""
     sizes = {"train": len(split.train), "val": len(split.val), "test": len(split.test)}
     wanted = ["train", "val"] + (["test"] if needs_test else [])
@@ -121,10 +142,16 @@ def check_split(split: ClientSplit, *, who: str, num_images: int, val_fraction: 
     empty = [k for k in wanted if sizes[k] == 0]
     if not empty:
         return
-    how = (f"cv-folds={cv_folds}" if cv_folds else f"val-fraction={val_fraction:g}, test-fraction={test_fraction:g}")
-    raise DataError(f"{who} has only {num_images} image{'s' * (num_images != 1)}{f' ({source})' if source else ''}, "
-                    f"too few for its train/val/test split: train {sizes['train']} · val {sizes['val']} · "
-                    f"test {sizes['test']} with {how}; use fewer clients, more images or other fractions")
+    how = (
+        f"cv-folds={cv_folds}"
+        if cv_folds
+        else f"val-fraction={val_fraction:g}, test-fraction={test_fraction:g}"
+    )
+    raise DataError(
+        f"{who} has only {num_images} image{'s' * (num_images != 1)}{f' ({source})' if source else ''}, "
+        f"too few for its train/val/test split: train {sizes['train']} · val {sizes['val']} · "
+        f"test {sizes['test']} with {how}; use fewer clients, more images or other fractions"
+    )
 
 
 def check_union(counts: Mapping[str, Sequence[int]], classes: Sequence[str]) -> None:
@@ -134,6 +161,8 @@ def check_union(counts: Mapping[str, Sequence[int]], classes: Sequence[str]) -> 
         total += np.asarray(c, dtype=np.int64)
     empty = [cls for cls, n in zip(classes, total) if n == 0 and cls.strip().lower() not in EMPTY_BY_DESIGN]
     if empty:
-        raise DataError(f"class {empty[0]!r} has 0 images at every client ({', '.join(sorted(counts))}; "
-                        f"{int(total.sum())} images in {len(classes)} classes): remove it from the run-config "
-                        "key 'classes'")
+        raise DataError(
+            f"class {empty[0]!r} has 0 images at every client ({', '.join(sorted(counts))}; "
+            f"{int(total.sum())} images in {len(classes)} classes): remove it from the run-config "
+            "key 'classes'"
+        )

@@ -129,8 +129,10 @@ def _read_image(path: Path, size: int) -> np.ndarray:
             return resize_square(img, size)
     except Image.DecompressionBombError:
         limit = 2 * (Image.MAX_IMAGE_PIXELS or 0)
-        raise DataError(f"image {path} has more than {limit:,} pixels, fedderm's decode limit "
-                        "(fedderm.data.decode.MAX_IMAGE_PIXELS): downscale it first") from None
+        raise DataError(
+            f"image {path} has more than {limit:,} pixels, fedderm's decode limit "
+            "(fedderm.data.decode.MAX_IMAGE_PIXELS): downscale it first"
+        ) from None
     except Exception as exc:  # Pillow raises many types (OSError, SyntaxError, struct.error...)
         raise DataError(f"cannot decode image {path}: {type(exc).__name__}: {exc}") from exc
 
@@ -142,8 +144,9 @@ def _try_read_image(path: Path, size: int) -> np.ndarray | DataError:
         return exc
 
 
-def _decode_files(paths: Sequence[Path], size: int, skip_bad: bool,
-                  source: Path) -> tuple[torch.Tensor, list[int], list[str]]:
+def _decode_files(
+    paths: Sequence[Path], size: int, skip_bad: bool, source: Path
+) -> tuple[torch.Tensor, list[int], list[str]]:
     """Decode ``paths`` in parallel threads (Pillow releases the GIL).
 
     Returns the images of the readable files ``(K, 3, size, size)``, their indices in
@@ -153,16 +156,19 @@ def _decode_files(paths: Sequence[Path], size: int, skip_bad: bool,
     images = torch.empty((n, 3, size, size), dtype=torch.uint8)
     kept: list[int] = []
     skipped: list[str] = []
-    logger.info("decoding %d images from %s at %dx%d (%.2f GB in memory)",
-                n, source, size, size, images.numel() / 1e9)
-    executor = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
-                                  thread_name_prefix="fedderm-decode")
+    logger.info(
+        "decoding %d images from %s at %dx%d (%.2f GB in memory)", n, source, size, size, images.numel() / 1e9
+    )
+    executor = ThreadPoolExecutor(
+        max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="fedderm-decode"
+    )
     try:
         for i, result in enumerate(executor.map(_try_read_image, paths, [size] * n)):
             if isinstance(result, DataError):
                 if not skip_bad:
-                    raise DataError(f"{result} (set skip-bad-files=true to skip unreadable "
-                                    "images)") from result
+                    raise DataError(
+                        f"{result} (set skip-bad-files=true to skip unreadable images)"
+                    ) from result
                 logger.warning("skipping unreadable image: %s", result)
                 skipped.append(str(paths[i]))
             else:
@@ -181,8 +187,7 @@ def _decode_listing(listing: _Listing, size: int, skip_bad: bool, source: Path) 
     """Decode the files of ``listing`` into an :class:`ImagePool`."""
     images, kept, skipped = _decode_files(listing.paths, size, skip_bad, source)
     if not kept:
-        raise DataError(f"no readable images in {source} "
-                        f"({len(listing.skipped) + len(skipped)} skipped)")
+        raise DataError(f"no readable images in {source} ({len(listing.skipped) + len(skipped)} skipped)")
     idx = np.asarray(kept, dtype=np.int64)
     return ImagePool(
         images=images,
@@ -210,8 +215,10 @@ def _encode(values: Sequence[str]) -> tuple[list[str], np.ndarray]:
 def _group_codes(keys: Sequence[str | None]) -> np.ndarray:
     """Codes numbering group keys by first appearance; each ``None`` is a group of its own."""
     codes: dict[Any, int] = {}
-    return np.asarray([codes.setdefault(k if k is not None else (i,), len(codes))
-                       for i, k in enumerate(keys)], dtype=np.int64)
+    return np.asarray(
+        [codes.setdefault(k if k is not None else (i,), len(codes)) for i, k in enumerate(keys)],
+        dtype=np.int64,
+    )
 
 
 def _label_indices(names: Sequence[str], classes: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -221,8 +228,9 @@ def _label_indices(names: Sequence[str], classes: list[str]) -> tuple[np.ndarray
     return idx, idx < 0
 
 
-def _raise_or_skip(problems: list[tuple[str, str]], skip_bad: bool, header: str,
-                   prefix: str = "") -> list[str]:
+def _raise_or_skip(
+    problems: list[tuple[str, str]], skip_bad: bool, header: str, prefix: str = ""
+) -> list[str]:
     """Raise one :class:`DataError` listing ``(what, why)`` problems, or return the ``what``s.
 
     With ``skip_bad`` the problems are logged and ``prefix + what`` returned for ``skipped``.
@@ -236,5 +244,4 @@ def _raise_or_skip(problems: list[tuple[str, str]], skip_bad: bool, header: str,
         return [prefix + what for what, _ in problems]
     listed = "; ".join(f"{what}: {why}" for what, why in problems[:_MAX_LISTED])
     more = f"; ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
-    raise DataError(f"{header} ({len(problems)}): {listed}{more} "
-                    "(set skip-bad-files=true to skip them)")
+    raise DataError(f"{header} ({len(problems)}): {listed}{more} (set skip-bad-files=true to skip them)")

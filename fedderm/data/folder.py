@@ -65,8 +65,7 @@ def load_folder(
     wanted = _check_classes(classes)
     root = _existing_path(root, "image folder", want_dir=True)
     scan = _scan_folder(root)
-    key = _cache_key("folder", root, image_size, skip_bad_files, wanted,
-                     files=_fingerprint(scan.paths, root))
+    key = _cache_key("folder", root, image_size, skip_bad_files, wanted, files=_fingerprint(scan.paths, root))
 
     def build() -> ImagePool:
         listing = _folder_listing(scan, wanted, skip_bad_files)
@@ -96,25 +95,34 @@ def _is_site_dir(folder: Path) -> bool:
 def _scan_folder(root: Path) -> _FolderScan:
     top = _subdirs(root)
     if not top:
-        raise DataError(f"no class folders in {root}: expected root/<class>/<image> "
-                        "or root/<site>/<class>/<image>")
+        raise DataError(
+            f"no class folders in {root}: expected root/<class>/<image> or root/<site>/<class>/<image>"
+        )
     codes = [_split_code(d.name) for d in top]
     if all(c is not None for c in codes):  # root/<split>/...: the data's own train/val/test
         for d in top:
             loose = [p for p in d.iterdir() if _visible(p.name) and _has_ext(p.name, IMAGE_EXTENSIONS)]
             if any(p.is_file() for p in loose):
-                raise DataError(f"{d} holds image files directly; a split folder holds class "
-                                f"folders: {d}/<class>/<image> or {d}/<site>/<class>/<image>")
+                raise DataError(
+                    f"{d} holds image files directly; a split folder holds class "
+                    f"folders: {d}/<class>/<image> or {d}/<site>/<class>/<image>"
+                )
         parts: list[tuple[int | None, list[Path]]] = [(c, _subdirs(d)) for c, d in zip(codes, top)]
     else:
         parts = [(None, top)]
     below = [d for _, dirs in parts for d in dirs]
     if not below:
-        raise DataError(f"no class folders in the split folders of {root}: expected "
-                        "root/<split>/<class>/<image> or root/<split>/<site>/<class>/<image>")
+        raise DataError(
+            f"no class folders in the split folders of {root}: expected "
+            "root/<split>/<class>/<image> or root/<split>/<site>/<class>/<image>"
+        )
     sites = all(_is_site_dir(d) for d in below)
-    class_dirs = [(split, d.name if sites else None, cls) for split, dirs in parts for d in dirs
-                  for cls in (_subdirs(d) if sites else [d])]
+    class_dirs = [
+        (split, d.name if sites else None, cls)
+        for split, dirs in parts
+        for d in dirs
+        for cls in (_subdirs(d) if sites else [d])
+    ]
     site_names = sorted({d.name for d in below}) if sites else None
     paths, class_of, site_of, split_of = [], [], [], []
     for split, site, cls in class_dirs:
@@ -125,18 +133,23 @@ def _scan_folder(root: Path) -> _FolderScan:
             split_of.append(split)
     if not paths:
         raise DataError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) found in {root}")
-    return _FolderScan(paths=paths, class_of=class_of,
-                       site_of=None if site_names is None else site_of,
-                       class_names=sorted({cls.name for _, _, cls in class_dirs}),
-                       site_names=site_names,
-                       split_of=None if parts[0][0] is None else split_of)
+    return _FolderScan(
+        paths=paths,
+        class_of=class_of,
+        site_of=None if site_names is None else site_of,
+        class_names=sorted({cls.name for _, _, cls in class_dirs}),
+        site_names=site_names,
+        split_of=None if parts[0][0] is None else split_of,
+    )
 
 
 def _folder_listing(scan: _FolderScan, wanted: list[str] | None, skip_bad: bool) -> _Listing:
     classes = wanted if wanted is not None else scan.class_names
     labels, bad = _label_indices(scan.class_of, classes)
-    problems = [(str(scan.paths[i]), f"class folder {scan.class_of[i]!r} is not in the given "
-                 f"classes {classes}") for i in np.flatnonzero(bad)]
+    problems = [
+        (str(scan.paths[i]), f"class folder {scan.class_of[i]!r} is not in the given classes {classes}")
+        for i in np.flatnonzero(bad)
+    ]
     skipped = _raise_or_skip(problems, skip_bad, "images of a class not in the class list")
     keep = np.flatnonzero(~bad)
     sites = None
@@ -144,5 +157,12 @@ def _folder_listing(scan: _FolderScan, wanted: list[str] | None, skip_bad: bool)
         site_index = {s: i for i, s in enumerate(scan.site_names)}
         sites = np.asarray([site_index[scan.site_of[i]] for i in keep], dtype=np.int64)
     splits = None if scan.split_of is None else np.asarray(scan.split_of, dtype=np.int64)[keep]
-    return _Listing(paths=[scan.paths[i] for i in keep], labels=labels[keep], classes=classes,
-                    sites=sites, site_names=scan.site_names or [], skipped=skipped, splits=splits)
+    return _Listing(
+        paths=[scan.paths[i] for i in keep],
+        labels=labels[keep],
+        classes=classes,
+        sites=sites,
+        site_names=scan.site_names or [],
+        skipped=skipped,
+        splits=splits,
+    )

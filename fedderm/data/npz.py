@@ -56,8 +56,7 @@ def load_npz(
     _check_image_size(image_size)
     wanted = _check_classes(classes)
     path = _existing_path(path, ".npz file")
-    key = _cache_key("npz", path, image_size, skip_bad_files, wanted,
-                     files=_fingerprint([path], path.parent))
+    key = _cache_key("npz", path, image_size, skip_bad_files, wanted, files=_fingerprint([path], path.parent))
     pool = _cached(cache_dir, key, lambda: _build_npz(path, image_size, wanted, skip_bad_files))
     return _medmnist_named(pool, path) if wanted is None else pool
 
@@ -68,8 +67,8 @@ def _medmnist_named(pool: ImagePool, path: Path) -> ImagePool:
     names = medmnist_names(path)
     if names is None or len(pool.classes) > len(names):
         return pool
-    logger.info("%s: MedMNIST class names %s", path.name, names[:len(pool.classes)])
-    return dataclasses.replace(pool, classes=names[:len(pool.classes)])
+    logger.info("%s: MedMNIST class names %s", path.name, names[: len(pool.classes)])
+    return dataclasses.replace(pool, classes=names[: len(pool.classes)])
 
 
 def _build_npz(path: Path, size: int, wanted: list[str] | None, skip_bad: bool) -> ImagePool:
@@ -84,9 +83,13 @@ def _build_npz(path: Path, size: int, wanted: list[str] | None, skip_bad: bool) 
     bad = (labels < 0) | (labels >= len(classes))
     problems, offset = [], 0
     for split, (_, lab) in zip(NPZ_SPLITS, splits):
-        for i in np.flatnonzero(bad[offset: offset + len(lab)]):
-            problems.append((f"{path}: {split}_labels[{i}]", f"label {int(lab[i])} is outside "
-                             f"0..{len(classes) - 1} (classes {classes})"))
+        for i in np.flatnonzero(bad[offset : offset + len(lab)]):
+            problems.append(
+                (
+                    f"{path}: {split}_labels[{i}]",
+                    f"label {int(lab[i])} is outside 0..{len(classes) - 1} (classes {classes})",
+                )
+            )
         offset += len(lab)
     skipped = _raise_or_skip(problems, skip_bad, f"labels out of range in {path}")
     keep = np.flatnonzero(~bad)
@@ -96,13 +99,14 @@ def _build_npz(path: Path, size: int, wanted: list[str] | None, skip_bad: bool) 
     images = torch.empty((labels.size, 3, size, size), dtype=torch.uint8)
     offset = 0
     for split_images, _ in splits:
-        _resize_into(images[offset: offset + len(split_images)], split_images)
+        _resize_into(images[offset : offset + len(split_images)], split_images)
         offset += len(split_images)
     if keep.size < labels.size:
         images = images[torch.from_numpy(keep)]
     split_codes = np.concatenate([np.full(len(lab), i, dtype=np.int64) for i, (_, lab) in enumerate(splits)])
-    return ImagePool(images=images, labels=labels[keep], classes=classes, skipped=skipped,
-                     splits=split_codes[keep])
+    return ImagePool(
+        images=images, labels=labels[keep], classes=classes, skipped=skipped, splits=split_codes[keep]
+    )
 
 
 def _read_npz(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -112,8 +116,10 @@ def _read_npz(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
     except Exception as exc:  # numpy raises ValueError, OSError, BadZipFile, EOFError...
         raise DataError(f"not a valid .npz file: {path} ({type(exc).__name__}: {exc})") from exc
     if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise DataError(f"not a valid .npz file: {path} (it holds a single array, "
-                        "expected the MedMNIST keys train_images, train_labels, ...)")
+        raise DataError(
+            f"not a valid .npz file: {path} (it holds a single array, "
+            "expected the MedMNIST keys train_images, train_labels, ...)"
+        )
     with archive:
         return [_npz_split(archive, split, path) for split in NPZ_SPLITS]
 
@@ -126,8 +132,7 @@ def _npz_split(archive: Any, split: str, path: Path) -> tuple[np.ndarray, np.nda
     if images.ndim == 4 and images.shape[-1] == 1:
         images = images[..., 0]
     if not (images.ndim == 3 or (images.ndim == 4 and images.shape[-1] == 3)):
-        raise DataError(f"{path}: {key!r} must have shape (N, H, W) or (N, H, W, 3), "
-                        f"got {images.shape}")
+        raise DataError(f"{path}: {key!r} must have shape (N, H, W) or (N, H, W, 3), got {images.shape}")
     return images, _npz_labels(labels, len(images), f"{split}_labels", path)
 
 
@@ -142,8 +147,10 @@ def _npz_array(archive: Any, key: str, path: Path) -> np.ndarray:
 
 def _npz_labels(labels: np.ndarray, n: int, key: str, path: Path) -> np.ndarray:
     if labels.ndim == 2 and labels.shape[1] > 1:
-        raise DataError(f"{path}: {key!r} has shape {labels.shape}: multi-label files "
-                        "(e.g. ChestMNIST) are not supported; expected one integer label per image")
+        raise DataError(
+            f"{path}: {key!r} has shape {labels.shape}: multi-label files "
+            "(e.g. ChestMNIST) are not supported; expected one integer label per image"
+        )
     if labels.ndim == 2:
         labels = labels[:, 0]
     if labels.ndim != 1 or len(labels) != n:
@@ -168,9 +175,10 @@ def _resize_into(out: torch.Tensor, images: np.ndarray) -> None:
     new_h, new_w = max(size, round(h * scale)), max(size, round(w * scale))
     top, left = (new_h - size) // 2, (new_w - size) // 2
     for start in range(0, n, _NPZ_CHUNK):
-        chunk = batch[start: start + _NPZ_CHUNK]
+        chunk = batch[start : start + _NPZ_CHUNK]
         if (new_h, new_w) != (h, w):
-            chunk = F.interpolate(chunk.float(), size=(new_h, new_w), mode="bilinear",
-                                  align_corners=False, antialias=True)
+            chunk = F.interpolate(
+                chunk.float(), size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True
+            )
             chunk = chunk.round_().clamp_(0, 255).to(torch.uint8)
-        out[start: start + len(chunk)] = chunk[:, :, top: top + size, left: left + size]
+        out[start : start + len(chunk)] = chunk[:, :, top : top + size, left : left + size]

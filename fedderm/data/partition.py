@@ -33,8 +33,9 @@ def iid_partition(labels: np.ndarray, num_partitions: int, seed: int) -> list[np
     return [np.sort(partitioner.load_partition(p)["idx"]) for p in range(num_partitions)]
 
 
-def dirichlet_partition(labels: np.ndarray, num_partitions: int, alpha: float, seed: int,
-                        min_partition_size: int | None = None) -> list[np.ndarray]:
+def dirichlet_partition(
+    labels: np.ndarray, num_partitions: int, alpha: float, seed: int, min_partition_size: int | None = None
+) -> list[np.ndarray]:
     """Per class, split its samples across clients with proportions ~ Dir(alpha) (003 §IV-B).
 
     The pool is first put in a random order seeded by ``seed``, so each class's samples are dealt
@@ -48,8 +49,12 @@ def dirichlet_partition(labels: np.ndarray, num_partitions: int, alpha: float, s
     if min_partition_size is None:
         min_partition_size = min(10, len(labels) // (2 * num_partitions))
     partitioner = DirichletPartitioner(
-        num_partitions=num_partitions, partition_by="label", alpha=alpha,
-        min_partition_size=min_partition_size, self_balancing=False, seed=seed,
+        num_partitions=num_partitions,
+        partition_by="label",
+        alpha=alpha,
+        min_partition_size=min_partition_size,
+        self_balancing=False,
+        seed=seed,
     )
     # DirichletPartitioner cuts each class's indices, in table order, into consecutive blocks:
     # hand it the pool in a seeded random order, so that no client gets a run of the file order
@@ -59,22 +64,34 @@ def dirichlet_partition(labels: np.ndarray, num_partitions: int, alpha: float, s
     return [np.sort(partitioner.load_partition(p)["idx"]) for p in range(num_partitions)]
 
 
-def source_partition(sites: np.ndarray | None, site_names: list[str],
-                     num_partitions: int) -> list[np.ndarray]:
+def source_partition(
+    sites: np.ndarray | None, site_names: list[str], num_partitions: int
+) -> list[np.ndarray]:
     """One site per client: client ``p`` gets every image of the ``p``-th site."""
     if sites is None:
-        raise DataError("partition='source' needs site information; this data set has none "
-                        "(use a site column, a site-per-folder layout, or partition='iid'/'dirichlet')")
+        raise DataError(
+            "partition='source' needs site information; this data set has none "
+            "(use a site column, a site-per-folder layout, or partition='iid'/'dirichlet')"
+        )
     if len(site_names) != num_partitions:
-        raise DataError(f"partition='source' needs one client per site: the data has "
-                        f"{len(site_names)} sites {site_names} but the federation has "
-                        f"{num_partitions} clients")
+        raise DataError(
+            f"partition='source' needs one client per site: the data has "
+            f"{len(site_names)} sites {site_names} but the federation has "
+            f"{num_partitions} clients"
+        )
     return [np.flatnonzero(sites == s) for s in range(num_partitions)]
 
 
-def partition_indices(scheme: str, labels: np.ndarray, num_partitions: int, *, seed: int,
-                      alpha: float = 0.5, sites: np.ndarray | None = None,
-                      site_names: list[str] | None = None) -> list[np.ndarray]:
+def partition_indices(
+    scheme: str,
+    labels: np.ndarray,
+    num_partitions: int,
+    *,
+    seed: int,
+    alpha: float = 0.5,
+    sites: np.ndarray | None = None,
+    site_names: list[str] | None = None,
+) -> list[np.ndarray]:
     """Indices of each client's share of the pool; every index is used exactly once."""
     if scheme == "iid":
         return iid_partition(labels, num_partitions, seed)
@@ -95,8 +112,9 @@ class ClientSplit:
     labelled: np.ndarray
 
 
-def _stratified_cut(idx: np.ndarray, labels: np.ndarray, fraction: float,
-                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _stratified_cut(
+    idx: np.ndarray, labels: np.ndarray, fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Split ``idx`` into (rest, cut) with ~``fraction`` of every class in ``cut``."""
     cut = []
     for c in np.unique(labels[idx]):
@@ -107,8 +125,9 @@ def _stratified_cut(idx: np.ndarray, labels: np.ndarray, fraction: float,
     return np.setdiff1d(idx, cut), cut
 
 
-def _group_cut(idx: np.ndarray, groups: np.ndarray, fraction: float,
-               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _group_cut(
+    idx: np.ndarray, groups: np.ndarray, fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Split ``idx`` into (rest, cut) by whole groups (e.g. one lesion never on both sides)."""
     uniq = rng.permutation(np.unique(groups[idx]))
     counts = np.array([(groups[idx] == g).sum() for g in uniq])
@@ -117,8 +136,13 @@ def _group_cut(idx: np.ndarray, groups: np.ndarray, fraction: float,
     return idx[~mask], idx[mask]
 
 
-def fold_groups(idx: np.ndarray, labels: np.ndarray, folds: int, rng: np.random.Generator,
-                groups: np.ndarray | None = None) -> list[np.ndarray]:
+def fold_groups(
+    idx: np.ndarray,
+    labels: np.ndarray,
+    folds: int,
+    rng: np.random.Generator,
+    groups: np.ndarray | None = None,
+) -> list[np.ndarray]:
     """Cut ``idx`` into ``folds`` near-equal groups, stratified by class (every class dealt
     round-robin after a shuffle); with ``groups``, whole groups are dealt instead."""
     out: list[list[np.ndarray]] = [[] for _ in range(folds)]
@@ -135,10 +159,19 @@ def fold_groups(idx: np.ndarray, labels: np.ndarray, folds: int, rng: np.random.
     return [np.sort(np.concatenate(o)) if o else np.array([], dtype=np.int64) for o in out]
 
 
-def split_client(idx: np.ndarray, labels: np.ndarray, *, seed: int, val_fraction: float = 0.2,
-                 test_fraction: float = 0.2, label_fraction: float = 1.0,
-                 groups: np.ndarray | None = None, cv_folds: int = 0, cv_fold: int = 0,
-                 fixed_val: np.ndarray | None = None) -> ClientSplit:
+def split_client(
+    idx: np.ndarray,
+    labels: np.ndarray,
+    *,
+    seed: int,
+    val_fraction: float = 0.2,
+    test_fraction: float = 0.2,
+    label_fraction: float = 1.0,
+    groups: np.ndarray | None = None,
+    cv_folds: int = 0,
+    cv_fold: int = 0,
+    fixed_val: np.ndarray | None = None,
+) -> ClientSplit:
     """Stratified train/val/test split of one client's indices, then the labelled fraction.
 
     With ``groups`` (HAM10000 ``lesion_id``) whole groups go to one split so that images of

@@ -108,8 +108,9 @@ def _check_codes(name: str, codes: np.ndarray, n: int, num_names: int) -> None:
     if codes.shape != (n,):
         raise ValueError(f"ImagePool.{name} must have shape ({n},), got {codes.shape}")
     if n and (codes.min() < 0 or codes.max() >= num_names):
-        raise ValueError(f"ImagePool.{name} must lie in [0, {num_names}), "
-                         f"got values in [{codes.min()}, {codes.max()}]")
+        raise ValueError(
+            f"ImagePool.{name} must lie in [0, {num_names}), got values in [{codes.min()}, {codes.max()}]"
+        )
 
 
 def resize_square(img: Image.Image, size: int) -> np.ndarray:

@@ -60,6 +60,7 @@ def load_source(dataset: str, path: str | Path, image_size: int, **kwargs: Any) 
     try:
         loader = LOADERS[dataset]
     except KeyError:
-        raise DataError(f"unknown dataset type {dataset!r}; valid types: "
-                        f"{', '.join(sorted(LOADERS))}") from None
+        raise DataError(
+            f"unknown dataset type {dataset!r}; valid types: {', '.join(sorted(LOADERS))}"
+        ) from None
     return loader(path, image_size, **kwargs)

@@ -57,11 +57,17 @@ def _lesion(kind: int, xx: np.ndarray, yy: np.ndarray, rng: np.random.Generator)
     elif kind == 1:  # melanoma: large, asymmetric irregular border, blotchy brown/black/blue-grey
         r = rng.uniform(0.33, 0.45)
         k = np.arange(2, 7)
-        border = 1 + (rng.uniform(0.06, 0.16, len(k))[:, None, None]
-                      * np.cos(k[:, None, None] * theta + rng.uniform(0, 2 * np.pi, len(k))[:, None, None])).sum(0)
+        border = 1 + (
+            rng.uniform(0.06, 0.16, len(k))[:, None, None]
+            * np.cos(k[:, None, None] * theta + rng.uniform(0, 2 * np.pi, len(k))[:, None, None])
+        ).sum(0)
         dist = rho / (r * border)
         blotch = np.sin(7 * u + rng.uniform(0, 6)) * np.cos(6 * v + rng.uniform(0, 6))
-        dark, brown, blue = np.array([0.12, 0.08, 0.07]), np.array([0.36, 0.2, 0.1]), np.array([0.35, 0.4, 0.5])
+        dark, brown, blue = (
+            np.array([0.12, 0.08, 0.07]),
+            np.array([0.36, 0.2, 0.1]),
+            np.array([0.35, 0.4, 0.5]),
+        )
         w = (blotch[..., None] + 1) / 2
         colour[:] = w * dark + (1 - w) * brown
         colour = np.where((blotch > 0.6)[..., None], blue, colour)
@@ -131,17 +137,25 @@ def generate(num_sites: int, per_class: int, image_size: int, seed: int) -> Imag
     )
 
 
-def load_synthetic(num_sites: int, per_class: int, image_size: int, seed: int,
-                   cache_dir: str | Path | None = None) -> ImagePool:
+def load_synthetic(
+    num_sites: int, per_class: int, image_size: int, seed: int, cache_dir: str | Path | None = None
+) -> ImagePool:
     """:func:`generate`, cached under ``cache_dir`` (generated once per setting)."""
     if cache_dir is None:
         return generate(num_sites, per_class, image_size, seed)
-    key = hashlib.sha1(f"{CACHE_VERSION}-{num_sites}-{per_class}-{image_size}-{seed}".encode()).hexdigest()[:16]
+    key = hashlib.sha1(f"{CACHE_VERSION}-{num_sites}-{per_class}-{image_size}-{seed}".encode()).hexdigest()[
+        :16
+    ]
     path = Path(cache_dir) / f"synthetic-{key}.pt"
     if path.exists():
         return ImagePool(**torch.load(path, weights_only=False))
-    log.info("generating synthetic data: %d sites x %d classes x %d images, %d px",
-             num_sites, len(CLASSES), per_class, image_size)
+    log.info(
+        "generating synthetic data: %d sites x %d classes x %d images, %d px",
+        num_sites,
+        len(CLASSES),
+        per_class,
+        image_size,
+    )
     pool = generate(num_sites, per_class, image_size, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")

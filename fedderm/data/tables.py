@@ -36,7 +36,12 @@ logger = logging.getLogger("fedderm.data")
 #: Image files looked up for the extension-less ids of a CSV (compared case-insensitively).
 CSV_IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 _ISIC_ID, _HAM_ID, _HAM_LABEL, _GROUP_COLUMN, _AUTO_SITE_COLUMN = (
-    "image", "image_id", "dx", "lesion_id", "dataset")
+    "image",
+    "image_id",
+    "dx",
+    "lesion_id",
+    "dataset",
+)
 #: Column holding the data's own train/val/test split (header compared case-insensitively).
 _SPLIT_COLUMN = "split"
 
@@ -85,19 +90,25 @@ def load_csv(
     _check_image_size(image_size)
     wanted = _check_classes(classes)
     csv_path = _existing_path(csv_path, "CSV file")
-    image_dir = (csv_path.parent if image_dir is None
-                 else _existing_path(image_dir, "image folder", want_dir=True))
+    image_dir = (
+        csv_path.parent if image_dir is None else _existing_path(image_dir, "image folder", want_dir=True)
+    )
     image_files = _walk_images(image_dir, CSV_IMAGE_EXTENSIONS)
-    key = _cache_key("csv", csv_path, image_size, skip_bad_files, wanted,
-                     files=_fingerprint([csv_path], csv_path.parent)
-                     + _fingerprint(image_files, image_dir),
-                     image_dir=str(image_dir), site_column=site_column)
+    key = _cache_key(
+        "csv",
+        csv_path,
+        image_size,
+        skip_bad_files,
+        wanted,
+        files=_fingerprint([csv_path], csv_path.parent) + _fingerprint(image_files, image_dir),
+        image_dir=str(image_dir),
+        site_column=site_column,
+    )
 
     def build() -> ImagePool:
         table = _read_table(csv_path, site_column)
         rows = _parse_rows(table, csv_path, _resolve_site_column(table, csv_path, site_column))
-        listing = _csv_listing(rows, wanted, _index_by_stem(image_files), csv_path, image_dir,
-                               skip_bad_files)
+        listing = _csv_listing(rows, wanted, _index_by_stem(image_files), csv_path, image_dir, skip_bad_files)
         return _decode_listing(listing, image_size, skip_bad_files, source=csv_path)
 
     return _cached(cache_dir, key, build)
@@ -128,8 +139,7 @@ def _read_table(csv_path: Path, site_column: str | None) -> pd.DataFrame:
     named = (_ISIC_ID, _HAM_ID, _HAM_LABEL, _GROUP_COLUMN, _AUTO_SITE_COLUMN, site_column)
     text_columns = {c: str for c in named if c and c != "auto"}
     try:
-        table = pd.read_csv(csv_path, dtype=text_columns, encoding="utf-8-sig",
-                            skipinitialspace=True)
+        table = pd.read_csv(csv_path, dtype=text_columns, encoding="utf-8-sig", skipinitialspace=True)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
         raise DataError(f"cannot read CSV {csv_path}: {exc}") from exc
     table.columns = [str(c).strip() for c in table.columns]
@@ -144,8 +154,9 @@ def _resolve_site_column(table: pd.DataFrame, csv_path: Path, site_column: str |
     if not site_column:
         return None
     if site_column not in table.columns:
-        raise DataError(f"site column {site_column!r} not found in {csv_path}; "
-                        f"columns: {list(table.columns)}")
+        raise DataError(
+            f"site column {site_column!r} not found in {csv_path}; columns: {list(table.columns)}"
+        )
     return site_column
 
 
@@ -153,8 +164,10 @@ def _text(table: pd.DataFrame, column: str) -> list[str | None]:
     """Column values as stripped strings, ``None`` where empty."""
     import pandas as pd
 
-    return [None if pd.isna(v) or not str(v).strip() else str(v).strip()
-            for v in table[column].to_numpy(dtype=object)]
+    return [
+        None if pd.isna(v) or not str(v).strip() else str(v).strip()
+        for v in table[column].to_numpy(dtype=object)
+    ]
 
 
 def _parse_rows(table: pd.DataFrame, csv_path: Path, site_column: str | None) -> _Rows:
@@ -165,8 +178,7 @@ def _parse_rows(table: pd.DataFrame, csv_path: Path, site_column: str | None) ->
     split_column = next((c for c in columns if c.lower() == _SPLIT_COLUMN), None)
     reserved = {_ISIC_ID, _GROUP_COLUMN, site_column, split_column}
     one_hot = [c for c in columns if c not in reserved and not c.startswith("Unnamed: ")]
-    if _ISIC_ID in columns and one_hot and all(
-            pd.api.types.is_numeric_dtype(table[c]) for c in one_hot):
+    if _ISIC_ID in columns and one_hot and all(pd.api.types.is_numeric_dtype(table[c]) for c in one_hot):
         ids = _text(table, _ISIC_ID)
         csv_classes = one_hot
         labels, problems = _one_hot_labels(table, one_hot)
@@ -190,8 +202,15 @@ def _parse_rows(table: pd.DataFrame, csv_path: Path, site_column: str | None) ->
         splits = [_split_code(v) for v in values]
         for i in (i for i, code in enumerate(splits) if code is None):
             problems.setdefault(i, f"{split_column!r} is {values[i]!r}, expected train, val or test")
-    return _Rows(csv_classes=csv_classes, ids=ids, labels=labels, problems=problems,
-                 sites=sites, groups=groups, splits=splits)
+    return _Rows(
+        csv_classes=csv_classes,
+        ids=ids,
+        labels=labels,
+        problems=problems,
+        sites=sites,
+        groups=groups,
+        splits=splits,
+    )
 
 
 def _one_hot_labels(table: pd.DataFrame, columns: list[str]) -> tuple[list[str | None], dict[int, str]]:
@@ -200,22 +219,28 @@ def _one_hot_labels(table: pd.DataFrame, columns: list[str]) -> tuple[list[str |
     valid = np.isin(values, (0.0, 1.0)).all(axis=1) & ((values == 1.0).sum(axis=1) == 1)
     winners = values.argmax(axis=1)
     labels = [columns[w] if ok else None for w, ok in zip(winners, valid)]
-    problems = {int(i): "expected exactly one 1.0 among the class columns, got "
-                + ", ".join(f"{c}={v:g}" for c, v in zip(columns, values[i]))
-                for i in np.flatnonzero(~valid)}
+    problems = {
+        int(i): "expected exactly one 1.0 among the class columns, got "
+        + ", ".join(f"{c}={v:g}" for c, v in zip(columns, values[i]))
+        for i in np.flatnonzero(~valid)
+    }
     return labels, problems
 
 
 def _layout_error(table: pd.DataFrame, csv_path: Path, one_hot: list[str]) -> str:
     import pandas as pd
 
-    msg = (f"unrecognised CSV layout in {csv_path}: found columns {list(table.columns)}; "
-           f"expected {_ISIC_ID!r} + one-hot numeric class columns (ISIC 2019 ground truth) "
-           f"or {_HAM_ID!r} + {_HAM_LABEL!r} (HAM10000 metadata)")
+    msg = (
+        f"unrecognised CSV layout in {csv_path}: found columns {list(table.columns)}; "
+        f"expected {_ISIC_ID!r} + one-hot numeric class columns (ISIC 2019 ground truth) "
+        f"or {_HAM_ID!r} + {_HAM_LABEL!r} (HAM10000 metadata)"
+    )
     text = [c for c in one_hot if not pd.api.types.is_numeric_dtype(table[c])]
     if _ISIC_ID in table.columns and text:
-        msg += (f"; non-numeric columns {text} cannot be one-hot classes "
-                "(if one holds sites, pass site_column=<its name>)")
+        msg += (
+            f"; non-numeric columns {text} cannot be one-hot classes "
+            "(if one holds sites, pass site_column=<its name>)"
+        )
     return msg
 
 
@@ -229,8 +254,11 @@ def _index_by_stem(files: Sequence[Path]) -> dict[str, Path]:
         else:
             index[p.stem] = p
     if dupes:
-        logger.warning("%d image files share a name with another file; using the first path "
-                       "of each name in sorted order", dupes)
+        logger.warning(
+            "%d image files share a name with another file; using the first path "
+            "of each name in sorted order",
+            dupes,
+        )
     return index
 
 
@@ -243,8 +271,14 @@ def _find_image(image_id: str, index: dict[str, Path]) -> Path | None:
     return None
 
 
-def _csv_listing(rows: _Rows, wanted: list[str] | None, index: dict[str, Path], csv_path: Path,
-                 image_dir: Path, skip_bad: bool) -> _Listing:
+def _csv_listing(
+    rows: _Rows,
+    wanted: list[str] | None,
+    index: dict[str, Path],
+    csv_path: Path,
+    image_dir: Path,
+    skip_bad: bool,
+) -> _Listing:
     """Match rows to image files; report bad rows, then missing images."""
     n = len(rows.ids)
     if wanted is not None:
@@ -261,16 +295,23 @@ def _csv_listing(rows: _Rows, wanted: list[str] | None, index: dict[str, Path], 
     problems = dict(rows.problems)
     for i in np.flatnonzero(unknown):
         problems.setdefault(int(i), f"label {rows.labels[i]!r} is not in the classes {classes}")
-    skipped = _raise_or_skip([(where(i), why) for i, why in sorted(problems.items())],
-                             skip_bad, f"bad rows in {csv_path}", prefix=f"{csv_path} ")
+    skipped = _raise_or_skip(
+        [(where(i), why) for i, why in sorted(problems.items())],
+        skip_bad,
+        f"bad rows in {csv_path}",
+        prefix=f"{csv_path} ",
+    )
 
     paths = [None if i in problems else _find_image(rows.ids[i], index) for i in range(n)]
     missing = [i for i in range(n) if i not in problems and paths[i] is None]
     exts = "/".join(CSV_IMAGE_EXTENSIONS)
-    header = (f"images listed in {csv_path} not found in {image_dir} (searched recursively "
-              f"for <id>{exts}; {len(index)} image files there)")
-    skipped += _raise_or_skip([(where(i), "no such file") for i in missing], skip_bad, header,
-                              prefix=f"{csv_path} ")
+    header = (
+        f"images listed in {csv_path} not found in {image_dir} (searched recursively "
+        f"for <id>{exts}; {len(index)} image files there)"
+    )
+    skipped += _raise_or_skip(
+        [(where(i), "no such file") for i in missing], skip_bad, header, prefix=f"{csv_path} "
+    )
 
     keep = np.asarray([i for i in range(n) if paths[i] is not None], dtype=np.int64)
     if keep.size == 0:
@@ -282,5 +323,13 @@ def _csv_listing(rows: _Rows, wanted: list[str] | None, index: dict[str, Path], 
     if rows.groups is not None:
         groups = _group_codes([rows.groups[i] for i in keep])
     splits = None if rows.splits is None else np.asarray([rows.splits[i] for i in keep], dtype=np.int64)
-    return _Listing(paths=[paths[i] for i in keep], labels=labels[keep], classes=classes,
-                    sites=sites, site_names=site_names, groups=groups, skipped=skipped, splits=splits)
+    return _Listing(
+        paths=[paths[i] for i in keep],
+        labels=labels[keep],
+        classes=classes,
+        sites=sites,
+        site_names=site_names,
+        groups=groups,
+        skipped=skipped,
+        splits=splits,
+    )
