@@ -6,6 +6,7 @@ import torch
 from flwr.app import ArrayRecord
 
 import registry
+from clients.state import client_state
 from fedderm.config import ConfigError
 from fedderm.drift import feddyn_server_step, feddyn_train, scaffold_server_control, scaffold_train, trainable
 from fedderm.models import create_model
@@ -132,7 +133,9 @@ def _run(tmp_path, method, rounds=2, **extra):
 
 def test_scaffold_end_to_end_keeps_client_variates_and_server_c_is_their_mean(tmp_path):
     grid, strategy, result, recorder = _run(tmp_path, "scaffold")
-    states = [ctx.state["scaffold-c"].to_torch_state_dict() for ctx in grid.contexts.values()]
+    states = [
+        client_state(ctx).tensors("scaffold-c") for ctx in grid.contexts.values()
+    ]  # the client-state store
     assert not any("running" in k for k in states[0])  # variates: trainable parameters only
     c = strategy.control.to_torch_state_dict()
     assert set(c) == set(states[0])
@@ -150,7 +153,9 @@ def test_scaffold_end_to_end_keeps_client_variates_and_server_c_is_their_mean(tm
 
 def test_feddyn_end_to_end_server_h_and_bn_buffers(tmp_path):
     grid, strategy, result, _ = _run(tmp_path, "feddyn", **{"feddyn.alpha": 0.1})
-    states = [ctx.state["feddyn-h"].to_torch_state_dict() for ctx in grid.contexts.values()]
+    states = [
+        client_state(ctx).tensors("feddyn-h") for ctx in grid.contexts.values()
+    ]  # the client-state store
     for name, h in strategy.h.items():  # h = mean_k h_k when every client takes part
         assert torch.allclose(h, sum(s[name] for s in states) / 3, atol=1e-6)
     last = [r for r in grid.replies if r.metadata.message_type == "train"][-3:]
