@@ -208,6 +208,12 @@ class Tracked:
             for node in sent_to
             if node not in answered
         ]
+        self.record_missing(server_round, missing)
+        return good
+
+    def record_missing(self, server_round: int, missing: list[tuple[int, str]]) -> None:
+        """Log the clients left out of ``server_round`` and record them in ``summary.json``
+        (``missing_clients``): ``missing`` holds (node id, reason) pairs."""
         for node, why in missing:
             log(
                 WARNING,
@@ -231,7 +237,6 @@ class Tracked:
                 for n, why in missing
             ]
             self.recorder.update_extra({"missing_clients": record})
-        return good
 
     @staticmethod
     def _per_client(replies: list[Message]) -> dict[str, dict[str, float]]:

@@ -150,36 +150,10 @@ class FedCLFStrategy(Tracked, FedAvg):
                 rejected.append((nid, f"rejected: {problem}"))
             else:
                 good.append(r)
-        self._reject(0, rejected)
+        self.record_missing(0, rejected)
         self.uploads = self._take_features(good)
         self._log_uploads(0)
         self._account(0)
-
-    def _reject(self, server_round: int, rejected: list[tuple[int, str]]) -> None:
-        """Log and record (``missing_clients``) the clients whose initial upload was refused."""
-        for nid, why in rejected:
-            log(
-                WARNING,
-                "%s round %d: client %s (node %d) left out: %s",
-                self.stage,
-                server_round,
-                self._partition(nid),
-                nid,
-                why,
-            )
-        if rejected:
-            record = self.recorder.extra.setdefault("missing_clients", [])
-            record += [
-                {
-                    "stage": self.stage,
-                    "round": server_round,
-                    "partition-id": self._partition(n),
-                    "node-id": n,
-                    "reason": why,
-                }
-                for n, why in rejected
-            ]
-            self.recorder.update_extra({"missing_clients": record})
 
     def _log_uploads(self, server_round: int) -> None:
         for pid in sorted(self.uploads):
