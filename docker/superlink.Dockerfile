@@ -5,18 +5,23 @@
 # The app code itself is not in the image: `flwr run` ships it (the FAB) with every run.
 #
 # FLWR_TAG: an Ubuntu variant (PyTorch has no wheels for the Alpine default tags); its flwr must
-# satisfy pyproject.toml's range (checked below).  PIP_ARGS: extra pip options, e.g.
-# "--index-url <a CPU-only PyTorch index>" for a smaller image on hosts without a GPU.
+# satisfy pyproject.toml's range (checked below).  BASE_IMAGE: Flower's image by default; a host
+# that cannot pull it builds docker/base.Dockerfile and passes that (docker/test.sh does).
+# PIP_ARGS: extra pip options, e.g. "--index-url <a CPU-only PyTorch index>" for a smaller image
+# on hosts without a GPU, or "--no-index --find-links <a wheelhouse URL>" (docker/test.sh).
 ARG FLWR_TAG=1.41.0-py3.12-ubuntu24.04
-FROM flwr/superlink:${FLWR_TAG}
+ARG BASE_IMAGE=flwr/superlink:${FLWR_TAG}
+FROM ${BASE_IMAGE}
 
 ARG PIP_ARGS=""
 WORKDIR /app
+# the same two steps as docker/supernode.Dockerfile: on one base image both share this layer
 COPY --chown=app:app pyproject.toml docker/requirements.py /app/build/
 RUN python /app/build/requirements.py /app/build/pyproject.toml > /app/build/requirements.txt \
     && python -m pip install --no-cache-dir ${PIP_ARGS} -r /app/build/requirements.txt \
-    && python /app/build/requirements.py --check /app/build/pyproject.toml \
-    && mkdir -p /app/state /app/fedderm-results
+    && python /app/build/requirements.py --check /app/build/pyproject.toml
+
+RUN rm -rf /app/build && mkdir -p /app/state /app/fedderm-results
 
 # Apps run with the dependencies installed above, never a `uv sync` at run time.
 ENV FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 \

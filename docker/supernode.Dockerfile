@@ -1,26 +1,38 @@
-# fedderm supernode image: Flower's official supernode image plus fedderm's dependencies.
+# fedderm supernode image: Flower's official supernode image plus fedderm's dependencies and
+# fedderm's warm launcher (`fedderm-supernode`: flower-supernode + the hospital's allow-list).
 # Build from the repository root:  docker build -f docker/supernode.Dockerfile -t fedderm-supernode .
-# Why: every ClientApp runs inside this container (isolation subprocess): it needs
-# fedderm's dependencies (torch, ...); the hospital's images are mounted read-only at /data.
-# The app code itself is not in the image: `flwr run` ships it (the FAB) with every run.
+# Why: every ClientApp runs inside this container: it needs fedderm's dependencies (torch, ...);
+# the hospital's images are mounted read-only at /data.  The app code itself is not in the image:
+# `flwr run` ships it (the FAB) with every run, and the launcher runs it only if its hash is on
+# the hospital's allow-list.  The image installs only the `fedderm` core package, for the launcher.
 #
 # FLWR_TAG: an Ubuntu variant (PyTorch has no wheels for the Alpine default tags); its flwr must
-# satisfy pyproject.toml's range (checked below).  PIP_ARGS: extra pip options, e.g.
-# "--index-url <a CPU-only PyTorch index>" for a smaller image on hosts without a GPU.
+# satisfy pyproject.toml's range (checked below).  BASE_IMAGE: Flower's image by default; a host
+# that cannot pull it builds docker/base.Dockerfile and passes that (docker/test.sh does).
+# PIP_ARGS: extra pip options, e.g. "--index-url <a CPU-only PyTorch index>" for a smaller image
+# on hosts without a GPU, or "--no-index --find-links <a wheelhouse URL>" (docker/test.sh).
 ARG FLWR_TAG=1.41.0-py3.12-ubuntu24.04
-FROM flwr/supernode:${FLWR_TAG}
+ARG BASE_IMAGE=flwr/supernode:${FLWR_TAG}
+FROM ${BASE_IMAGE}
 
 ARG PIP_ARGS=""
 WORKDIR /app
+# the same two steps as docker/superlink.Dockerfile: on one base image both share this layer
 COPY --chown=app:app pyproject.toml docker/requirements.py /app/build/
 RUN python /app/build/requirements.py /app/build/pyproject.toml > /app/build/requirements.txt \
     && python -m pip install --no-cache-dir ${PIP_ARGS} -r /app/build/requirements.txt \
-    && python /app/build/requirements.py --check /app/build/pyproject.toml \
-    && mkdir -p /app/state
+    && python /app/build/requirements.py --check /app/build/pyproject.toml
+
+# fedderm's core package (the launcher), without dependencies: they are all installed above
+COPY --chown=app:app README.md /app/build/
+COPY --chown=app:app fedderm /app/build/fedderm
+RUN python -m pip install --no-cache-dir --no-deps ${PIP_ARGS} /app/build \
+    && rm -rf /app/build && mkdir -p /app/state \
+    && command -v fedderm-supernode fedderm-app-hash
 
 # Apps run with the dependencies installed above, never a `uv sync` at run time.
 ENV FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 \
     FLWR_TELEMETRY_ENABLED=0 \
     FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1
 
-ENTRYPOINT ["flower-supernode"]
+ENTRYPOINT ["fedderm-supernode"]

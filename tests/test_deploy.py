@@ -263,12 +263,15 @@ def test_docker_images_install_exactly_the_declared_dependencies():
             assert req == dep.replace("[simulation]", "")
         else:
             assert req == dep
+    entrypoints = {"superlink": "flower-superlink", "supernode": "fedderm-supernode"}  # the warm launcher
     for role in ("superlink", "supernode"):
         text = (ROOT / "docker" / f"{role}.Dockerfile").read_text()
-        assert f"FROM flwr/{role}:" in text and "ubuntu" in text
+        # Flower's official image is the default base; docker/test.sh passes a locally made one
+        assert f"ARG BASE_IMAGE=flwr/{role}:${{FLWR_TAG}}" in text and "FROM ${BASE_IMAGE}" in text
+        assert "ubuntu" in text
         assert "requirements.py /app/build/pyproject.toml > /app/build/requirements.txt" in text
         assert "-r /app/build/requirements.txt" in text and "requirements.py --check" in text
-        assert f'ENTRYPOINT ["flower-{role}"]' in text
+        assert f'ENTRYPOINT ["{entrypoints[role]}"]' in text
     assert set((ROOT / ".dockerignore").read_text().split()) >= {
         "*",
         "!pyproject.toml",
@@ -309,6 +312,9 @@ def test_compose_file_superlink_and_supernodes_with_tls_auth_and_own_data():
         assert len(data) == 1, f"{name} must mount exactly one read-only data folder"
         data_mounts.add(data[0])
         assert s["build"]["dockerfile"] == "docker/supernode.Dockerfile"
+        # only app bundles the hospital approved run (fedderm-supernode --allow-list)
+        assert "--allow-list=/app/approved.txt" in cmd
+        assert any(v.endswith(":/app/approved.txt:ro") for v in s["volumes"])
     assert len(data_mounts) == len(pids) == len(nodes)  # every hospital its own data and id
 
 
@@ -349,12 +355,14 @@ def test_compose_files_validate_with_the_compose_cli():
         "PARTITION_ID": "0",
         "KEYS_DIR": "/keys",
         "DATA_DIR": "/data",
+        "ALLOW_LIST": "/etc/fedderm/approved.txt",
     }
     res = subprocess.run(
         [*cli, "-f", str(ROOT / "docker" / "hospital.yml"), "config"], capture_output=True, text=True, env=env
     )
     assert res.returncode == 0, res.stderr
     assert "--auth-supernode-private-key=/app/certs/hospital-a.key" in res.stdout
+    assert "--allow-list=/app/approved.txt" in res.stdout
     # a hospital that forgets its SuperLink address is told which variable is missing
     env.pop("SUPERLINK_ADDRESS")
     res = subprocess.run(
