@@ -47,6 +47,7 @@ SERVER_PID=""
 COMPOSE=()
 UP=0
 CLEANED=0
+PASSED=0
 
 cleanup() {
     local rc=$?
@@ -85,6 +86,7 @@ cleanup() {
             say "work folder kept: $WORK"
         fi
     fi
+    [ "$rc" = 0 ] && [ "$PASSED" = 1 ] && say "passed in $(elapsed "$T_START") s (images, federation, run, teardown)"
     exit "$rc"
 }
 trap cleanup EXIT
@@ -159,9 +161,13 @@ elif [ "$BASE_KIND" = local ]; then
     WHEELS="$CACHE/wheelhouse"
     mkdir -p "$WHEELS"
     "$PY" "$REPO/docker/requirements.py" "$REPO/pyproject.toml" > "$WORK/requirements.txt"
-    if ! PIP_DISABLE_PIP_VERSION_CHECK=1 "$PY" -m pip download -q --only-binary=:all: -d "$WHEELS" \
-        "flwr==$FLWR_VERSION" "setuptools>=68" -r "$WORK/requirements.txt" > "$WORK/pip-download.log" 2>&1; then
-        fail "pip download into $WHEELS failed: $(tail -n 5 "$WORK/pip-download.log")"
+    STAMP="$( (echo "flwr==$FLWR_VERSION"; cat "$WORK/requirements.txt") | sha256sum | cut -c1-16)"
+    if [ "$(cat "$WHEELS/.complete" 2>/dev/null)" != "$STAMP" ]; then
+        say "pip download: the requirements into $WHEELS (once per requirements set)"
+        PIP_DISABLE_PIP_VERSION_CHECK=1 "$PY" -m pip download -q --only-binary=:all: -d "$WHEELS" \
+            "flwr==$FLWR_VERSION" "setuptools>=68" -r "$WORK/requirements.txt" > "$WORK/pip-download.log" 2>&1 \
+            || fail "pip download into $WHEELS failed: $(tail -n 5 "$WORK/pip-download.log")"
+        echo "$STAMP" > "$WHEELS/.complete"
     fi
     PORT_WHEELS=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     "$PY" -m http.server --bind 127.0.0.1 --directory "$WHEELS" "$PORT_WHEELS" > "$WORK/wheel-server.log" 2>&1 &
@@ -319,5 +325,5 @@ print(
 EOF
 grep -h "approved" <("${COMPOSE[@]}" logs --no-color supernode-a 2>&1) | tail -n 1 | sed 's/^/docker\/test.sh: hospital-a log: /'
 
-# -- 6. teardown (the EXIT trap) -------------------------------------------------------------------
-say "passed in $(elapsed "$T_START") s"
+# -- 6. teardown: the EXIT trap (cleanup above) -----------------------------------------------------
+PASSED=1
