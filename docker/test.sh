@@ -25,6 +25,10 @@
 #   FEDDERM_DOCKER_DATA_ROOT=DIR         dockerd --data-root when this script starts dockerd
 #   FEDDERM_DOCKER_KEEP=1                keep the work folder (logs, results) after a pass
 #   FEDDERM_DOCKER_ROUNDS=N              num-server-rounds of the test run (default 2)
+#   FEDDERM_DOCKER_CPU_SHARES=N          on a busy cgroup-v1 host: the cpu.shares of Docker's
+#                                        cgroup while the test runs (restored after); see the docs
+# (the body is one function, so that bash reads the whole file before it runs any of it)
+main() {
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -47,6 +51,8 @@ SERVER_PID=""
 COMPOSE=()
 UP=0
 CLEANED=0
+SHARES_FILE=/sys/fs/cgroup/cpu/docker/cpu.shares
+OLD_SHARES=""
 PASSED=0
 
 cleanup() {
@@ -73,6 +79,9 @@ cleanup() {
         fi
     fi
     [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null
+    if [ -n "$OLD_SHARES" ] && [ -w "$SHARES_FILE" ]; then
+        echo "$OLD_SHARES" > "$SHARES_FILE" && say "cpu.shares of Docker's cgroup back to $OLD_SHARES"
+    fi
     if [ -n "$DOCKERD_PID" ]; then
         kill "$DOCKERD_PID" 2>/dev/null
         for _ in $(seq 60); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 1; done
@@ -242,6 +251,18 @@ default = "$CONNECTION"
 address = "127.0.0.1:$SUPERLINK_PORT"
 root-certificates = "$SECRETS/ca/ca.crt"
 EOF
+# Under cgroup v1 all containers share Docker's cgroup, which weighs as much as ONE process of
+# the host (cpu.shares 1024): on a busy host the ServerApp then cannot start within Flower's
+# 30 s claim window (HEARTBEAT_DEFAULT_INTERVAL) and the SuperExec relaunches it again and again.
+if [ -n "${FEDDERM_DOCKER_CPU_SHARES:-}" ]; then
+    if [ -w "$SHARES_FILE" ]; then
+        OLD_SHARES="$(cat "$SHARES_FILE")"
+        echo "$FEDDERM_DOCKER_CPU_SHARES" > "$SHARES_FILE" || fail "cannot write $SHARES_FILE"
+        say "cpu.shares of Docker's cgroup: $OLD_SHARES -> $FEDDERM_DOCKER_CPU_SHARES while the test runs"
+    else
+        say "FEDDERM_DOCKER_CPU_SHARES ignored: $SHARES_FILE is not writable (cgroup v2, or not root)"
+    fi
+fi
 T_UP=$(date +%s)
 UP=1
 "${COMPOSE[@]}" up -d --no-build superlink > "$WORK/up-superlink.log" 2>&1 \
@@ -327,3 +348,5 @@ grep -h "approved" <("${COMPOSE[@]}" logs --no-color supernode-a 2>&1) | tail -n
 
 # -- 6. teardown: the EXIT trap (cleanup above) -----------------------------------------------------
 PASSED=1
+}
+main "$@"
