@@ -25,6 +25,7 @@
 #   FEDDERM_DOCKER_DATA_ROOT=DIR         dockerd --data-root when this script starts dockerd
 #   FEDDERM_DOCKER_KEEP=1                keep the work folder (logs, results) after a pass
 #   FEDDERM_DOCKER_ROUNDS=N              num-server-rounds of the test run (default 2)
+#   FEDDERM_DOCKER_WHEEL_PORT=N          loopback port of the wheelhouse during builds (default 47613)
 #   FEDDERM_DOCKER_CPU_SHARES=N          on a busy cgroup-v1 host: the cpu.shares of Docker's
 #                                        cgroup while the test runs (restored after); see the docs
 # (the body is one function, so that bash reads the whole file before it runs any of it)
@@ -178,7 +179,12 @@ elif [ "$BASE_KIND" = local ]; then
             || fail "pip download into $WHEELS failed: $(tail -n 5 "$WORK/pip-download.log")"
         echo "$STAMP" > "$WHEELS/.complete"
     fi
-    PORT_WHEELS=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    # a fixed port keeps PIP_ARGS, and so Docker's build cache, the same from run to run
+    PORT_WHEELS="${FEDDERM_DOCKER_WHEEL_PORT:-47613}"
+    if ! "$PY" -c 'import socket, sys; socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' "$PORT_WHEELS" 2> /dev/null; then
+        PORT_WHEELS=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        say "port ${FEDDERM_DOCKER_WHEEL_PORT:-47613} is taken: wheelhouse on $PORT_WHEELS (the build cache is missed)"
+    fi
     "$PY" -m http.server --bind 127.0.0.1 --directory "$WHEELS" "$PORT_WHEELS" > "$WORK/wheel-server.log" 2>&1 &
     SERVER_PID=$!
     PIP_ARGS="--no-index --find-links http://127.0.0.1:$PORT_WHEELS/"
@@ -348,5 +354,6 @@ grep -h "approved" <("${COMPOSE[@]}" logs --no-color supernode-a 2>&1) | tail -n
 
 # -- 6. teardown: the EXIT trap (cleanup above) -----------------------------------------------------
 PASSED=1
+exit 0
 }
 main "$@"
