@@ -21,7 +21,7 @@ from fedderm.transport import TRANSPORT_DTYPES
 AUGMENT_POLICIES = ("flip", "paper", "000", "003", "004")
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "dataset": ("synthetic", "folder", "csv", "npz"),
+    "dataset": ("synthetic", "digits", "folder", "csv", "npz"),
     "partition": ("iid", "dirichlet", "source"),
     "optimizer": ("sgd", "adam", "adamw"),
     "lr-schedule": ("constant", "cosine", "exponential"),
@@ -227,7 +227,7 @@ def _check_ranges(cfg: Config) -> None:
     need(cfg.probe_every >= 0, "probe-every", "must be >= 0 (0 = off)")
     need(0 < cfg.lr_decay <= 1, "lr-decay", "must be in (0, 1]")
     need(all(0 < t <= 1 for t in cfg.target_list), "targets", "must be balanced accuracies in (0, 1]")
-    if cfg.dataset != "synthetic":
+    if cfg.dataset not in ("synthetic", "digits"):
         need(bool(cfg.data_path), "data-path", f"must name the data for dataset={cfg.dataset!r}")
 
 
@@ -283,7 +283,7 @@ KEY_DOCS: dict[str, str] = {
     "skip-bad-files": "`true` skips unreadable images, missing files and unknown labels (logged) instead of stopping",
     "cache-dir": "decoded, resized images are cached here, so each file is decoded once",
     "image-size": "images are resized (shorter edge) and centre-cropped to this square size (000 uses 72)",
-    "synthetic-sites": "`synthetic` only: the number of sites; `0` gives one site per client",
+    "synthetic-sites": "`synthetic` and `digits`: the number of sites; `0` gives one site per client",
     "synthetic-per-class": "`synthetic` only: images per class per site",
     "partition": "`source`: one site per client (000 §V-A); `iid`: shuffled equal shares; "
     "`dirichlet`: label proportions ~ Dir(α) per class (003 §IV-B)",
