@@ -86,6 +86,7 @@ class Config:
     finetune_epochs: int = 2
     finetune_lr: float = 1e-4
     finetune_optimizer: str = "adam"
+    finetune_batch_size: int = 0
     # fine-tuning of the final global model on a centre held out of the federation (004 Table XI)
     holdout_centre: str = ""
     holdout_epochs: int = 10
@@ -219,6 +220,7 @@ def _check_ranges(cfg: Config) -> None:
     )
     need(cfg.lr > 0, "lr", "must be > 0")
     need(cfg.finetune_lr > 0, "finetune-lr", "must be > 0")
+    need(cfg.finetune_batch_size >= 0, "finetune-batch-size", "must be >= 0 (0 = batch-size)")
     need(cfg.holdout_epochs >= 1, "holdout-epochs", "must be >= 1")
     need(cfg.holdout_lr > 0, "holdout-lr", "must be > 0")
     need(cfg.round_timeout > 0, "round-timeout", "must be > 0 (seconds)")
@@ -326,6 +328,7 @@ KEY_DOCS: dict[str, str] = {
     "`000` | `003` | `004` (docs/augmentation.md)",
     "finetune-lr": "fine-tuning learning rate (000: Adam 1e-4), under `lr-schedule`",
     "finetune-optimizer": "fine-tuning optimiser",
+    "finetune-batch-size": "fine-tuning batch size; `0` = `batch-size` (003: 128 in pre-training, 256 in fine-tuning)",
     "holdout-centre": "a centre kept out of the federation (its `partition-id` or node-config `site`) that "
     'fine-tunes the final global model afterwards (004 Table XI); `""`: off',
     "holdout-epochs": "fine-tuning epochs on the held-out centre (its best epoch on val is tested)",
