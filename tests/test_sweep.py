@@ -422,7 +422,8 @@ def test_every_config_parses_and_its_rows_load(path):
     for run in quick.runs():  # --quick must stay small enough for 2 CPU cores
         cfg = registry.load_config(run.overrides)
         assert cfg.model in ("tiny-cnn", "vit-micro") and cfg.image_size <= 32 and cfg.dataset in ("synthetic", "digits")
-        assert cfg.num_server_rounds <= 8 and cfg.synthetic_per_class <= 40
+        assert cfg.num_server_rounds <= 20  # each quick table must stay within ~10 min on 2 cores
+        assert cfg.dataset == "digits" or cfg.synthetic_per_class <= 40
     assert quick.num_supernodes <= 4 and len(quick.seeds) == 1
 
 
