@@ -181,7 +181,9 @@ elif [ "$BASE_KIND" = local ]; then
     fi
     # a fixed port keeps PIP_ARGS, and so Docker's build cache, the same from run to run
     PORT_WHEELS="${FEDDERM_DOCKER_WHEEL_PORT:-47613}"
-    if ! "$PY" -c 'import socket, sys; socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' "$PORT_WHEELS" 2> /dev/null; then
+    # (SO_REUSEADDR, as http.server binds: a previous run's connections in TIME_WAIT do not count)
+    if ! "$PY" -c 'import socket, sys; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))' "$PORT_WHEELS" 2> /dev/null; then
         PORT_WHEELS=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
         say "port ${FEDDERM_DOCKER_WHEEL_PORT:-47613} is taken: wheelhouse on $PORT_WHEELS (the build cache is missed)"
     fi
