@@ -20,8 +20,11 @@ from fedderm.transport import TRANSPORT_DTYPES
 #: values of ``augment``: ``paper`` = the method's own paper's policy (``Method.augment``; fedderm.augment)
 AUGMENT_POLICIES = ("flip", "paper", "000", "003", "004")
 
+#: values of ``dataset`` that need no ``data-path``: generated, or bundled with scikit-learn
+BUILTIN_DATASETS = ("synthetic", "digits")
+
 CHOICES: dict[str, tuple[str, ...]] = {
-    "dataset": ("synthetic", "folder", "csv", "npz"),
+    "dataset": ("synthetic", "digits", "folder", "csv", "npz"),
     "partition": ("iid", "dirichlet", "source"),
     "optimizer": ("sgd", "adam", "adamw"),
     "lr-schedule": ("constant", "cosine", "exponential"),
@@ -227,7 +230,7 @@ def _check_ranges(cfg: Config) -> None:
     need(cfg.probe_every >= 0, "probe-every", "must be >= 0 (0 = off)")
     need(0 < cfg.lr_decay <= 1, "lr-decay", "must be in (0, 1]")
     need(all(0 < t <= 1 for t in cfg.target_list), "targets", "must be balanced accuracies in (0, 1]")
-    if cfg.dataset != "synthetic":
+    if cfg.dataset not in BUILTIN_DATASETS:
         need(bool(cfg.data_path), "data-path", f"must name the data for dataset={cfg.dataset!r}")
 
 
@@ -273,7 +276,8 @@ KEY_DOCS: dict[str, str] = {
     "method": "the method (`registry.METHODS`; the table in docs/index.md)",
     "seed": "seeds data, partitions, splits, initial weights and shuffling: same seed, same numbers on CPU, "
     "with any number of clients",
-    "dataset": "the data format (docs/data.md)",
+    "dataset": "the data format (docs/data.md); `synthetic` and `digits` (scikit-learn's bundled 8×8 "
+    "handwritten digits, 1,797 real images, 10 classes, as a MedMNIST-style npz: the quick scale) need no `data-path`",
     "data-path": "the image folder, CSV file or `.npz` file (not needed for `synthetic`)",
     "image-dir": "`csv` only: the folder searched (recursively) for the images; default: the CSV's folder",
     "classes": 'comma-separated class list, e.g. `"akiec,bcc,bkl,df,mel,nv,vasc"`: fixes the label order; '
