@@ -19,6 +19,7 @@ from .checks import check_pool, check_split
 from .partition import ClientSplit, partition_indices, split_client
 from .pool import DataError, ImagePool
 from .sources import load_source
+from .digits import load_digits_pool
 from .synthetic import load_synthetic
 
 __all__ = [
@@ -75,9 +76,7 @@ def load_pool(
                 synthetic_sites or num_partitions, synthetic_per_class, image_size, seed, cache_dir
             )
         elif dataset == "digits":
-            from .digits import load_digits_pool  # not at import: `python -m fedderm.data.digits`
-
-            _POOLS[key] = load_digits_pool(image_size, cache_dir)
+            _POOLS[key] = load_digits_pool(image_size, sites=synthetic_sites or num_partitions, seed=seed)
         else:
             extra = {"image_dir": image_dir or None, "site_column": site_column} if dataset == "csv" else {}
             _POOLS[key] = load_source(

@@ -43,7 +43,7 @@ def class_counts(labels: np.ndarray, num_classes: int) -> np.ndarray:
 def _where(dataset: str, data_path: str, cls: str) -> str:
     """The folder of class ``cls`` (``folder`` data), else the data file."""
     if dataset in ("synthetic", "digits") or not data_path:
-        return "the digits data" if dataset == "digits" else "the synthetic data"
+        return f"the {dataset or 'synthetic'} data"
     root = Path(data_path).expanduser()
     if dataset == "folder" and root.is_dir():
         found = [p for p in (root / cls, *root.glob(f"*/{cls}")) if p.is_dir()]

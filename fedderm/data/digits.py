@@ -1,77 +1,71 @@
-"""scikit-learn's bundled handwritten digits as a MedMNIST-style ``.npz``: real images for the quick
-scale, with nothing to download (``dataset="digits"``; tests; ``python -m fedderm.data.digits OUT.npz``).
+"""Real images without a download: scikit-learn's bundled handwritten digits (1,797 images of 8×8
+pixels, 10 classes, UCI "Optical Recognition of Handwritten Digits").
 
-1,797 grayscale 8×8 images of 10 classes (UCI "Optical Recognition of Handwritten Digits", shipped
-inside scikit-learn), intensities 0…16 scaled to 0…255, split 70/10/20 % into ``train``/``val``/``test``
-stratified by class with a fixed seed, as MedMNIST ships its splits.  :func:`load_npz` resizes them
-to ``image-size`` like any npz.
+``dataset="digits"`` loads them as an :class:`~fedderm.data.pool.ImagePool` (upscaled to
+``image-size``, grey replicated to RGB), the data of the ``--quick`` grids: unlike the synthetic set,
+a classifier must learn real shapes to leave chance.  With ``partition="source"`` each site gets a
+stratified share of the digits in its own colour cast (the sites differ in appearance, as 000's and
+004's centres do).  :func:`write_digits_npz` writes the same images as a MedMNIST-style ``.npz``
+(``train_*``, ``val_*``, ``test_*``) for tests of the ``npz`` loader.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
-from .npz import load_npz
 from .pool import ImagePool
 
-#: file name under ``cache-dir`` (the version changes when the written arrays would)
-FILE_NAME = "sklearn-digits-v1.npz"
-CLASSES = [str(d) for d in range(10)]
+CLASSES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
 
-def digits_arrays() -> dict[str, np.ndarray]:
-    """The MedMNIST keys (``train_images`` ``(N, 8, 8)`` uint8, ``train_labels`` ``(N, 1)``, val, test)."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+def digits_arrays(image_size: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 images N×S×S, int64 labels N) of scikit-learn's bundled digits, bilinearly resized."""
+    from sklearn.datasets import load_digits  # bundled with scikit-learn: no download
 
     d = load_digits()
-    images = (d.images / 16.0 * 255).round().astype(np.uint8)
-    labels = d.target.astype(np.int64)
-    idx = np.arange(len(labels))
-    rest, test = train_test_split(idx, test_size=0.2, stratify=labels, random_state=0)
-    train, val = train_test_split(rest, test_size=0.125, stratify=labels[rest], random_state=0)
-    out = {}
-    for split, part in (("train", train), ("val", val), ("test", test)):
-        part = np.sort(part)
-        out[f"{split}_images"], out[f"{split}_labels"] = images[part], labels[part, None]
-    return out
+    x = torch.from_numpy(d.images.astype(np.float32) / 16.0)[:, None]
+    if image_size != 8:
+        x = F.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
+    images = (x[:, 0].clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+    return images, d.target.astype(np.int64)
 
 
-def write_digits_npz(path: str | Path) -> Path:
-    """Write :func:`digits_arrays` to ``path`` (atomically); returns the path."""
-    path = Path(path).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npz")
-    np.savez_compressed(tmp, **digits_arrays())
-    os.replace(tmp, path)
-    return path
-
-
-def load_digits_pool(image_size: int, cache_dir: str | Path | None = None) -> ImagePool:
-    """The digits at ``image_size`` (the npz written once under ``cache_dir``), with its
-    ``train``/``val``/``test`` splits (``test-set="global"`` uses ``test``)."""
-    folder = Path(cache_dir).expanduser() if cache_dir is not None else Path.home() / ".cache" / "fedderm"
-    path = folder / FILE_NAME
-    if not path.exists():
-        write_digits_npz(path)
-    return load_npz(path, image_size, cache_dir=cache_dir, classes=CLASSES)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m fedderm.data.digits",
-        description="Write scikit-learn's bundled digits as a MedMNIST-style .npz (dataset='npz').",
+def load_digits_pool(image_size: int, sites: int = 0, seed: int = 0) -> ImagePool:
+    """The digits as a pool; ``sites`` > 0 deals each class out evenly (seeded) to that many sites,
+    each with its own colour cast (a per-channel gain in [0.6, 1])."""
+    images, labels = digits_arrays(image_size)
+    rgb = torch.from_numpy(images)[:, None].repeat(1, 3, 1, 1)
+    if sites <= 0:
+        return ImagePool(images=rgb.contiguous(), labels=labels, classes=CLASSES)
+    rng = np.random.default_rng(seed)
+    site = np.empty(len(labels), dtype=np.int64)
+    for c in range(len(CLASSES)):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        site[idx] = np.arange(len(idx)) % sites
+    gains = torch.from_numpy(rng.uniform(0.6, 1.0, size=(sites, 3)).astype(np.float32))
+    tinted = (rgb.float() * gains[torch.from_numpy(site)][:, :, None, None]).round().to(torch.uint8)
+    return ImagePool(
+        images=tinted.contiguous(),
+        labels=labels,
+        classes=CLASSES,
+        sites=site,
+        site_names=[f"site{s}" for s in range(sites)],
     )
-    parser.add_argument("path", help="the .npz file to write")
-    args = parser.parse_args(argv)
-    path = write_digits_npz(args.path)
-    sizes = {k: len(v) for k, v in np.load(path).items() if k.endswith("_labels")}
-    print(f"wrote {path}: {sizes}")
 
 
-if __name__ == "__main__":
-    main()
+def write_digits_npz(path: str | Path, image_size: int = 28, seed: int = 0) -> Path:
+    """Write the digits as a MedMNIST-style ``.npz`` (70/10/20 % train/val/test, seeded shuffle)."""
+    images, labels = digits_arrays(image_size)
+    order = np.random.default_rng(seed).permutation(len(labels))
+    cut = np.split(order, [int(0.7 * len(order)), int(0.8 * len(order))])
+    arrays = {}
+    for name, idx in zip(("train", "val", "test"), cut):
+        arrays[f"{name}_images"] = images[idx]
+        arrays[f"{name}_labels"] = labels[idx][:, None]
+    path = Path(path)
+    np.savez_compressed(path, **arrays)
+    return path
