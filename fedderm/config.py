@@ -377,13 +377,14 @@ KEY_DOCS: dict[str, str] = {
     "fedbeit.vocab-size": "number of visual tokens (DALL-E: 8192)",
     "fedbeit.tokenizer": "a TorchScript tokenizer; empty: the random-projection substitute (not the dVAE)",
     "mim.lr-step": "`fedmae`/`fedbeit` pre-training: `round` steps `lr-schedule` once per round; `iteration` "
-    "sets the lr before every step, warm-up then cosine over all rounds × local epochs (MAE/BEiT)",
+    "sets the lr before every step, warm-up then cosine over all rounds × local epochs (MAE/BEiT); "
+    '`""`: the method\'s recipe (`iteration`)',
     "mim.warmup-epochs": "`fedmae`/`fedbeit`: linear warm-up over the first N local epochs, counted across rounds "
-    '(003 §IV-B3: 5 for MAE, 10 for BEiT); needs `mim.lr-step="iteration"`',
+    '(003 §IV-B3: 5 for MAE, 10 for BEiT); needs `mim.lr-step="iteration"`; `-1`: the method\'s (5 | 10)',
     "mim.adam-beta2": "`fedmae`/`fedbeit`: β2 of the pre-training Adam/AdamW (MAE's recipe, followed by 000: 0.95; "
-    "003: 0.999)",
+    "003 and BEiT: 0.999); `-1`: the method's (0.95 | 0.999)",
     "mim.lr-scaling": "`fedmae`/`fedbeit`: `batch` reads `lr` as a base rate, lr = blr × batch-size/256 "
-    "(MAE/BEiT); `absolute` uses it as given",
+    '(MAE/BEiT); `absolute` uses it as given; `""`: the method\'s (`batch`)',
     "sift.variant": "`full` (002), or the Fig. 4 ablations `single`, `trainable-head`, `random-head`, "
     "`trainable-projector`",
     "sift.ema-beta": "β of 002 Eq. 2 (long-term model EMA)",
