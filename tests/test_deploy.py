@@ -522,7 +522,8 @@ def test_loopback_supernode_killed_mid_round_rejoins(loopback):
     log = fed.workdir / "logs" / "supernode-hospital-c.log"
     seen = log.read_text(errors="replace").count("Receiving: train message")
     thread, result = _flwr_run_in_thread(fed, config, "run-killed-node")
-    _wait_for(lambda: log.read_text(errors="replace").count("Receiving: train message") > seen, "a train message")
+    trains = lambda: log.read_text(errors="replace").count("Receiving: train message")  # noqa: E731
+    _wait_for(lambda: trains() > seen, "hospital c receiving a train message")
     fed.kill("supernode-hospital-c")
     fed.restart_supernode("hospital-c")
     thread.join(timeout=900)
