@@ -8,10 +8,11 @@ from clients import holdout, probe
 from clients.audit import audit_mod
 from clients.common import info, session
 from clients.state import state_mod
-from clients.transport import transport_mod
+from clients.transport import pack_mod, transport_mod
 
 # audit_mod wraps transport_mod: the audit log shows the arrays exactly as they leave the hospital
-MODS = [state_mod, audit_mod, transport_mod]
+# (pack_mod, outermost, only joins them into one Array for the trip: the same bytes)
+MODS = [pack_mod, state_mod, audit_mod, transport_mod]
 app = ClientApp(mods=MODS)
 
 
