@@ -18,11 +18,11 @@ import time
 import torch
 from torch import nn
 
+from .augment import Augment
 from .data import TensorBatches
 from .losses import multitask_ssl_loss, patch_swap
 from .models import create_model
 from .msggan import scales_for
-from .augment import Augment
 from .train import Amp, make_optimizer, random_flips, to_input
 
 __all__ = [
