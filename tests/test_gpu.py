@@ -3,6 +3,7 @@
 The checks that need CUDA are those of issue 21 marked ``gpu``; these run everywhere.
 """
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,30 @@ def test_backend_config_local_or_cluster():
     cluster = sim.backend_config(1, 0.0, "127.0.0.1:6379", verbose=True)
     # ray.init refuses num_cpus when it joins a cluster: the nodes bring their own
     assert cluster["init_args"] == {"address": "127.0.0.1:6379"}
+
+
+def test_the_other_local_loops_run_in_bf16():
+    """FL-BT's loop, the MSG-GAN and the SSL-FL-BT multitask loop take the ambient precision too:
+    finite losses, float32 weights, and different weights than in fp32."""
+    from fedderm.flbt import build_projected_net, frozen_copy, train_flbt
+    from fedderm.msggan import train_msggan
+    from fedderm.ssl_pseudo import pretrain_multitask
+
+    x, y, _, _ = _split()
+    x, y = x[:16], y[:16] % 3
+    out = {}
+    for precision in ("fp32", "bf16"):
+        with use_precision(precision):
+            torch.manual_seed(0)
+            net = build_projected_net("tiny-cnn", 3, 16, proj_dim=8)
+            flbt = train_flbt(
+                net, frozen_copy(net), x, y, mu=1.0, lambd=0.005, epochs=1, batch_size=8, lr=0.01
+            )
+            gan, gan_m = train_msggan(x[:8], steps=2, batch_size=4, latent_dim=8, width=8)
+            pretrain_multitask(
+                x[:8], torch.arange(8) % 2, model="tiny-cnn", num_centres=2, epochs=1, batch_size=4
+            )
+        assert math.isfinite(flbt["train_loss"]) and math.isfinite(gan_m["gan_d_loss"])
+        assert all(p.dtype == torch.float32 for p in [*net.parameters(), *gan.parameters()])
+        out[precision] = [p.detach().clone() for p in net.parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(out["fp32"], out["bf16"]))
