@@ -35,8 +35,8 @@ _PRECISION: contextvars.ContextVar[str] = contextvars.ContextVar("fedderm_precis
 
 
 def check_precision(precision: str, device: torch.device | str) -> None:
-    """Raise naming the run-config key when ``precision`` cannot run on ``device`` (fp16 needs CUDA:
-    CPU autocast in float16 is slow and has no GradScaler support worth using; bf16 runs on both)."""
+    """Raise naming the run-config key when ``precision`` cannot run on ``device``: fp16 (autocast +
+    GradScaler) is the CUDA path, bf16 the one that runs on both CPU and CUDA (issue 21)."""
     if precision not in PRECISIONS:
         raise ValueError(f"run-config key 'precision' must be one of {list(PRECISIONS)}, got {precision!r}")
     if precision == "fp16" and torch.device(device).type != "cuda":
