@@ -26,6 +26,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer": ("sgd", "adam", "adamw"),
     "lr-schedule": ("constant", "cosine", "exponential"),
     "device": ("auto", "cpu", "cuda"),
+    "precision": ("fp32", "bf16", "fp16"),
     "finetune": ("none", "local", "federated"),
     "finetune-optimizer": ("sgd", "adam", "adamw"),
     "transport-dtype": TRANSPORT_DTYPES,
@@ -79,6 +80,7 @@ class Config:
     lr_decay: float = 0.998
     proximal_mu: float = 0.0
     device: str = "auto"
+    precision: str = "fp32"
     augment: str = "flip"
     # fine-tuning stage of the self-supervised methods (after num-server-rounds of pre-training)
     finetune: str = "federated"
@@ -319,6 +321,8 @@ KEY_DOCS: dict[str, str] = {
     "pre-training rounds, fine-tuning rounds, held-out-centre epochs)",
     "proximal-mu": 'FedProx μ (`method="fedprox"`), e.g. 0.01',
     "device": "`auto` uses CUDA when present, else CPU",
+    "precision": "mixed precision of every local loop: `fp32` (off), `bf16` (autocast; CPU and CUDA) or `fp16` "
+    "(autocast + GradScaler; CUDA only); weights, aggregation and the wire stay float32 (docs/gpu.md)",
     "finetune": "after pre-training: `federated` (FedAvg of the classifiers), `local` (each client fine-tunes "
     "its own copy and keeps its best-on-val model) or `none` (pre-training only)",
     "finetune-rounds": "fine-tuning rounds",
