@@ -227,7 +227,8 @@ class FedCLFStrategy(Tracked, FedAvg):
     def _record_leakage(self, server_round: int, replies: list[Message]) -> None:
         """``fedclf.leakage-audit``: the clients' attack AUCs (``leakage-auc``, taken out of the
         metrics FedAvg averages) as split ``leakage-audit`` of rounds.csv / summary.json (column
-        ``auc``, ``num-examples`` = members + non-members) and TensorBoard."""
+        ``auc``, ``num-examples`` = members + non-members; summary.json also has ``members`` and
+        ``non-members``) and TensorBoard."""
         per_client = {}
         for r in replies:
             metrics = r.content["metrics"]
@@ -235,7 +236,12 @@ class FedCLFStrategy(Tracked, FedAvg):
                 continue
             auc = float(metrics.pop("leakage-auc"))
             members, others = int(metrics.pop("leakage-members")), int(metrics.pop("leakage-non-members"))
-            per_client[str(self._pid(r.metadata.src_node_id))] = {"auc": auc, "num-examples": members + others}
+            per_client[str(self._pid(r.metadata.src_node_id))] = {
+                "auc": auc,
+                "num-examples": members + others,
+                "members": members,
+                "non-members": others,
+            }
         if per_client:
             mean = self.recorder.log_round(server_round, "leakage-audit", per_client)
             log(
