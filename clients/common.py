@@ -99,6 +99,7 @@ class ClientSession:
         stage's (``finetune-epochs``, ``finetune-lr``, ``finetune-optimizer``; default
         ``finetune-rounds``).  ``lr`` follows ``lr-schedule``/``lr-decay`` in both."""
         cfg = self.cfg
+        batch_size = (cfg.finetune_batch_size or cfg.batch_size) if finetune else cfg.batch_size
         if finetune:
             epochs, base_lr, optimizer, rounds, salt = (
                 cfg.finetune_epochs,
@@ -118,7 +119,7 @@ class ClientSession:
         rounds = rounds if num_rounds is None else num_rounds
         return dict(
             epochs=epochs,
-            batch_size=cfg.batch_size,
+            batch_size=batch_size,
             lr=self.lr_at(base_lr, server_round, rounds),
             optimizer=optimizer,
             momentum=cfg.momentum,

@@ -32,6 +32,7 @@ def train(msg: Message, context: Context) -> Message:
         labels,
         h_local=h_local,
         alpha=float(s.cfg.option("feddyn.alpha")),
+        augment=s.augment("finetune"),
         **s.local_kwargs(server_round),
     )
     state.put(STATE_KEY, new_h)

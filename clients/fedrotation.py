@@ -8,8 +8,9 @@ from . import finetune
 
 
 def _rotation_round(s, model, images, labels, **kwargs) -> dict:
+    augment = s.augment("pretrain")  # 000's policy under augment="paper"
     return train_epochs(
-        model, images, labels, lambda m, xb, yb, g: rotation_loss(m, xb, s.device, g), **kwargs
+        model, images, labels, lambda m, xb, yb, g: rotation_loss(m, xb, s.device, g, augment), **kwargs
     )
 
 

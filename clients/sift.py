@@ -41,7 +41,9 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(config["server-round"])
     short = _model(s, msg.content["short"])
     images, labels = s.data.tensors("labelled")
-    metrics = train_supervised(short, images, labels, **s.local_kwargs(server_round))
+    metrics = train_supervised(
+        short, images, labels, augment=s.augment("finetune"), **s.local_kwargs(server_round)
+    )
     records = {"short": to_record(short.state_dict())}
     if "long" in msg.content.array_records:
         long_state = update_long_term(

@@ -46,6 +46,7 @@ def train_gan(msg: Message, context: Context) -> Message:
         device=s.device,
         snapshot_at=snapshot_steps(steps, int(cfg.option("ssl.fid-checkpoints"))) if select else (),
         snapshots=snapshots,
+        augment=s.augment("pretrain"),  # 004 §IV-B: rotations and flips "for all algorithms"
     )
     if select:  # 004 §III-A: keep the generated images with the smallest FID to this centre's images
         start = time.monotonic()
@@ -126,6 +127,7 @@ def pretrain(msg: Message, context: Context) -> Message:
             None,
             patch=int(cfg.option("ssl.swap-patch")),
             swaps=int(cfg.option("ssl.swaps")),
+            augment=s.augment("pretrain"),
             **common,
         )
     metrics = {k: v for k, v in metrics.items() if v == v}

@@ -21,7 +21,7 @@ from fedderm.transport import TRANSPORT_DTYPES
 AUGMENT_POLICIES = ("flip", "paper", "000", "003", "004")
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "dataset": ("synthetic", "folder", "csv", "npz"),
+    "dataset": ("synthetic", "digits", "folder", "csv", "npz"),
     "partition": ("iid", "dirichlet", "source"),
     "optimizer": ("sgd", "adam", "adamw"),
     "lr-schedule": ("constant", "cosine", "exponential"),
@@ -86,6 +86,7 @@ class Config:
     finetune_epochs: int = 2
     finetune_lr: float = 1e-4
     finetune_optimizer: str = "adam"
+    finetune_batch_size: int = 0
     # fine-tuning of the final global model on a centre held out of the federation (004 Table XI)
     holdout_centre: str = ""
     holdout_epochs: int = 10
@@ -219,6 +220,7 @@ def _check_ranges(cfg: Config) -> None:
     )
     need(cfg.lr > 0, "lr", "must be > 0")
     need(cfg.finetune_lr > 0, "finetune-lr", "must be > 0")
+    need(cfg.finetune_batch_size >= 0, "finetune-batch-size", "must be >= 0 (0 = batch-size)")
     need(cfg.holdout_epochs >= 1, "holdout-epochs", "must be >= 1")
     need(cfg.holdout_lr > 0, "holdout-lr", "must be > 0")
     need(cfg.round_timeout > 0, "round-timeout", "must be > 0 (seconds)")
@@ -227,7 +229,7 @@ def _check_ranges(cfg: Config) -> None:
     need(cfg.probe_every >= 0, "probe-every", "must be >= 0 (0 = off)")
     need(0 < cfg.lr_decay <= 1, "lr-decay", "must be in (0, 1]")
     need(all(0 < t <= 1 for t in cfg.target_list), "targets", "must be balanced accuracies in (0, 1]")
-    if cfg.dataset != "synthetic":
+    if cfg.dataset not in ("synthetic", "digits"):
         need(bool(cfg.data_path), "data-path", f"must name the data for dataset={cfg.dataset!r}")
 
 
@@ -283,7 +285,7 @@ KEY_DOCS: dict[str, str] = {
     "skip-bad-files": "`true` skips unreadable images, missing files and unknown labels (logged) instead of stopping",
     "cache-dir": "decoded, resized images are cached here, so each file is decoded once",
     "image-size": "images are resized (shorter edge) and centre-cropped to this square size (000 uses 72)",
-    "synthetic-sites": "`synthetic` only: the number of sites; `0` gives one site per client",
+    "synthetic-sites": "`synthetic` and `digits`: the number of sites; `0` gives one site per client",
     "synthetic-per-class": "`synthetic` only: images per class per site",
     "partition": "`source`: one site per client (000 §V-A); `iid`: shuffled equal shares; "
     "`dirichlet`: label proportions ~ Dir(α) per class (003 §IV-B)",
@@ -326,6 +328,7 @@ KEY_DOCS: dict[str, str] = {
     "`000` | `003` | `004` (docs/augmentation.md)",
     "finetune-lr": "fine-tuning learning rate (000: Adam 1e-4), under `lr-schedule`",
     "finetune-optimizer": "fine-tuning optimiser",
+    "finetune-batch-size": "fine-tuning batch size; `0` = `batch-size` (003: 128 in pre-training, 256 in fine-tuning)",
     "holdout-centre": "a centre kept out of the federation (its `partition-id` or node-config `site`) that "
     'fine-tunes the final global model afterwards (004 Table XI); `""`: off',
     "holdout-epochs": "fine-tuning epochs on the held-out centre (its best epoch on val is tested)",

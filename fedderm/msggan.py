@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .augment import Augment
 from .train import random_flips, to_input
 
 __all__ = [
@@ -175,12 +176,14 @@ def train_msggan(
     device: torch.device | str = "cpu",
     snapshot_at: Sequence[int] = (),
     snapshots: list | None = None,
+    augment: Augment = random_flips,
 ) -> tuple[Generator, dict[str, float]]:
     """Train an MSG-GAN on uint8 images (N, 3, S, S) for ``steps`` D+G updates.
 
     Returns the generator (eval mode) and ``{"gan_d_loss", "gan_g_loss", "gan_seconds", "gan_cpu_seconds"}`` (wall and CPU time).
     After every step in ``snapshot_at`` (1-based) ``(step, generator state dict copy)`` is appended to
     ``snapshots`` (for choosing a generator by FID, :func:`fedderm.fid.select_pseudo_images`).
+    The real images of each step are ``augment``-ed (the run's pre-training policy).
     """
     if len(images) < 2:
         raise ValueError(f"the GAN stage needs at least 2 images, the centre has {len(images)}")
@@ -197,7 +200,7 @@ def train_msggan(
     wanted = set(snapshot_at)
     for step in range(1, steps + 1):
         idx = torch.randint(0, len(images), (min(batch_size, len(images)),), generator=gen_seed)
-        real = _pyramid(to_input(random_flips(images[idx], gen_seed), device), scales)
+        real = _pyramid(to_input(augment(images[idx], gen_seed), device), scales)
         z = torch.randn(len(idx), latent_dim, generator=gen_seed).to(device)
         # discriminator: relativistic average hinge
         fake = [f.detach() for f in G(z)]

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .augment import Augment
 from .train import random_flips, to_input
 
 NUM_ROTATIONS = 4
@@ -24,10 +25,15 @@ def rotate_batch(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def rotation_loss(
-    model: nn.Module, images: torch.Tensor, device: torch.device, generator: torch.Generator | None = None
+    model: nn.Module,
+    images: torch.Tensor,
+    device: torch.device,
+    generator: torch.Generator | None = None,
+    augment: Augment = random_flips,
 ) -> torch.Tensor:
-    """Cross-entropy of the rotation prediction over the four rotations of each image."""
+    """Cross-entropy of the rotation prediction over the four rotations of each image, each image
+    first ``augment``-ed (the run's pre-training policy) when a ``generator`` is given."""
     if generator is not None:
-        images = random_flips(images, generator)
+        images = augment(images, generator)
     x, y = rotate_batch(images)
     return F.cross_entropy(model(to_input(x, device)), y.to(device))

@@ -22,6 +22,7 @@ from .data import TensorBatches
 from .losses import multitask_ssl_loss, patch_swap
 from .models import create_model
 from .msggan import scales_for
+from .augment import Augment
 from .train import make_optimizer, random_flips, to_input
 
 __all__ = [
@@ -95,6 +96,7 @@ def pretrain_multitask(
     swaps: int = 10,
     seed: int = 0,
     device: torch.device | str = "cpu",
+    augment: Augment = random_flips,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """Pre-train on pseudo images (uint8 (M, 3, S, S)) labelled by centre index (M,).
 
@@ -115,6 +117,7 @@ def pretrain_multitask(
         swaps=swaps,
         seed=seed,
         device=device,
+        augment=augment,
     )
     return encoder_state(net.state_dict()), metrics
 
@@ -137,9 +140,12 @@ def train_multitask(
     swaps: int = 10,
     seed: int = 0,
     device: torch.device | str = "cpu",
+    augment: Augment = random_flips,
 ) -> dict[str, float]:
     """``epochs`` epochs of Eq. 3 (or the task ``net`` has) on uint8 images; ``centres`` may be None
     for restoration only (a centre pre-training on its own original images: SSL-Fed-R, FedSSL-R).
+    Each batch is ``augment``-ed first (the run's pre-training policy; 004 §IV-B: 90° rotations and
+    flips for all algorithms).
     Returns the last epoch's mean losses, ``num-examples`` and the time taken."""
     device = torch.device(device)
     size = images.shape[-1]
@@ -161,7 +167,7 @@ def train_multitask(
         for xb, cb in batches:
             if len(cb) < 2:
                 continue
-            original = to_input(random_flips(xb, g), device)
+            original = to_input(augment(xb, g), device)
             corrupted = patch_swap(original, patch, swaps, g)
             c = cb.to(device)
             logits, restored = net(corrupted)

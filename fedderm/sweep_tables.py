@@ -69,11 +69,62 @@ def metric_value(summary: Mapping[str, Any], metric: Metric, client: str | None 
     return _number_or_none(lookup(summary, metric.key))
 
 
+#: metric keys (last dotted part) whose chance level is 1/K: sklearn's balanced accuracy and the macro
+#: recall (the same number unless a class is absent from the test set)
+CHANCE_KEYS = ("balanced_accuracy", "recall")
+#: how many standard errors above 1/K still count as chance
+CHANCE_Z = 2.0
+
+
+def chance_info(summary: Mapping[str, Any], metric: Metric, client: str | None = None) -> tuple[int, int] | None:
+    """(K classes, n test images) behind a run's value of ``metric``; None when the metric has no 1/K
+    chance level (:data:`CHANCE_KEYS`) or the summary lacks either number."""
+    if metric.key.rsplit(".", 1)[-1] not in CHANCE_KEYS:
+        return None
+    k = len(summary.get("classes") or [])
+    if metric.is_final:
+        source = summary.get("final") or {}
+        if client is not None:
+            source = (source.get("per_client") or {}).get(client, {})
+        n = source.get("num-examples")
+    else:
+        head = metric.key.rsplit(".", 1)[0] if "." in metric.key else ""
+        n = lookup(summary, f"{head}.num-examples" if head else "num-examples")
+    n = _number_or_none(n)
+    return (k, int(n)) if k >= 2 and n and n > 0 else None
+
+
+def chance_margin(k: int, n: int, sd: float | None) -> float:
+    """How far above 1/K a mean balanced accuracy still lies within noise of chance:
+    ``max(CHANCE_Z · sqrt(p(1 − p)/n), CHANCE_Z · SD over the replicates)``, p = 1/K.
+
+    sqrt(p(1 − p)/n) is the standard error of the balanced accuracy of random guessing on n test
+    images split evenly over K classes (the mean of K per-class recalls, each Binomial(n/K, p)/(n/K))."""
+    p = 1.0 / k
+    return max(CHANCE_Z * math.sqrt(p * (1 - p) / n), CHANCE_Z * (sd or 0.0))
+
+
+def mark_chance(cell: dict[str, Any], infos: list[tuple[int, int]]) -> None:
+    """Add ``chance`` (1/K), ``chance_margin`` and ``at_chance`` to an aggregated cell, from the
+    (K, n) of its runs (the smallest n: the widest margin)."""
+    if cell["mean"] is None or not infos:
+        return
+    k = infos[0][0]
+    n = min(n for _, n in infos)
+    cell["chance"] = 1.0 / k
+    cell["chance_margin"] = chance_margin(k, n, cell["sd"])
+    cell["at_chance"] = cell["mean"] <= cell["chance"] + cell["chance_margin"]
+
+
 def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
     """Mean and sample SD (ddof = 1, as the papers report over runs); SD None for one value."""
     if not values:
         return None, None
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+#: appended to a cell within noise of chance (:func:`mark_chance`)
+CHANCE_MARK = "≈chance"
 
 
 def format_cell(cell: Mapping[str, Any], metric: Metric) -> str:
@@ -85,6 +136,8 @@ def format_cell(cell: Mapping[str, Any], metric: Metric) -> str:
         text += f" ± {metric.scale * cell['sd']:.{metric.digits}f}"
     if cell["n"] < cell["runs"]:
         text += f" ({cell['n']}/{cell['runs']})"
+    if cell.get("at_chance"):
+        text += f" {CHANCE_MARK}"
     return text
 
 
@@ -117,6 +170,8 @@ def aggregate(sweep: Sweep, results: list[Mapping[str, Any]]) -> dict[str, Any]:
             values = [v for r in done if (v := metric_value(r["summary"], m, client)) is not None]
             mean, sd = mean_sd(values)
             out[m.label] = {"mean": mean, "sd": sd, "n": len(values), "runs": len(done), "values": values}
+            infos = [i for r in done if (i := chance_info(r["summary"], m, client)) is not None]
+            mark_chance(out[m.label], infos)
         return out
 
     rows = []
@@ -190,6 +245,28 @@ def _short(reason: str, width: int = 160) -> str:
     return _cell(line if len(line) <= width else line[: width - 1] + "…")
 
 
+def chance_note(table: Mapping[str, Any]) -> str:
+    """The rule behind the ``≈chance`` marks, with the numbers of this table; '' when no column has a
+    chance level."""
+    cells = [
+        c
+        for row in table["rows"]
+        for group in (row["metrics"], *row["per_client"].values())
+        for c in group.values()
+        if "chance" in c
+    ]
+    if not cells:
+        return ""
+    marked = sum(bool(c["at_chance"]) for c in cells)
+    levels = sorted({round(100 * c["chance"], 2) for c in cells})
+    return (
+        f"`{CHANCE_MARK}`: within noise of chance ({marked} of {len(cells)} balanced-accuracy/recall cells): "
+        f"mean ≤ 1/K + max({CHANCE_Z:g}·√(p(1−p)/n), {CHANCE_Z:g}·SD over replicates), p = 1/K "
+        f"({', '.join(f'{v:g} %' for v in levels)} here), n = the run's test images (the smallest "
+        "over replicates): random guessing stays below this line about 98 % of the time."
+    )
+
+
 def render_markdown(table: Mapping[str, Any], footer: str = "") -> str:
     """Paper-style Markdown: one row per axes combination, metric columns as mean ± SD.
 
@@ -214,6 +291,9 @@ def render_markdown(table: Mapping[str, Any], footer: str = "") -> str:
             lines += [f"**C{i}** (client {client}, test split)", "", *_md_table(table, metrics, client), ""]
         lines += ["**GTA** (mean over clients)", ""]
     lines += [*_md_table(table, metrics, None), "", note]
+    rule = chance_note(table)
+    if rule:
+        lines += ["", rule]
     if footer:
         lines += ["", footer]
     return "\n".join(lines) + "\n"

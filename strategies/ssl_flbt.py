@@ -43,6 +43,14 @@ from .local import run as run_local
 from .probe import probe_due, probe_round
 
 
+def _pretrain_augment(cfg):
+    """The run's ``augment`` policy for pre-training on the pseudo images (004 §IV-B under ``paper``)."""
+    import registry
+    from fedderm.augment import policy
+
+    return policy(cfg.augment, "pretrain", registry.METHODS[cfg.method].augment)
+
+
 def collect_pseudo_images(grid: Grid, node_ids: list[int], timeout: float = 7200):
     """Stage 1: ask every centre for pseudo images.  Returns (images uint8 (M,3,S,S), centre index
     (M,) by partition-id order, per-centre metrics)."""
@@ -120,6 +128,7 @@ def pseudo_stage(grid: Grid, cfg, recorder, tasks: str) -> dict:
         swaps=int(cfg.option("ssl.swaps")),
         seed=cfg.seed,
         device=resolve_device(cfg.device),
+        augment=_pretrain_augment(cfg),
     )
     log(INFO, "pre-training done: %s", {k: round(v, 4) for k, v in ssl_metrics.items()})
     recorder.update_extra(

@@ -159,3 +159,76 @@ def test_fedmae_client_pretrains_and_finetunes_on_the_runs_policy(tmp_path, monk
     )
     finetune.train(msg, ctx)
     assert set(seen) == ({Policy(crop_scale=(0.08, 1.0))} if augment == "paper" else set())
+
+
+@pytest.mark.parametrize("method", ["scaffold", "feddyn", "fedrotation", "ssl-flbt"])
+def test_clients_that_flipped_regardless_now_apply_the_runs_policy(tmp_path, monkeypatch, method):
+    """Issue 15 item 4: SCAFFOLD's and FedDyn's local training, FedRotation's pre-training and SSL-FL-BT's
+    GAN stage used random flips whatever ``augment`` said; with ``augment="004"`` they apply 004's
+    policy (90° rotations + flips)."""
+    import importlib
+
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fedderm.models import create_model
+    from fedderm.rotation import NUM_ROTATIONS
+
+    seen = []
+    original = Policy.__call__
+
+    def spy(self, x, g):
+        seen.append(self)
+        return original(self, x, g)
+
+    monkeypatch.setattr(Policy, "__call__", spy)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
+    run_config = {
+        "method": method,
+        "model": "tiny-cnn",
+        "image-size": 16,
+        "augment": "004",
+        "synthetic-per-class": 6,
+        "local-epochs": 1,
+        "batch-size": 8,
+        "cache-dir": str(tmp_path),
+        **({"ssl.gan-steps": 2, "ssl.pseudo-per-centre": 4, "ssl.gan-width": 8} if method == "ssl-flbt" else {}),
+    }
+    ctx = Context(
+        run_id=7200 + len(method),
+        node_id=1,
+        node_config={"partition-id": 0, "num-partitions": 2},
+        state=RecordDict(),
+        run_config=run_config,
+    )
+    config = ConfigRecord({"server-round": 1 if method != "ssl-flbt" else 0, "num-rounds": 1})
+    kind = {"fedrotation": "train.pretrain", "ssl-flbt": "train.gan"}.get(method, "train")
+    content = {"config": config}
+    if method != "ssl-flbt":
+        classes = NUM_ROTATIONS if method == "fedrotation" else 5
+        content["arrays"] = ArrayRecord(create_model("tiny-cnn", classes, 16).state_dict())
+    msg = Message(RecordDict(content), dst_node_id=1, message_type=kind)
+    client = importlib.import_module(registry.METHODS[method].client)
+    client.HANDLERS[kind](msg, ctx)
+    assert set(seen) == {Policy(rot90=True)}
+
+
+def test_ssl_flbt_pretrains_on_pseudo_images_with_the_runs_policy(monkeypatch):
+    """The server's pre-training on the pseudo images (004 Eq. 3) augments with the run's policy."""
+    from fedderm.ssl_pseudo import pretrain_multitask
+    from strategies.ssl_flbt import _pretrain_augment
+
+    cfg = registry.load_config({"method": "ssl-flbt", "augment": "paper"})
+    chosen = _pretrain_augment(cfg)
+    assert chosen == Policy(rot90=True)
+    assert _pretrain_augment(registry.load_config({"method": "ssl-flbt", "augment": "flip"})) is random_flips
+    calls = []
+
+    def spy(x, g):
+        calls.append(len(x))
+        return chosen(x, g)
+
+    images = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8)
+    pretrain_multitask(images, torch.arange(8) % 2, model="tiny-cnn", num_centres=2, epochs=1, batch_size=4,
+                       augment=spy)
+    assert calls == [4, 4]

@@ -80,6 +80,24 @@ def test_training_is_deterministic_and_reduces_loss():
     assert runs[0][1] < runs[0][0]
 
 
+def test_finetuning_takes_its_own_batch_size():
+    """003 §IV-B3 pre-trains with one batch and fine-tunes with 256: finetune-batch-size (0 = batch-size)."""
+    import registry
+    from clients.common import ClientSession
+    from fedderm.config import ConfigError
+    from fedderm.node import NodeSettings
+
+    def session(**raw):
+        cfg = registry.load_config({"batch-size": 128, **raw})
+        return ClientSession(cfg, data=None, device=torch.device("cpu"), partition_id=0, node=NodeSettings(0))
+
+    s = session(**{"finetune-batch-size": 256})
+    assert s.local_kwargs(1)["batch_size"] == 128 and s.local_kwargs(1, finetune=True)["batch_size"] == 256
+    assert session().local_kwargs(1, finetune=True)["batch_size"] == 128
+    with pytest.raises(ConfigError, match="finetune-batch-size"):
+        registry.load_config({"finetune-batch-size": -1})
+
+
 def test_every_stage_takes_its_lr_from_the_run_schedule():
     """lr-schedule/lr-decay reach the spine's rounds, the fine-tuning stage and the holdout epochs alike."""
     import registry

@@ -19,6 +19,7 @@ from .checks import check_pool, check_split
 from .partition import ClientSplit, partition_indices, split_client
 from .pool import DataError, ImagePool
 from .sources import load_source
+from .digits import load_digits_pool
 from .synthetic import load_synthetic
 
 __all__ = [
@@ -74,6 +75,8 @@ def load_pool(
             _POOLS[key] = load_synthetic(
                 synthetic_sites or num_partitions, synthetic_per_class, image_size, seed, cache_dir
             )
+        elif dataset == "digits":
+            _POOLS[key] = load_digits_pool(image_size, sites=synthetic_sites or num_partitions, seed=seed)
         else:
             extra = {"image_dir": image_dir or None, "site_column": site_column} if dataset == "csv" else {}
             _POOLS[key] = load_source(
@@ -169,7 +172,7 @@ def load_client_data(
         pool,
         dataset=kind,
         data_path=source,
-        classes_given=bool(cfg.class_list) or kind == "synthetic",
+        classes_given=bool(cfg.class_list) or kind in ("synthetic", "digits"),
         whole=not own,
         who=f"client {partition_id}: " if own else "",
     )
@@ -230,7 +233,7 @@ def load_client_data(
         fixed_val=fixed_val,
     )
     share = ("its own data " if own else f"partition={cfg.partition!r} of {len(pool)} images in ") + (
-        "the synthetic data" if kind == "synthetic" else str(source)
+        f"the {kind} data" if kind in ("synthetic", "digits") else str(source)
     )
     check_split(
         split,

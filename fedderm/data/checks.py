@@ -42,8 +42,8 @@ def class_counts(labels: np.ndarray, num_classes: int) -> np.ndarray:
 
 def _where(dataset: str, data_path: str, cls: str) -> str:
     """The folder of class ``cls`` (``folder`` data), else the data file."""
-    if dataset == "synthetic" or not data_path:
-        return "the synthetic data"
+    if dataset in ("synthetic", "digits") or not data_path:
+        return f"the {dataset or 'synthetic'} data"
     root = Path(data_path).expanduser()
     if dataset == "folder" and root.is_dir():
         found = [p for p in (root / cls, *root.glob(f"*/{cls}")) if p.is_dir()]
@@ -76,7 +76,7 @@ def check_pool(
     """
     classes = list(pool.classes)
     counts = class_counts(pool.labels, len(classes))
-    src = "the synthetic data" if dataset == "synthetic" else str(data_path)
+    src = f"the {dataset} data" if dataset in ("synthetic", "digits") else str(data_path)
     if len(classes) < 2:
         only = f" ({classes[0]!r}, {int(counts[0])} images)" if classes else ""
         raise DataError(
@@ -102,7 +102,7 @@ def check_pool(
                 f"{who}class {cls!r} has 0 images ({_where(dataset, data_path, cls)}; "
                 f"{len(pool)} images in {len(classes)} classes): {fix}"
             )
-    if not classes_given and dataset != "synthetic" and not _classes_fixed_by_file(dataset, data_path):
+    if not classes_given and dataset not in ("synthetic", "digits") and not _classes_fixed_by_file(dataset, data_path):
         largest = int(counts.max())
         limit = max(RARE_MIN, RARE_SHARE * largest)
         rare = [(c, int(n)) for c, n in zip(classes, counts) if 0 < n < limit and 5 * n <= largest]
