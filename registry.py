@@ -82,6 +82,8 @@ FEDCLF_OPTIONS = {
     "fedclf.relay-clip": 0.0,
     "fedclf.relay-noise-multiplier": 0.0,
     "fedclf.relay-delta": 1e-5,
+    # leakage audit (issue 20, fedderm/leakage.py): membership attack on the relay, ROC-AUC per round
+    "fedclf.leakage-audit": False,
 }
 
 
@@ -109,6 +111,11 @@ def check_fedclf(cfg: Config) -> None:
         "must be > 0 when fedclf.relay-noise-multiplier > 0 (the noise is sigma x clip)",
     )
     need(0 < cfg.option("fedclf.relay-delta") < 1, "fedclf.relay-delta", "must be in (0, 1)")
+    need(
+        not cfg.option("fedclf.leakage-audit") or cfg.option("fedclf.feature-sharing"),
+        "fedclf.leakage-audit",
+        "needs the feature relay (fedclf.feature-sharing = true): without it nothing is relayed",
+    )
 
 
 # -- FL-BT, SSL-FL-BT, FedBN, MOON, local (issue 6): option checks --

@@ -366,6 +366,8 @@ KEY_DOCS: dict[str, str] = {
     "fedclf.relay-noise-multiplier": "σ: Gaussian noise N(0, (σC)²) added to every relayed feature vector; "
     "(ε, δ) per client in summary.json `relay_privacy`; `0`: no noise",
     "fedclf.relay-delta": "δ of the reported (ε, δ) of the private relay",
+    "fedclf.leakage-audit": "membership attack on the relay every round (nearest relayed feature); "
+    "its ROC-AUC per client in rounds.csv split `leakage-audit`",
     "fedsimclr.temperature": 'τ of SimCLR\'s NT-Xent (`fedsimclr`, and `ssl.tasks="simclr"`)',
     "fedmae.mask-ratio": "share of patches removed per image (000: 0.75; 003's Fed-MAE: 0.6)",
     "fedmae.exclude": "parameters kept on the clients during the rounds (000 Table V): `none`, `decoder`, "

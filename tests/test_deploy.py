@@ -441,7 +441,10 @@ def loopback(tmp_path_factory):
 @_SKIP_LOOPBACK
 def test_loopback_federation_tls_node_auth(loopback, tmp_path):
     """FedAvg and SiFT via `flwr run`; an unregistered node refused; an app bundle that no
-    hospital approved refused by every hospital before any of its code runs."""
+    hospital approved refused by every hospital before any of its code runs; each run's
+    TensorBoard events (written by the ServerApp under `flwr run`) read back equal to its rounds.csv."""
+    from test_tracking import assert_events_match_csv
+
     from deploy.loopback import APP_DIR, BASE_RUN_CONFIG, METHODS, available_methods
     from fedderm.launcher import app_hash
 
@@ -458,6 +461,10 @@ def test_loopback_federation_tls_node_auth(loopback, tmp_path):
         assert out.status == "finished:completed"
         assert set(out.summary["final"]["per_client"]) == {"0", "1", "2"}
         assert [r["round"] for r in out.summary["rounds"] if r["split"] == "val"] == [0, 1]
+        # TensorBoard (issue 20): the `flwr run` ServerApp's event file holds rounds.csv's numbers
+        assert len(list(out.run_dir.glob("events.out.tfevents.*"))) == 1
+        checked, scalars = assert_events_match_csv(out.run_dir)
+        assert checked > 0 and "val/balanced_accuracy/mean" in scalars
     # each hospital's node config was honoured: its decoded images are cached in its state-dir
     for name in fed.hospitals:
         assert any((fed.workdir / "state" / name / "cache").iterdir())
