@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import registry
+from clients.common import ClientSession
 from fedderm.mae import build_mae, vit_backbone_state
 from fedderm.models import create_model
-from clients.common import ClientSession
 from fedderm.train import evaluate, random_flips, to_input, train_epochs, train_supervised
 
 MICRO = {
