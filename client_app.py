@@ -8,10 +8,12 @@ from clients import holdout, probe
 from clients.audit import audit_mod
 from clients.common import info, session
 from clients.state import state_mod
-from clients.transport import transport_mod
+from clients.transport import pack_mod, transport_mod
+from fedderm.train import use_precision
 
 # audit_mod wraps transport_mod: the audit log shows the arrays exactly as they leave the hospital
-MODS = [state_mod, audit_mod, transport_mod]
+# (pack_mod, outermost, only joins them into one Array for the trip: the same bytes)
+MODS = [pack_mod, state_mod, audit_mod, transport_mod]
 app = ClientApp(mods=MODS)
 
 
@@ -22,7 +24,7 @@ SHARED_HANDLERS = {**holdout.HANDLERS, **probe.HANDLERS}
 
 def dispatch(msg: Message, context: Context) -> Message:
     """Hand ``msg`` to ``clients/<method>.py``'s handler for its message type."""
-    cfg = session(context).cfg
+    cfg = session(context).cfg  # raises naming 'precision' when fp16 is asked for without CUDA
     handlers = {**SHARED_HANDLERS, **registry.get_method(cfg.method).client_module().HANDLERS}
     kind = msg.metadata.message_type
     if kind not in handlers:
@@ -30,7 +32,8 @@ def dispatch(msg: Message, context: Context) -> Message:
             f"method {cfg.method!r} has no client handler for message type {kind!r}; "
             f"it handles {sorted(handlers)}"
         )
-    return handlers[kind](msg, context)
+    with use_precision(cfg.precision):  # every local loop of this message (fedderm.train.Amp)
+        return handlers[kind](msg, context)
 
 
 #: Every "category.action" message type some method handles: the shared stages, plus what the

@@ -41,6 +41,9 @@ class Method:
     ``probe-every`` (:mod:`fedderm.probes`); ``""``: the method has no encoder to probe.
     ``augment`` is the paper whose augmentation policy ``augment="paper"`` picks
     (:data:`fedderm.augment.POLICIES`; ``flip`` where its paper gives none).
+    ``defaults`` are its paper's values of option keys that are declared unset (:data:`UNSET`:
+    ``""``, ``-1``), taken when the run config leaves them unset, as ``model`` is for ``model``;
+    a value set in the run config wins (:func:`resolve_defaults`).
     """
 
     name: str
@@ -58,6 +61,7 @@ class Method:
     paper_image_size: int = 0
     probe: str = ""
     augment: str = "flip"
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def strategy_module(self) -> ModuleType:
         return importlib.import_module(self.strategy)
@@ -78,6 +82,8 @@ FEDCLF_OPTIONS = {
     "fedclf.relay-clip": 0.0,
     "fedclf.relay-noise-multiplier": 0.0,
     "fedclf.relay-delta": 1e-5,
+    # leakage audit (issue 20, fedderm/leakage.py): membership attack on the relay, ROC-AUC per round
+    "fedclf.leakage-audit": False,
 }
 
 
@@ -105,6 +111,11 @@ def check_fedclf(cfg: Config) -> None:
         "must be > 0 when fedclf.relay-noise-multiplier > 0 (the noise is sigma x clip)",
     )
     need(0 < cfg.option("fedclf.relay-delta") < 1, "fedclf.relay-delta", "must be in (0, 1)")
+    need(
+        not cfg.option("fedclf.leakage-audit") or cfg.option("fedclf.feature-sharing"),
+        "fedclf.leakage-audit",
+        "needs the feature relay (fedclf.feature-sharing = true): without it nothing is relayed",
+    )
 
 
 # -- FL-BT, SSL-FL-BT, FedBN, MOON, local (issue 6): option checks --
@@ -200,17 +211,34 @@ def check_flbt(cfg: Config) -> None:
 # -- the masked-image-modelling optimiser schedule (FedMAE/Fed-MAE and Fed-BEiT; issue 15 item 5) --
 MIM_LR_STEPS = ("round", "iteration")
 MIM_LR_SCALINGS = ("absolute", "batch")
-MIM_OPTIONS = {
-    "mim.lr-step": "round",  # round: lr-schedule stepped per round | iteration: cosine per iteration (MAE/BEiT)
-    "mim.warmup-epochs": 0,  # linear warm-up over the first N local epochs (003: 5 MAE, 10 BEiT)
-    "mim.adam-beta2": 0.999,  # AdamW β2 of pre-training (MAE recipe, followed by 000: 0.95; 003: 0.999)
-    "mim.lr-scaling": "absolute",  # batch: lr is a base rate, × batch-size/256 (MAE/BEiT)
+#: The declared value of an option key that means "unset: the method's paper default" (``Method.defaults``).
+UNSET = ("", -1)
+MIM_OPTIONS = {  # unset: the method's recipe below
+    "mim.lr-step": "",  # round: lr-schedule stepped per round | iteration: cosine per iteration (MAE/BEiT)
+    "mim.warmup-epochs": -1,  # linear warm-up over the first N local epochs (003: 5 MAE, 10 BEiT)
+    "mim.adam-beta2": -1.0,  # AdamW β2 of pre-training (MAE recipe, followed by 000: 0.95; 003: 0.999)
+    "mim.lr-scaling": "",  # batch: lr is a base rate, × batch-size/256 (MAE/BEiT) | absolute
 }
+#: FedMAE / Fed-MAE pre-training: the MAE recipe (He et al. 2022, followed by 000 §V-B): per-iteration
+#: cosine after a linear warm-up (003 §IV-B3: 5 epochs for Fed-MAE), AdamW β2 = 0.95, base rate × batch/256.
+#: Without it (Adam 1e-3, no warm-up, cosine per round) pre-training collapsed the encoder (issue 15 item 8).
+MAE_RECIPE = {"mim.lr-step": "iteration", "mim.warmup-epochs": 5, "mim.adam-beta2": 0.95, "mim.lr-scaling": "batch"}
+#: Fed-BEiT pre-training: BEiT's recipe as 003 §IV-B3 states it: warm-up 10 epochs, cosine decay,
+#: AdamW β1 = 0.9, β2 = 0.999, base rate × batch/256.
+BEIT_RECIPE = {**MAE_RECIPE, "mim.warmup-epochs": 10, "mim.adam-beta2": 0.999}
 
 
 def check_mim(cfg: Config) -> None:
     """The ``mim.*`` keys: values, and only with the methods whose pre-training reads them."""
     o = cfg.option
+    changed = [k for k, v in MIM_OPTIONS.items() if o(k) != v]
+    if cfg.method not in ("fedmae", "fedbeit"):
+        if changed:
+            raise ConfigError(
+                f"run-config key {changed[0]!r} applies to the pre-training of 'fedmae' and 'fedbeit' "
+                f"only, not to method {cfg.method!r}"
+            )
+        return
     _need(cfg, o("mim.lr-step") in MIM_LR_STEPS, "mim.lr-step", f"must be one of {list(MIM_LR_STEPS)}")
     _need(
         cfg,
@@ -224,20 +252,16 @@ def check_mim(cfg: Config) -> None:
         cfg,
         o("mim.warmup-epochs") == 0 or o("mim.lr-step") == "iteration",
         "mim.warmup-epochs",
-        'needs mim.lr-step="iteration" (the warm-up is per iteration, as in MAE/BEiT)',
+        'needs mim.lr-step="iteration" (the warm-up is per iteration, as in MAE/BEiT; '
+        'with mim.lr-step="round" set mim.warmup-epochs=0)',
     )
     _need(
         cfg,
         o("mim.lr-step") == "round" or cfg.lr_schedule == "cosine",
         "mim.lr-step",
-        f'"iteration" is the cosine schedule of MAE/BEiT; it needs lr-schedule="cosine", not {cfg.lr_schedule!r}',
+        f'"iteration" is the cosine schedule of MAE/BEiT; it needs lr-schedule="cosine", not '
+        f'{cfg.lr_schedule!r} (or set mim.lr-step="round" and mim.warmup-epochs=0)',
     )
-    changed = [k for k, v in MIM_OPTIONS.items() if o(k) != v]
-    if changed and cfg.method not in ("fedmae", "fedbeit"):
-        raise ConfigError(
-            f"run-config key {changed[0]!r} applies to the pre-training of 'fedmae' and 'fedbeit' "
-            f"only, not to method {cfg.method!r}"
-        )
 
 
 #: The smallest run of a method (tiny CNN, 16 px, 8 synthetic images per class, one round of one
@@ -341,6 +365,7 @@ METHODS: dict[str, Method] = {
                 "fedmae.pretrain": True,
                 **MIM_OPTIONS,
             },
+            defaults=MAE_RECIPE,
             sends=("arrays", "metrics", "local-arrays"),
             check=check_mim,
             model="vit-base",
@@ -366,6 +391,7 @@ METHODS: dict[str, Method] = {
                 "fedbeit.tokenizer": "",
                 **MIM_OPTIONS,
             },
+            defaults=BEIT_RECIPE,
             model="vit-base",
             models=VIT_MODELS,
             paper_image_size=224,
@@ -525,10 +551,20 @@ def resolve_model(cfg: Config) -> Config:
     return cfg
 
 
+def resolve_defaults(cfg: Config) -> Config:
+    """``cfg`` with the method's ``defaults`` in the option keys the run config left unset
+    (:data:`UNSET`); the resolved values are what ``config.json`` records and a resume reloads."""
+    defaults = METHODS[cfg.method].defaults
+    unset = {k: v for k, v in defaults.items() if cfg.option(k) in UNSET}
+    return dataclasses.replace(cfg, options={**cfg.options, **unset}) if unset else cfg
+
+
 def load_config(run_config: Mapping[str, Any]) -> Config:
     """Parse ``context.run_config`` against the core keys and every method's options (each
     method's ``check`` validates the values of its options)."""
-    cfg = resolve_model(parse_config(run_config, methods=METHODS, method_options=method_options()))
+    cfg = resolve_defaults(
+        resolve_model(parse_config(run_config, methods=METHODS, method_options=method_options()))
+    )
     for m in METHODS.values():
         if m.check is not None:
             m.check(cfg)

@@ -88,6 +88,90 @@ def check_before_start(run_config: dict, num_supernodes: int) -> None:
             raise ConfigError(f"run-config key {key!r}: {path} does not exist")
 
 
+def check_gpus(run_config: dict, gpus_per_client: float, ray_address: str = "", cuda=None) -> None:
+    """``--gpus-per-client`` and ``precision`` against this machine's CUDA devices, before Ray starts
+    (docs/gpu.md).  With ``ray_address`` the clients run on the cluster's nodes, whose GPUs this
+    machine cannot see: only the value is checked.  ``cuda`` (tests) stands in for ``torch.cuda``.
+
+    Raises ConfigError naming the option: a GPU share without CUDA, a share above the GPUs
+    present, ``precision="fp16"`` on a CPU-only run, or clients whose share of GPU memory is
+    smaller than what their model's weights, gradients and optimiser state alone need."""
+    from fedderm.config import ConfigError
+
+    if gpus_per_client < 0:
+        raise ConfigError(f"--gpus-per-client must be >= 0, got {gpus_per_client}")
+    if ray_address:
+        return
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
+    available = cuda.is_available()
+    if gpus_per_client > 0 and not available:
+        raise ConfigError(
+            f"--gpus-per-client {gpus_per_client:g} asks for a GPU share per client, but CUDA is not "
+            "available on this machine (torch.cuda.is_available() is False): leave it at 0 to run on CPU"
+        )
+    device = run_config.get("device", "auto")
+    on_gpu = available and device != "cpu"
+    if run_config.get("precision") == "fp16" and not on_gpu:
+        raise ConfigError(
+            "run-config key 'precision' is \"fp16\", which needs CUDA, but the clients run on CPU "
+            f"(device={device!r}, CUDA {'present' if available else 'not available'}): "
+            'use precision="bf16" or "fp32"'
+        )
+    if gpus_per_client <= 0 or not on_gpu:
+        return
+    count = cuda.device_count()
+    if gpus_per_client > count:
+        raise ConfigError(
+            f"--gpus-per-client {gpus_per_client:g} is more than the {count} GPU(s) of this machine: "
+            "Ray could place no client"
+        )
+    props = cuda.get_device_properties(0)
+    share = props.total_memory * min(gpus_per_client, 1.0)
+    need = static_training_bytes(run_config)
+    if need > share:
+        gib = 2.0**30
+        raise ConfigError(
+            f"--gpus-per-client {gpus_per_client:g}: each client gets about {share / gib:.2f} GiB of the "
+            f"{props.total_memory / gib:.1f} GiB of {props.name}, but model {run_config.get('model')!r} "
+            f"needs at least {need / gib:.2f} GiB for its weights, gradients and optimiser state "
+            "(activations come on top): raise --gpus-per-client or use a smaller model"
+        )
+
+
+def static_training_bytes(run_config: dict) -> int:
+    """A lower bound of one client's GPU memory: float32 weights + gradients + optimiser state of the
+    run's classifier (Adam/AdamW keep two moments, SGD with momentum one), i.e. 16 (Adam) or 12
+    (SGD) bytes per parameter; activations, which grow with ``batch-size``, are not counted."""
+    import registry
+    from fedderm.models import create_model
+
+    cfg = registry.load_config(run_config)
+    model = create_model(cfg.model, 2, cfg.image_size)
+    params = sum(p.numel() for p in model.parameters())
+    return params * (16 if cfg.optimizer in ("adam", "adamw") else 12)
+
+
+def backend_config(
+    cpus_per_client: int, gpus_per_client: float, ray_address: str = "", verbose: bool = False
+) -> dict:
+    """Flower's Ray backend config: each client's resources (Ray places a client where they are
+    free: ``num_gpus`` 0.25 puts four on one GPU) and ``ray.init``'s arguments: a local Ray
+    sized to this machine, or with ``ray_address`` (``host:port`` of a running head node, or
+    ``auto``) the existing cluster, whose nodes bring their own CPUs and GPUs."""
+    init = (
+        {"address": ray_address} if ray_address else {"num_cpus": max(os.cpu_count() or 1, cpus_per_client)}
+    )
+    if not verbose:  # the clients' output is Ray's per-round chatter; their errors come back in their replies
+        init.update({"log_to_driver": False, "logging_level": logging.ERROR})
+    return {
+        "client_resources": {"num_cpus": cpus_per_client, "num_gpus": gpus_per_client},
+        "init_args": init,
+    }
+
+
 def _resumed_config(run_config: dict) -> dict:
     """``run_config``, or with ``resume`` set the resumed run's saved settings (what the run will use)."""
     if not run_config.get("resume"):
@@ -149,13 +233,15 @@ def simulate(
     client_app=None,
     preset: str = "",
     user_overrides: dict | None = None,
+    ray_address: str = "",
 ) -> Path:
     """Run one simulation with ``num_supernodes`` virtual hospitals (default: ``min-clients``, plus
     one for a held-out centre); return the run folder.
 
     ``client_app`` replaces fedderm's ClientApp (tests use it to inject faults).  ``preset`` and
     ``user_overrides`` (default: ``overrides``) are what the command line gave: config.json records
-    them, and a resume warns only about the keys in ``user_overrides``."""
+    them, and a resume warns only about the keys in ``user_overrides``.  ``ray_address`` joins a
+    running Ray cluster instead of starting a local one (:func:`backend_config`)."""
     from flwr.app import ConfigRecord, Context, RecordDict
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.telemetry import EventType as Ev
@@ -173,6 +259,7 @@ def simulate(
     if num_supernodes is None:
         num_supernodes = effective["min-clients"] + (1 if effective["holdout-centre"] else 0)
     check_before_start(effective, num_supernodes)
+    check_gpus(effective, gpus_per_client, ray_address)
     check_data(run_config, num_supernodes)
     run = _simulation_run(overrides)
     run_id = run.run_id
@@ -185,15 +272,7 @@ def simulate(
         client_app=client_app,
         server_app=server_app,
         server_app_context=context,
-        backend_config={
-            "client_resources": {"num_cpus": cpus_per_client, "num_gpus": gpus_per_client},
-            "init_args": {
-                "num_cpus": max(os.cpu_count() or 1, cpus_per_client),
-                # the clients' output is Ray's per-round chatter; their errors
-                # come back in their replies
-                **({} if verbose else {"log_to_driver": False, "logging_level": logging.ERROR}),
-            },
-        },
+        backend_config=backend_config(cpus_per_client, gpus_per_client, ray_address, verbose),
         app_dir=str(APP_DIR),
         is_app=True,
         run=run,
@@ -262,6 +341,7 @@ def run_sweep(
     gpus_per_client: float = 0.0,
     verbose: bool = False,
     echo=print,
+    ray_address: str = "",
 ) -> Path:
     """Run every row × seed (× fold) of a sweep file through :func:`simulate`; write table.md and
     table.json into the sweep folder; return the table.md path.
@@ -331,7 +411,14 @@ def run_sweep(
         reason = ""
         try:
             with contextlib.nullcontext() if verbose else _output_to(log):
-                done_dir = simulate(overrides, spec.num_supernodes, cpus_per_client, gpus_per_client, verbose)
+                done_dir = simulate(
+                    overrides,
+                    spec.num_supernodes,
+                    cpus_per_client,
+                    gpus_per_client,
+                    verbose,
+                    ray_address=ray_address,
+                )
             summary = ft.read_summary(done_dir)
         except Exception as err:  # noqa: BLE001 - a failed run is recorded and the sweep goes on
             done_dir, summary, reason = (
@@ -392,7 +479,19 @@ def main(argv: list[str] | None = None) -> int:
         help="overrides 'key=value ...' (TOML values, strings quoted) or one .toml file",
     )
     parser.add_argument("--cpus-per-client", type=int, default=1, help="CPU cores reserved per client")
-    parser.add_argument("--gpus-per-client", type=float, default=0.0, help="GPU share per client")
+    parser.add_argument(
+        "--gpus-per-client",
+        type=float,
+        default=0.0,
+        help="GPU share per client (0.25: four clients per GPU); needs CUDA (docs/gpu.md)",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default="",
+        metavar="ADDRESS",
+        help="join a running Ray cluster (host:port of its head node, or auto) instead of starting "
+        "a local Ray (docs/gpu.md)",
+    )
     parser.add_argument(
         "--verbose",
         action="store_true",
@@ -448,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.cpus_per_client,
                 args.gpus_per_client,
                 args.verbose,
+                ray_address=args.ray_address,
             )
             return 0
         overrides, preset, given = parse_run_config(args.run_config)
@@ -459,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
             args.verbose,
             preset=preset,
             user_overrides=given,
+            ray_address=args.ray_address,
         )
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

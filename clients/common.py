@@ -29,8 +29,8 @@ from fedderm.data import ClientData, DataError, load_client_data
 from fedderm.data.checks import class_counts
 from fedderm.models import create_model
 from fedderm.node import NodeSettings, parse_node_config
+from fedderm.train import check_precision, mim_schedule, resolve_device, round_lr
 from fedderm.train import evaluate as evaluate_model
-from fedderm.train import mim_schedule, resolve_device, round_lr
 
 _SESSIONS: dict[tuple, ClientSession] = {}
 #: The default classifier, one per (model, classes, image size) and process: every client session
@@ -197,7 +197,9 @@ def session(context: Context) -> ClientSession:
                 raise
             raise DataError(f"client {node.partition_id}: {err}") from err
         torch.manual_seed(cfg.seed)
-        _SESSIONS[key] = ClientSession(cfg, data, resolve_device(cfg.device), node.partition_id, node)
+        device = resolve_device(cfg.device)
+        check_precision(cfg.precision, device)
+        _SESSIONS[key] = ClientSession(cfg, data, device, node.partition_id, node)
     return _SESSIONS[key]
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Context, Message
 
+from fedderm.leakage import audit
 from fedderm.moco import FEATURE_DIM, FeatureQueue, MoCo, build_moco, encode_keys, moco_round
 from fedderm.relay_privacy import privatise, releases_per_upload
 from wire import FEATURES, REMOTE, to_array, to_record, values
@@ -36,6 +37,7 @@ from .state import client_state
 
 BANK = "fedclf-local-bank"  # client state: Q_l
 OWN_MODEL = "fedclf-model"  # client state: Local CL's model
+RELAYED = "fedclf-relayed"  # client state (leakage audit only): the last upload and its image ids
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class MocoOptions:
     feature_dtype: str
     relay_clip: float = 0.0
     relay_noise: float = 0.0
+    leakage_audit: bool = False
 
     @classmethod
     def from_config(cls, cfg, feature_sharing: bool | None = None) -> MocoOptions:
@@ -63,6 +66,7 @@ class MocoOptions:
             feature_dtype=cfg.option("fedclf.feature-dtype"),
             relay_clip=cfg.option("fedclf.relay-clip"),
             relay_noise=cfg.option("fedclf.relay-noise-multiplier"),
+            leakage_audit=bool(cfg.option("fedclf.leakage-audit")),
         )
 
 
@@ -75,21 +79,22 @@ def local_bank(context: Context, s: ClientSession, model: MoCo, queue_size: int)
     images (encoded on a copy, so the model's BatchNorm statistics are untouched)."""
     saved = client_state(context).tensors(BANK)
     if saved is not None:
-        return FeatureQueue(queue_size, FEATURE_DIM, saved["features"], device=s.device)
+        return FeatureQueue(queue_size, FEATURE_DIM, saved["features"], device=s.device, ids=saved.get("ids"))
     images, _ = s.data.tensors("train")
-    keys = encode_keys(
+    keys, ids = encode_keys(
         copy.deepcopy(model),
         images,
         queue_size,
         batch_size=s.cfg.batch_size,
         seed=s.seed(0, salt=11),
         device=s.device,
+        with_ids=True,
     )
-    return FeatureQueue(queue_size, FEATURE_DIM, keys, device=s.device)
+    return FeatureQueue(queue_size, FEATURE_DIM, keys, device=s.device, ids=ids)
 
 
 def save_bank(context: Context, bank: FeatureQueue) -> None:
-    client_state(context).put(BANK, {"features": bank.ordered()})
+    client_state(context).put(BANK, {"features": bank.ordered(), "ids": bank.ordered_ids()})
 
 
 def upload(bank: FeatureQueue, dtype: str, opts: MocoOptions | None = None, seed: int = 0) -> ArrayRecord:
@@ -99,6 +104,49 @@ def upload(bank: FeatureQueue, dtype: str, opts: MocoOptions | None = None, seed
     if opts is not None and opts.relay_clip > 0:
         shared = privatise(shared, opts.relay_clip, opts.relay_noise, seed)
     return ArrayRecord({"features": to_array(np.ascontiguousarray(shared.numpy().astype(dtype)))})
+
+
+def share(context: Context, bank: FeatureQueue, opts: MocoOptions, seed: int) -> ArrayRecord:
+    """:func:`upload`; with ``fedclf.leakage-audit`` the client also keeps (in its state, never
+    sent) the uploaded rows and the training-image index of each, for next round's audit."""
+    record = upload(bank, opts.feature_dtype, opts, seed)
+    if opts.leakage_audit:
+        sent = torch.from_numpy(values(record["features"]).astype(np.float32))
+        client_state(context).put(RELAYED, {"features": sent, "ids": bank.image_ids()})
+    return record
+
+
+def leakage_metrics(
+    context: Context, s: ClientSession, model: MoCo, remote: torch.Tensor | None, server_round: int
+) -> dict:
+    """``fedclf.leakage-audit`` (:mod:`fedderm.leakage`): the attack an honest-but-curious hospital
+    could run this round, against this client.  Relayed features: this client's previous upload
+    (relayed to the others this round) among the other clients' (Q_r, what it received itself);
+    encoder: the global model just received; members: the training images of the upload's rows;
+    non-members: this client's held-out (val and test) images.  ``leakage-auc``, or nothing before
+    the first upload."""
+    kept = client_state(context).tensors(RELAYED)
+    if kept is None:
+        return {}
+    ids = torch.unique(kept["ids"][kept["ids"] >= 0])
+    train, _ = s.data.tensors("train")
+    held_out = torch.cat([s.data.tensors("val")[0], s.data.tensors("test")[0]])
+    if len(held_out) == 0:
+        raise ValueError(
+            f"run-config key 'fedclf.leakage-audit': client {s.partition_id} has no held-out (val or "
+            "test) images to serve as the audit's non-members"
+        )
+    relayed = kept["features"] if remote is None else torch.cat([kept["features"], remote])
+    auc = audit(
+        copy.deepcopy(model),
+        train[ids],
+        held_out,
+        relayed,
+        batch_size=s.cfg.batch_size,
+        seed=s.seed(server_round, salt=17),
+        device=s.device,
+    )
+    return {"leakage-auc": auc, "leakage-members": len(ids), "leakage-non-members": len(held_out)}
 
 
 def relay_metrics(s: ClientSession, opts: MocoOptions) -> dict:
@@ -117,7 +165,7 @@ def features(msg: Message, context: Context, feature_sharing: bool | None = None
     return reply(
         msg,
         {"partition-id": s.partition_id, "num-examples": len(bank), **relay_metrics(s, opts)},
-        **{FEATURES: upload(bank, opts.feature_dtype, opts, s.seed(0, salt=13))},
+        **{FEATURES: share(context, bank, opts, s.seed(0, salt=13))},
     )
 
 
@@ -140,6 +188,11 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     remote = None
     if opts.feature_sharing and REMOTE in msg.content:
         remote = torch.from_numpy(values(msg.content[REMOTE]["features"]).astype(np.float32))
+    audited = (
+        leakage_metrics(context, s, model, remote, server_round)
+        if opts.leakage_audit and opts.feature_sharing and not local
+        else {}
+    )
     images, _ = s.data.tensors("train")
     metrics = moco_round(
         model,
@@ -155,13 +208,14 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     )
     metrics["partition-id"] = s.partition_id
     metrics["remote-features"] = 0 if remote is None else len(remote)
+    metrics.update(audited)
     save_bank(context, bank)
     if local:
         state.put(OWN_MODEL, model.state_dict())
         return reply(msg, metrics)
     weights = to_record(model.state_dict())
     extra = (
-        {FEATURES: upload(bank, opts.feature_dtype, opts, s.seed(server_round, salt=13))}
+        {FEATURES: share(context, bank, opts, s.seed(server_round, salt=13))}
         if opts.feature_sharing
         else {}
     )

@@ -263,7 +263,7 @@ class Loopback:
             f"EC key pairs under {self.secrets.out}"
         )
 
-    def start_superlink(self, timeout: float = 60) -> None:
+    def start_superlink(self, timeout: float = 60, database: str = "superlink.db") -> None:
         s = self.secrets
         self.port = free_port()
         self.spawn(
@@ -279,7 +279,7 @@ class Loopback:
                 "--enable-supernode-auth",
                 "--disable-runtime-dependency-installation",
                 "--database",
-                str(self.workdir / "superlink.db"),
+                str(self.workdir / database),
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -372,7 +372,7 @@ class Loopback:
             + ", ".join(f"{n} (node {self.node_ids[n]})" for n in self.hospitals)
         )
 
-    def restart_supernode(self, name: str, allow_list: Path | None = None, timeout: float = 90) -> None:
+    def restart_supernode(self, name: str, allow_list: Path | None = None, timeout: float = 180) -> None:
         """Stop hospital ``name``'s SuperNode (and its SuperExec) and start it again, optionally
         with a new allow-list; waits until it is online again."""
         label = f"supernode-{name}"
@@ -382,14 +382,53 @@ class Loopback:
         if allow_list is not None:
             self.allow_lists[name] = Path(allow_list)
         i = self.hospitals.index(name)
-        self.spawn(label, self.supernode_argv(name, self.node_config(i, name)), home=name)
         deadline = time.monotonic() + timeout
-        while self.node_ids[name] not in self.online():
-            self._check_alive(label)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name} was not online again {timeout:.0f} s after its restart")
-            time.sleep(1)
-        self.echo(f"{name}: restarted" + (f" with allow-list {allow_list}" if allow_list else ""))
+        tries = 0
+        while True:
+            tries += 1
+            proc = self.spawn(label, self.supernode_argv(name, self.node_config(i, name)), home=name)
+            # online: its "SuperNode ID" line (the SuperLink may still list a crashed node as online)
+            while proc.popen.poll() is None and "SuperNode ID:" not in proc.log.read_text(errors="replace"):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} was not online again {timeout:.0f} s after its restart")
+                time.sleep(0.5)
+            if proc.popen.poll() is None:
+                break
+            # A SuperNode that crashed (no clean deactivation) counts as online at the SuperLink
+            # until its heartbeat expires (2 x 30 s in Flower 1.41); until then activation fails.
+            log = proc.log.read_text(errors="replace")
+            self.procs.remove(proc)
+            if "Failed to activate" not in log or time.monotonic() > deadline:
+                raise RuntimeError(f"{label} exited with code {proc.popen.returncode}:\n{log[-3000:]}")
+            proc.log.rename(proc.log.with_suffix(f".refused-{tries}.log"))
+            time.sleep(5)
+        self.echo(
+            f"{name}: restarted"
+            + (f" with allow-list {allow_list}" if allow_list else "")
+            + (f" (activation refused {tries - 1}x until its old session expired)" if tries > 1 else "")
+        )
+
+    def kill(self, name: str | None = None) -> None:
+        """SIGKILL (a crash, no clean-up) process ``name`` and everything in its process group;
+        every process this object started when ``name`` is None."""
+        for proc in [p for p in self.procs if name is None or p.name == name]:
+            try:
+                os.killpg(proc.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.popen.wait(timeout=30)
+            if proc in self.procs:  # a `flwr` call in another thread may have removed it already
+                self.procs.remove(proc)
+
+    def restart(self, database: str) -> None:
+        """After :meth:`kill`: a new SuperLink (on a new port, with a new ``database``), the
+        hospitals registered again and their SuperNodes started with the same node config
+        (data, ``state-dir``), as a site would bring its machines back after a power cut."""
+        self.node_ids = {}
+        self.start_superlink(database=database)
+        for name in self.hospitals:
+            self.register(name)
+        self.start_supernodes()
 
     def online(self) -> set[int]:
         res = self.flwr("supernode", "list", CONNECTION, "--format", "json")
@@ -420,22 +459,28 @@ class Loopback:
         refused = rc not in (None, 0) and bool(reason) and not (self.online() - set(self.node_ids.values()))
         return {"refused": refused, "returncode": rc, "reason": reason, "log": str(proc.log)}
 
-    def run(self, method: str, run_config: dict, timeout: float = 900) -> RunOutcome:
-        """``flwr run`` the app for ``method`` and check its results folder."""
-        out_dir = self.workdir / "results"
-        config = {
+    def run_config(self, method: str, run_config: dict, run_name: str | None = None) -> dict:
+        """The run config :meth:`run` hands ``flwr run``: results under ``<workdir>/results``."""
+        return {
             **BASE_RUN_CONFIG,
             "min-clients": len(self.hospitals),
             **run_config,
             "method": method,
-            "output-dir": str(out_dir),
-            "run-name": method,
+            "output-dir": str(self.workdir / "results"),
+            "run-name": run_name or method,
         }
-        run_id, status, wall = self.flwr_run(APP_DIR, config, f"run-{method}", timeout)
-        outcome = RunOutcome(method, run_id, status, out_dir / method, wall)
+
+    def run(
+        self, method: str, run_config: dict, timeout: float = 900, run_name: str | None = None
+    ) -> RunOutcome:
+        """``flwr run`` the app for ``method`` and check its results folder."""
+        config = self.run_config(method, run_config, run_name)
+        name = config["run-name"]
+        run_id, status, wall = self.flwr_run(APP_DIR, config, f"run-{name}", timeout)
+        outcome = RunOutcome(method, run_id, status, self.workdir / "results" / name, wall)
         outcome.problems = check_results(outcome, len(self.hospitals), config["num-server-rounds"])
         if outcome.problems:
-            outcome.problems.append(f"flwr run output: {self.workdir / 'logs' / f'run-{method}.log'}")
+            outcome.problems.append(f"flwr run output: {self.workdir / 'logs' / f'run-{name}.log'}")
         return outcome
 
     def flwr_run(self, app: Path, run_config: dict, log_name: str, timeout: float = 900):

@@ -26,6 +26,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer": ("sgd", "adam", "adamw"),
     "lr-schedule": ("constant", "cosine", "exponential"),
     "device": ("auto", "cpu", "cuda"),
+    "precision": ("fp32", "bf16", "fp16"),
     "finetune": ("none", "local", "federated"),
     "finetune-optimizer": ("sgd", "adam", "adamw"),
     "transport-dtype": TRANSPORT_DTYPES,
@@ -79,6 +80,7 @@ class Config:
     lr_decay: float = 0.998
     proximal_mu: float = 0.0
     device: str = "auto"
+    precision: str = "fp32"
     augment: str = "flip"
     # fine-tuning stage of the self-supervised methods (after num-server-rounds of pre-training)
     finetune: str = "federated"
@@ -319,6 +321,8 @@ KEY_DOCS: dict[str, str] = {
     "pre-training rounds, fine-tuning rounds, held-out-centre epochs)",
     "proximal-mu": 'FedProx μ (`method="fedprox"`), e.g. 0.01',
     "device": "`auto` uses CUDA when present, else CPU",
+    "precision": "mixed precision of every local loop: `fp32` (off), `bf16` (autocast; CPU and CUDA) or `fp16` "
+    "(autocast + GradScaler; CUDA only); weights, aggregation and the wire stay float32 (docs/gpu.md)",
     "finetune": "after pre-training: `federated` (FedAvg of the classifiers), `local` (each client fine-tunes "
     "its own copy and keeps its best-on-val model) or `none` (pre-training only)",
     "finetune-rounds": "fine-tuning rounds",
@@ -362,6 +366,8 @@ KEY_DOCS: dict[str, str] = {
     "fedclf.relay-noise-multiplier": "σ: Gaussian noise N(0, (σC)²) added to every relayed feature vector; "
     "(ε, δ) per client in summary.json `relay_privacy`; `0`: no noise",
     "fedclf.relay-delta": "δ of the reported (ε, δ) of the private relay",
+    "fedclf.leakage-audit": "membership attack on the relay every round (nearest relayed feature); "
+    "its ROC-AUC per client in rounds.csv split `leakage-audit`",
     "fedsimclr.temperature": 'τ of SimCLR\'s NT-Xent (`fedsimclr`, and `ssl.tasks="simclr"`)',
     "fedmae.mask-ratio": "share of patches removed per image (000: 0.75; 003's Fed-MAE: 0.6)",
     "fedmae.exclude": "parameters kept on the clients during the rounds (000 Table V): `none`, `decoder`, "
@@ -377,13 +383,14 @@ KEY_DOCS: dict[str, str] = {
     "fedbeit.vocab-size": "number of visual tokens (DALL-E: 8192)",
     "fedbeit.tokenizer": "a TorchScript tokenizer; empty: the random-projection substitute (not the dVAE)",
     "mim.lr-step": "`fedmae`/`fedbeit` pre-training: `round` steps `lr-schedule` once per round; `iteration` "
-    "sets the lr before every step, warm-up then cosine over all rounds × local epochs (MAE/BEiT)",
+    "sets the lr before every step, warm-up then cosine over all rounds × local epochs (MAE/BEiT); "
+    '`""`: the method\'s recipe (`iteration`)',
     "mim.warmup-epochs": "`fedmae`/`fedbeit`: linear warm-up over the first N local epochs, counted across rounds "
-    '(003 §IV-B3: 5 for MAE, 10 for BEiT); needs `mim.lr-step="iteration"`',
+    '(003 §IV-B3: 5 for MAE, 10 for BEiT); needs `mim.lr-step="iteration"`; `-1`: the method\'s (5 | 10)',
     "mim.adam-beta2": "`fedmae`/`fedbeit`: β2 of the pre-training Adam/AdamW (MAE's recipe, followed by 000: 0.95; "
-    "003: 0.999)",
+    "003 and BEiT: 0.999); `-1`: the method's (0.95 | 0.999)",
     "mim.lr-scaling": "`fedmae`/`fedbeit`: `batch` reads `lr` as a base rate, lr = blr × batch-size/256 "
-    "(MAE/BEiT); `absolute` uses it as given",
+    '(MAE/BEiT); `absolute` uses it as given; `""`: the method\'s (`batch`)',
     "sift.variant": "`full` (002), or the Fig. 4 ablations `single`, `trainable-head`, `random-head`, "
     "`trainable-projector`",
     "sift.ema-beta": "β of 002 Eq. 2 (long-term model EMA)",

@@ -20,7 +20,7 @@ from .augment import Augment
 from .data import TensorBatches
 from .losses import barlow_twins, moon_contrastive
 from .models import create_model
-from .train import make_optimizer, random_flips, to_input
+from .train import Amp, make_optimizer, random_flips, to_input
 
 __all__ = [
     "ProjectedNet",
@@ -92,6 +92,7 @@ def train_with_model_term(
     seed: int = 0,
     device: torch.device | str = "cpu",
     augment: Augment = random_flips,
+    precision: str | None = None,
 ) -> dict[str, float]:
     """Cross-entropy training plus ``term(x, z_local)`` per mini-batch.
 
@@ -105,6 +106,7 @@ def train_with_model_term(
     opt = make_optimizer(
         [p for p in model.parameters() if p.requires_grad], optimizer, lr, momentum, weight_decay
     )
+    amp = Amp(device, precision)  # the run's precision (fedderm.train.use_precision)
     batches = TensorBatches(images, labels, batch_size, shuffle=True, seed=seed)
     flips = torch.Generator().manual_seed(seed + 1)
     loss_sum = term_sum = 0.0
@@ -117,15 +119,15 @@ def train_with_model_term(
                 continue
             x = to_input(augment(xb, flips), device)
             y = yb.to(device)
-            logits, z = model.forward_with_features(x)
-            loss = F.cross_entropy(logits, y)
-            if term is not None:
-                extra = term(x, z)
-                loss = loss + extra
-                term_sum += extra.item() * len(yb)
+            with amp.autocast():
+                logits, z = model.forward_with_features(x)
+                loss = F.cross_entropy(logits, y)
+                if term is not None:
+                    extra = term(x, z)
+                    loss = loss + extra
+                    term_sum += extra.item() * len(yb)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            amp.step(loss, opt)
             loss_sum += loss.item() * len(yb)
             seen += len(yb)
     return {

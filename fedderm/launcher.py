@@ -46,6 +46,7 @@ _INTERNALS = (
     ("flwr.supercore.cli.flower_superexec", "flower_superexec"),
     ("flwr.supernode.runtime.run_clientapp", "run_clientapp"),
     ("flwr.supernode.runtime.run_clientapp", "install_from_fab"),
+    ("flwr.supercore.utils", "get_flwr_home"),
     ("flwr.supernode.start_client_internal", "time"),
     ("flwr.supernode.start_client_internal", "subprocess"),
     ("flwr.supernode.cli.flower_supernode", "flower_supernode"),
@@ -162,9 +163,30 @@ def _guard_install(allowed: set[str] | None, source: str) -> None:
             _log.error("fedderm launcher: %s", message)
             raise PermissionError(message)
         _log.info("fedderm launcher: app bundle sha256 %s approved", digest[:16])
-        return original(fab_content, *args, **kwargs)
+        marker = _installed_marker(digest, *args, **kwargs)
+        if marker.is_file() and Path(marker.read_text()).is_dir():
+            return Path(marker.read_text())  # unpacked and verified by Flower for this very hash
+        installed = original(fab_content, *args, **kwargs)
+        if isinstance(installed, (str, Path)) and Path(installed).is_dir():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            tmp = marker.with_name(f".{marker.name}.{os.getpid()}")
+            tmp.write_text(str(installed))
+            os.replace(tmp, marker)
+        return installed
 
     rc.install_from_fab = install_checked
+
+
+def _installed_marker(digest: str, install_dir=None, *args, **kwargs) -> Path:
+    """Where the launcher notes that Flower installed the bundle with this full sha256.
+
+    Flower's ``install_from_fab`` unzips and re-hashes the whole bundle for every message, then
+    keeps the folder it installed the first time (``apps/<publisher>.<name>.<version>.<hash8>``);
+    the marker lets the next message skip the unzip (the same trust: Flower reuses that folder)."""
+    from flwr.supercore.utils import get_flwr_home
+
+    base = Path(install_dir).expanduser() if install_dir else get_flwr_home()
+    return base / "apps" / ".fedderm-installed" / digest
 
 
 # ---------------------------------------------------------------------------------------------

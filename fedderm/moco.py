@@ -90,7 +90,10 @@ class FeatureQueue:
     """First-in-first-out bank of at most ``capacity`` features (MoCo's queue).
 
     Until it is full it grows; then each new feature replaces the oldest.  ``ordered()`` gives
-    the features oldest first, so ``FeatureQueue(capacity, dim, q.ordered())`` restores ``q``.
+    the features oldest first, so ``FeatureQueue(capacity, dim, q.ordered(), ids=q.ordered_ids())``
+    restores ``q``.  Each row also keeps the index of the image it came from (``ids``, -1 when
+    unknown, e.g. remote features): the client's own bookkeeping for the leakage audit
+    (:mod:`fedderm.leakage`), never uploaded.
     """
 
     def __init__(
@@ -99,15 +102,17 @@ class FeatureQueue:
         dim: int,
         features: torch.Tensor | None = None,
         device: torch.device | str = "cpu",
+        ids: torch.Tensor | None = None,
     ):
         if capacity < 1:
             raise ValueError(f"queue capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.buffer = torch.zeros(capacity, dim, device=device)
+        self.id_buffer = torch.full((capacity,), -1, dtype=torch.long)  # image index of each row
         self.ptr = 0  # next row to write
         self.size = 0
         if features is not None and len(features):
-            self.enqueue(features.to(device=device, dtype=torch.float32))
+            self.enqueue(features.to(device=device, dtype=torch.float32), ids)
 
     def __len__(self) -> int:
         return self.size
@@ -122,18 +127,33 @@ class FeatureQueue:
             return self.buffer[: self.size].clone()
         return torch.cat([self.buffer[self.ptr :], self.buffer[: self.ptr]])
 
+    def image_ids(self) -> torch.Tensor:
+        """The image index of every row of :meth:`features` (same order; -1 = unknown)."""
+        return self.id_buffer[: self.size].clone()
+
+    def ordered_ids(self) -> torch.Tensor:
+        """The image index of every row of :meth:`ordered` (oldest first)."""
+        if self.size < self.capacity:
+            return self.id_buffer[: self.size].clone()
+        return torch.cat([self.id_buffer[self.ptr :], self.id_buffer[: self.ptr]])
+
     @torch.no_grad()
-    def enqueue(self, x: torch.Tensor) -> None:
-        """Append ``x`` (in order), dropping the oldest features beyond ``capacity``."""
+    def enqueue(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> None:
+        """Append ``x`` (in order), dropping the oldest features beyond ``capacity``; ``ids``: the
+        image index of each row (default -1, unknown)."""
         x = x.detach().to(self.buffer)[-self.capacity :]
         n = len(x)
+        ids = torch.full((n,), -1, dtype=torch.long) if ids is None else ids.detach().long().cpu()[-n:]
         end = self.ptr + n
         if end <= self.capacity:
             self.buffer[self.ptr : end] = x
+            self.id_buffer[self.ptr : end] = ids
         else:
             first = self.capacity - self.ptr
             self.buffer[self.ptr :] = x[:first]
             self.buffer[: n - first] = x[first:]
+            self.id_buffer[self.ptr :] = ids[:first]
+            self.id_buffer[: n - first] = ids[first:]
         self.ptr = end % self.capacity
         self.size = min(self.capacity, self.size + n)
 
@@ -160,12 +180,16 @@ def encode_keys(
     batch_size: int = 256,
     seed: int = 0,
     device: torch.device | str = "cpu",
-) -> torch.Tensor:
+    with_ids: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Momentum-encoder features of up to ``limit`` of the client's images (a seeded random subset,
-    each an augmented view as during training): the initial local bank Q_l."""
+    each an augmented view as during training): the initial local bank Q_l.  ``with_ids``: also the
+    index of the image of every row."""
     device = torch.device(device)
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(images), generator=generator)[:limit]
+    if with_ids:
+        return encode_keys(model, images, limit, batch_size=batch_size, seed=seed, device=device), order
     augment = ContrastiveAugment(images.shape[-1])
     model.to(device).train()
     out = []
@@ -235,7 +259,7 @@ def moco_round(
 
     augment = ContrastiveAugment(images.shape[-1])
 
-    def loss_fn(model: MoCo, xb: torch.Tensor, _yb, generator: torch.Generator) -> torch.Tensor:
+    def loss_fn(model: MoCo, xb: torch.Tensor, idx, generator: torch.Generator) -> torch.Tensor:
         x_q, x_k = two_views(xb, augment, generator, device)
         q = model(x_q)
         model.momentum_update(key_momentum)
@@ -249,7 +273,7 @@ def moco_round(
             negatives.enqueue(torch.cat([k, sample_remote(len(k))]) if have_remote else k)  # Eq. 4
         else:
             negatives.enqueue(sample_remote(len(k)))  # Eq. 5
-        local_bank.enqueue(k)
+        local_bank.enqueue(k, ids=idx)  # the "labels" are the image indices (below)
         if on_batch is not None:
             on_batch(negatives)
         return loss
@@ -257,7 +281,7 @@ def moco_round(
     return train_epochs(
         model,
         images,
-        torch.zeros(len(images), dtype=torch.long),
+        torch.arange(len(images)),  # "labels" = image indices: Q_l knows which image each key came from
         loss_fn,
         epochs=epochs,
         batch_size=batch_size,

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .augment import Augment
-from .train import random_flips, to_input
+from .train import Amp, random_flips, to_input
 
 __all__ = [
     "scales_for",
@@ -177,6 +177,7 @@ def train_msggan(
     snapshot_at: Sequence[int] = (),
     snapshots: list | None = None,
     augment: Augment = random_flips,
+    precision: str | None = None,
 ) -> tuple[Generator, dict[str, float]]:
     """Train an MSG-GAN on uint8 images (N, 3, S, S) for ``steps`` D+G updates.
 
@@ -195,6 +196,7 @@ def train_msggan(
     opt_g = torch.optim.Adam(G.parameters(), lr=lr, betas=(0.0, 0.99))
     opt_d = torch.optim.Adam(D.parameters(), lr=lr, betas=(0.0, 0.99))
     scales = G.scales
+    amp = Amp(device, precision)  # the run's precision (fedderm.train.use_precision); one scaler, D and G
     start, cpu_start = time.monotonic(), time.process_time()
     d_loss = g_loss = torch.zeros(())
     wanted = set(snapshot_at)
@@ -203,19 +205,19 @@ def train_msggan(
         real = _pyramid(to_input(augment(images[idx], gen_seed), device), scales)
         z = torch.randn(len(idx), latent_dim, generator=gen_seed).to(device)
         # discriminator: relativistic average hinge
-        fake = [f.detach() for f in G(z)]
-        r, f = D(real), D(fake)
-        d_loss = F.relu(1 - (r - f.mean())).mean() + F.relu(1 + (f - r.mean())).mean()
+        with amp.autocast():
+            fake = [f.detach() for f in G(z)]
+            r, f = D(real).float(), D(fake).float()
+            d_loss = F.relu(1 - (r - f.mean())).mean() + F.relu(1 + (f - r.mean())).mean()
         opt_d.zero_grad(set_to_none=True)
-        d_loss.backward()
-        opt_d.step()
+        amp.step(d_loss, opt_d, update=False)
         # generator
-        fake = G(z)
-        r, f = D(real), D(fake)
-        g_loss = F.relu(1 + (r - f.mean())).mean() + F.relu(1 - (f - r.mean())).mean()
+        with amp.autocast():
+            fake = G(z)
+            r, f = D(real).float(), D(fake).float()
+            g_loss = F.relu(1 + (r - f.mean())).mean() + F.relu(1 - (f - r.mean())).mean()
         opt_g.zero_grad(set_to_none=True)
-        g_loss.backward()
-        opt_g.step()
+        amp.step(g_loss, opt_g)
         if step in wanted and snapshots is not None:
             snapshots.append((step, {k: v.detach().clone() for k, v in G.state_dict().items()}))
     G.eval()

@@ -18,12 +18,12 @@ import time
 import torch
 from torch import nn
 
+from .augment import Augment
 from .data import TensorBatches
 from .losses import multitask_ssl_loss, patch_swap
 from .models import create_model
 from .msggan import scales_for
-from .augment import Augment
-from .train import make_optimizer, random_flips, to_input
+from .train import Amp, make_optimizer, random_flips, to_input
 
 __all__ = [
     "MULTITASK_TASKS",
@@ -141,6 +141,7 @@ def train_multitask(
     seed: int = 0,
     device: torch.device | str = "cpu",
     augment: Augment = random_flips,
+    precision: str | None = None,
 ) -> dict[str, float]:
     """``epochs`` epochs of Eq. 3 (or the task ``net`` has) on uint8 images; ``centres`` may be None
     for restoration only (a centre pre-training on its own original images: SSL-Fed-R, FedSSL-R).
@@ -156,6 +157,7 @@ def train_multitask(
         centres = torch.zeros(len(images), dtype=torch.long)
     net.to(device).train()
     opt = make_optimizer(net.parameters(), optimizer, lr)
+    amp = Amp(device, precision)  # the run's precision (fedderm.train.use_precision)
     batches = TensorBatches(images, centres, batch_size, shuffle=True, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     start = time.monotonic()
@@ -170,11 +172,13 @@ def train_multitask(
             original = to_input(augment(xb, g), device)
             corrupted = patch_swap(original, patch, swaps, g)
             c = cb.to(device)
-            logits, restored = net(corrupted)
-            loss = multitask_ssl_loss(logits, c, restored, original)
+            with amp.autocast():
+                logits, restored = net(corrupted)
+                loss = multitask_ssl_loss(logits, c, restored, original)
+            logits = logits.float() if logits is not None else None
+            restored = restored.float() if restored is not None else None
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            amp.step(loss, opt)
             n = len(cb)
             sums["ssl_loss"] += loss.item() * n
             if logits is not None:

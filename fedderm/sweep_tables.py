@@ -81,7 +81,10 @@ def chance_info(summary: Mapping[str, Any], metric: Metric, client: str | None =
     chance level (:data:`CHANCE_KEYS`) or the summary lacks either number."""
     if metric.key.rsplit(".", 1)[-1] not in CHANCE_KEYS:
         return None
-    k = len(summary.get("classes") or [])
+    classes = summary.get("classes") or []
+    if isinstance(classes, Mapping):  # summary.json: {"names": [...], "counts": {...}}
+        classes = classes.get("names") or []
+    k = len(classes)
     if metric.is_final:
         source = summary.get("final") or {}
         if client is not None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -25,6 +27,72 @@ def resolve_device(name: str = "auto") -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device='cuda' was asked for but no CUDA device is available; use device='auto'")
     return torch.device(name)
+
+
+#: values of the run-config key ``precision``: the autocast dtype of the local loops (None: float32)
+PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+_PRECISION: contextvars.ContextVar[str] = contextvars.ContextVar("fedderm_precision", default="fp32")
+
+
+def check_precision(precision: str, device: torch.device | str) -> None:
+    """Raise naming the run-config key when ``precision`` cannot run on ``device``: fp16 (autocast +
+    GradScaler) is the CUDA path, bf16 the one that runs on both CPU and CUDA (issue 21)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"run-config key 'precision' must be one of {list(PRECISIONS)}, got {precision!r}")
+    if precision == "fp16" and torch.device(device).type != "cuda":
+        raise ValueError(
+            f"run-config key 'precision' is \"fp16\", which needs a CUDA device, but this client runs on "
+            f'{torch.device(device).type}: use precision="bf16" (works on CPU) or "fp32"'
+        )
+
+
+@contextlib.contextmanager
+def use_precision(precision: str) -> Iterator[None]:
+    """Every local loop started inside this block (in this thread) uses ``precision`` unless it is
+    given one; the ClientApp wraps each message in it with the run's ``precision`` key."""
+    token = _PRECISION.set(precision)
+    try:
+        yield
+    finally:
+        _PRECISION.reset(token)
+
+
+class Amp:
+    """Mixed precision of one local loop: ``autocast()`` around the forward pass and the loss, and
+    ``step(loss, opt)`` for backward + optimiser step (a ``torch.amp.GradScaler`` with fp16, so that
+    small float16 gradients do not underflow).  Parameters, optimiser state and BatchNorm statistics
+    stay float32 (autocast casts only the inputs of matmuls/convolutions), so what is aggregated and
+    sent stays float32.  ``precision`` defaults to the one set by :func:`use_precision`."""
+
+    def __init__(self, device: torch.device | str, precision: str | None = None):
+        self.device = torch.device(device)
+        self.precision = _PRECISION.get() if precision is None else precision
+        check_precision(self.precision, self.device)
+        self.dtype = PRECISIONS[self.precision]
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def step(
+        self,
+        loss: torch.Tensor,
+        opt: torch.optim.Optimizer,
+        after_backward: Callable[[], None] | None = None,
+        update: bool = True,
+    ) -> None:
+        """backward, ``after_backward()`` on the unscaled gradients, optimiser step; ``update=False``
+        when another optimiser steps later in the same iteration (e.g. a GAN's D then G)."""
+        self.scaler.scale(loss).backward()
+        if after_backward is not None:
+            if self.scaler.is_enabled():
+                self.scaler.unscale_(opt)
+            after_backward()
+        self.scaler.step(opt)
+        if update:
+            self.scaler.update()
 
 
 def seed_everything(seed: int) -> None:
@@ -140,6 +208,7 @@ def train_epochs(
     after_backward: Callable[[nn.Module], None] | None = None,
     betas: tuple[float, float] = (0.9, 0.999),
     lr_at_epoch: Callable[[float], float] | None = None,
+    precision: str | None = None,
 ) -> dict[str, float]:
     """The local loop every method shares: ``epochs`` passes of shuffled mini-batches.
 
@@ -149,12 +218,14 @@ def train_epochs(
     (e.g. SCAFFOLD's gradient correction).  ``lr_at_epoch(e + i / batches)`` (optional) sets the
     learning rate before every step, ``i`` counting the batches of local epoch ``e`` (a
     per-iteration schedule such as :func:`epoch_lr`); without it ``lr`` is constant.
+    ``precision`` (default: :func:`use_precision`'s) runs ``loss_fn`` under autocast (:class:`Amp`).
     Returns ``{"train_loss": mean loss of the last epoch, "num-examples": n}``.
     """
     device = torch.device(device)
     model.to(device).train()
     params = [p for p in model.parameters() if p.requires_grad] if params is None else list(params)
     opt = make_optimizer(params, optimizer, lr, momentum, weight_decay, betas)
+    amp = Amp(device, precision)
     batches = TensorBatches(images, labels, batch_size, shuffle=True, seed=seed)
     per_epoch = max(len(batches), 1)
     augment = torch.Generator().manual_seed(seed + 1)
@@ -167,12 +238,10 @@ def train_epochs(
             if lr_at_epoch is not None:
                 for group in opt.param_groups:
                     group["lr"] = lr_at_epoch(epoch + step / per_epoch)
-            loss = loss_fn(model, xb, yb, augment)
+            with amp.autocast():
+                loss = loss_fn(model, xb, yb, augment)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if after_backward is not None:
-                after_backward(model)
-            opt.step()
+            amp.step(loss, opt, (lambda: after_backward(model)) if after_backward is not None else None)
             loss_sum += loss.item() * len(yb)
             seen += len(yb)
     opt.zero_grad(set_to_none=True)  # the gradients are not needed after training: free their memory
@@ -196,6 +265,7 @@ def train_supervised(
     regularizer: Callable[[nn.Module], torch.Tensor] | None = None,
     after_backward: Callable[[nn.Module], None] | None = None,
     augment: Augment = random_flips,
+    precision: str | None = None,
 ) -> dict[str, float]:
     """Cross-entropy training on ``augment``-ed images (default: random flips; the run's
     ``augment`` policy: :func:`fedderm.augment.policy`); with ``proximal_mu`` > 0 adds FedProx's
@@ -230,20 +300,28 @@ def train_supervised(
         seed=seed,
         device=device,
         after_backward=after_backward,
+        precision=precision,
     )
 
 
 @torch.no_grad()
 def predict(
-    model: nn.Module, images: torch.Tensor, batch_size: int = 256, device: torch.device | str = "cpu"
+    model: nn.Module,
+    images: torch.Tensor,
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+    precision: str | None = None,
 ) -> torch.Tensor:
-    """Softmax probabilities (N, C) of the model in eval mode."""
+    """Softmax probabilities (N, C, float32) of the model in eval mode, the forward pass under
+    ``precision`` (:class:`Amp`)."""
     device = torch.device(device)
     model.to(device).eval()
-    out = [
-        F.softmax(model(to_input(images[i : i + batch_size], device)), dim=1).cpu()
-        for i in range(0, len(images), batch_size)
-    ]
+    amp = Amp(device, precision)
+    out = []
+    for i in range(0, len(images), batch_size):
+        with amp.autocast():
+            logits = model(to_input(images[i : i + batch_size], device))
+        out.append(F.softmax(logits.float(), dim=1).cpu())
     return torch.cat(out) if out else torch.empty(0)
 
 
@@ -255,10 +333,11 @@ def evaluate(
     *,
     batch_size: int = 256,
     device: torch.device | str = "cpu",
+    precision: str | None = None,
 ) -> dict[str, float]:
     """Loss and every metric of :func:`fedderm.metrics.classification_metrics` on one split, and
     the confusion matrix over all ``num_classes`` classes (flattened row-major, ``CONFUSION_KEY``)."""
-    probs = predict(model, images, batch_size, device)
+    probs = predict(model, images, batch_size, device, precision)
     y = labels.numpy()
     loss = F.nll_loss(torch.log(probs.clamp_min(1e-12)), labels).item()
     cm = confusion(y, probs.numpy().argmax(axis=1), num_classes) if len(y) else np.zeros((num_classes,) * 2)

@@ -103,11 +103,20 @@ class FastPollGrid(WrappedGrid):
     ``Strategy.start``) gets replies within ``poll_interval`` of their arrival.
     """
 
-    def __init__(self, grid: Grid, poll_interval: float | None = None, transport: str = "float32"):
+    def __init__(
+        self,
+        grid: Grid,
+        poll_interval: float | None = None,
+        transport: str = "float32",
+        pack: bool | None = None,
+    ):
         super().__init__(grid)
+        in_memory = type(grid).__name__ == "InMemoryGrid"
         if poll_interval is None:  # in memory (simulation): pulls are cheap, poll more often
-            in_memory = type(grid).__name__ == "InMemoryGrid"
             poll_interval = IN_MEMORY_POLL_INTERVAL if in_memory else POLL_INTERVAL
+        #: deployment: every message's arrays travel as one Array (:func:`wire.pack_content`):
+        #: Flower moves each Array as 2 objects, one HTTP request each per hop
+        self.pack = type(grid).__name__ == "HttpGrid" if pack is None else pack
         self.poll_interval = poll_interval
         #: ``transport-dtype``: outgoing arrays are encoded in it, replies decoded back to float32
         self.transport = transport
@@ -121,10 +130,16 @@ class FastPollGrid(WrappedGrid):
             for m in messages:
                 if m.metadata.message_type != "query.info":
                     m.content[wire.STAMP] = self.state_clock.stamp()
-        return self.inner.push_messages([wire.encode_message(m, self.transport) for m in messages])
+        messages = [wire.encode_message(m, self.transport) for m in messages]
+        if self.pack:
+            messages = [wire.pack_message(m) for m in messages]
+        return self.inner.push_messages(messages)
 
     def pull_messages(self, message_ids):
-        return [wire.decode_message(m, self.transport) for m in self.inner.pull_messages(message_ids)]
+        return [
+            wire.decode_message(wire.unpack_message(m), self.transport)
+            for m in self.inner.pull_messages(message_ids)
+        ]
 
     def send_and_receive(self, messages, *, timeout=None):
         return send_and_receive_fast(self, messages, timeout, self.poll_interval)

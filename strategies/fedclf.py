@@ -224,8 +224,37 @@ class FedCLFStrategy(Tracked, FedAvg):
             )
         return arrays, metrics
 
+    def _record_leakage(self, server_round: int, replies: list[Message]) -> None:
+        """``fedclf.leakage-audit``: the clients' attack AUCs (``leakage-auc``, taken out of the
+        metrics FedAvg averages) as split ``leakage-audit`` of rounds.csv / summary.json (column
+        ``auc``, ``num-examples`` = members + non-members; summary.json also has ``members`` and
+        ``non-members``) and TensorBoard."""
+        per_client = {}
+        for r in replies:
+            metrics = r.content["metrics"]
+            if "leakage-auc" not in metrics:
+                continue
+            auc = float(metrics.pop("leakage-auc"))
+            members, others = int(metrics.pop("leakage-members")), int(metrics.pop("leakage-non-members"))
+            per_client[str(self._pid(r.metadata.src_node_id))] = {
+                "auc": auc,
+                "num-examples": members + others,
+                "members": members,
+                "non-members": others,
+            }
+        if per_client:
+            mean = self.recorder.log_round(server_round, "leakage-audit", per_client)
+            log(
+                INFO,
+                "fedclf round %d: leakage audit (membership attack on the relay): ROC-AUC mean %.3f, %s",
+                server_round,
+                mean["auc"],
+                {pid: round(m["auc"], 3) for pid, m in per_client.items()},
+            )
+
     def _aggregate(self, server_round: int, replies: list[Message]):
         """The screened replies only: their features become the relay bank, then FedAvg."""
+        self._record_leakage(server_round, replies)
         uploads = self._take_features(replies)
         if self.feature_sharing:
             if uploads:

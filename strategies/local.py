@@ -95,7 +95,7 @@ def run(grid: Grid, cfg, recorder, classes: list[str], model=None) -> None:
     recorder.set_final(test, best_round=None)
     if cfg.test_set == "global":  # each client's own best model on the global test set (docs/test-sets.md)
         global_test, _ = _ask(grid, nodes, "evaluate", cfg.num_server_rounds, "global-test")
-        recorder.set_global_test(global_test, cfg.test_data_path or "held out of data-path")
+        recorder.set_global_test(global_test, cfg.test_data_path or "held out of the data")
     log(
         INFO,
         "local: each client tested its own best-on-val model (rounds %s)",

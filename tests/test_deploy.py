@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -412,76 +413,193 @@ def test_stop_ends_the_whole_process_group(tmp_path):
     assert _group_members({proc.popen.pid}) == []
 
 
-@pytest.mark.skipif(
+_SKIP_LOOPBACK = pytest.mark.skipif(
     os.environ.get("FEDDERM_SKIP_LOOPBACK") == "1",
     reason="FEDDERM_SKIP_LOOPBACK=1: the real-process loopback federation was skipped",
 )
-def test_loopback_federation_tls_node_auth(tmp_path):
-    """SuperLink + 3 SuperNodes as processes with TLS and node auth and fedderm's warm launcher,
-    each hospital with an allow-list holding this app's hash: FedAvg and SiFT via `flwr run`; an
-    unregistered node refused; an app bundle that no hospital approved refused by every hospital
-    before any of its code runs; every started process stopped."""
-    from deploy.loopback import APP_DIR, BASE_RUN_CONFIG, METHODS, Loopback, available_methods
+
+
+@pytest.fixture(scope="module")
+def loopback(tmp_path_factory):
+    """One SuperLink + 3 SuperNodes (TLS, node auth, fedderm's warm launcher, each hospital with
+    an allow-list holding this app's hash), started once for the loopback tests of this module."""
+    from deploy.loopback import APP_DIR, Loopback
     from fedderm.launcher import app_hash
 
-    methods, _ = available_methods(list(METHODS))
+    root = tmp_path_factory.mktemp("loopback")
     lines: list[str] = []
-    approved = tmp_path / "approved.txt"
+    approved = root / "approved.txt"
     approved_hash = app_hash(APP_DIR)
     approved.write_text(f"# this checkout\n{approved_hash}\n")
     fed = Loopback(
-        tmp_path / "fed",
+        root / "fed",
         3,
         per_class=8,
         echo=lines.append,
         allow_lists={f"hospital-{c}": approved for c in "abc"},
     )
+    fed.lines, fed.approved_hash = lines, approved_hash
     try:
         fed.start()
-        assert len(fed.node_ids) == 3 and fed.online() == set(fed.node_ids.values())
-        outsider = fed.try_outsider()
-        assert outsider["refused"], outsider
-        assert "Failed to activate SuperNode" in outsider["reason"]
-        for method in methods:
-            out = fed.run(method, {"num-server-rounds": 1, **METHODS[method]}, timeout=600)
-            assert out.ok, "\n".join(out.problems)
-            assert out.status == "finished:completed"
-            assert set(out.summary["final"]["per_client"]) == {"0", "1", "2"}
-            assert [r["round"] for r in out.summary["rounds"] if r["split"] == "val"] == [0, 1]
-        # each hospital's node config was honoured: its decoded images are cached in its state-dir
-        for name in fed.hospitals:
-            assert any((tmp_path / "fed" / "state" / name / "cache").iterdir())
-        # an app bundle no hospital approved (one changed line) is refused before its code runs
-        changed = _copy_app(APP_DIR, tmp_path / "changed-app")
-        (changed / "client_app.py").write_text((changed / "client_app.py").read_text() + "\n# changed\n")
-        digest = app_hash(changed)
-        config = {
-            **BASE_RUN_CONFIG,
-            "min-clients": 3,
-            "num-server-rounds": 1,
-            "method": "fedavg",
-            "output-dir": str(tmp_path / "refused"),
-            "run-name": "refused",
-        }
-        _, status, _ = fed.flwr_run(changed, config, "run-refused", timeout=300)
-        assert status == "finished:failed"
-        run_log = (tmp_path / "fed" / "logs" / "run-refused.log").read_text()
-        assert "not on this hospital's allow-list" in run_log  # the server saw the error replies
-        for name in fed.hospitals:
-            node_log = (tmp_path / "fed" / "logs" / f"supernode-{name}.log").read_text()
-            assert f"refused: app bundle sha256 {digest}" in node_log
-            home = tmp_path / "fed" / "homes" / name
-            assert list(home.rglob(f"*.{approved_hash[:8]}"))  # Flower unpacks an approved bundle here
-            assert not list(home.rglob(f"*.{digest[:8]}"))  # ... and never unpacked the refused one
-        assert not (tmp_path / "refused" / "refused" / "model.pt").exists()
-        groups = {p.popen.pid for p in fed.procs}  # each started process leads its own group
-        running = {p.name for p in fed.procs if p.popen.poll() is None}
-        assert running == {"superlink", *(f"supernode-{h}" for h in fed.hospitals)}  # outsider already gone
-        assert len(_group_members(groups)) > 4  # their SuperExecs live in the same groups
+        yield fed
     finally:
         fed.stop()
-    assert _group_members(groups) == []
-    assert any(line.startswith("nodes connected: 3/3 online") for line in lines)
+
+
+@_SKIP_LOOPBACK
+def test_loopback_federation_tls_node_auth(loopback, tmp_path):
+    """FedAvg and SiFT via `flwr run`; an unregistered node refused; an app bundle that no
+    hospital approved refused by every hospital before any of its code runs; each run's
+    TensorBoard events (written by the ServerApp under `flwr run`) read back equal to its rounds.csv."""
+    from test_tracking import assert_events_match_csv
+
+    from deploy.loopback import APP_DIR, BASE_RUN_CONFIG, METHODS, available_methods
+    from fedderm.launcher import app_hash
+
+    fed, approved_hash = loopback, loopback.approved_hash
+    methods, _ = available_methods(list(METHODS))
+    assert len(fed.node_ids) == 3 and fed.online() == set(fed.node_ids.values())
+    assert any(line.startswith("nodes connected: 3/3 online") for line in fed.lines)
+    outsider = fed.try_outsider()
+    assert outsider["refused"], outsider
+    assert "Failed to activate SuperNode" in outsider["reason"]
+    for method in methods:
+        out = fed.run(method, {"num-server-rounds": 1, **METHODS[method]}, timeout=600)
+        assert out.ok, "\n".join(out.problems)
+        assert out.status == "finished:completed"
+        assert set(out.summary["final"]["per_client"]) == {"0", "1", "2"}
+        assert [r["round"] for r in out.summary["rounds"] if r["split"] == "val"] == [0, 1]
+        # TensorBoard (issue 20): the `flwr run` ServerApp's event file holds rounds.csv's numbers
+        assert len(list(out.run_dir.glob("events.out.tfevents.*"))) == 1
+        checked, scalars = assert_events_match_csv(out.run_dir)
+        assert checked > 0 and "val/balanced_accuracy/mean" in scalars
+    # each hospital's node config was honoured: its decoded images are cached in its state-dir
+    for name in fed.hospitals:
+        assert any((fed.workdir / "state" / name / "cache").iterdir())
+    # an app bundle no hospital approved (one changed line) is refused before its code runs
+    changed = _copy_app(APP_DIR, tmp_path / "changed-app")
+    (changed / "client_app.py").write_text((changed / "client_app.py").read_text() + "\n# changed\n")
+    digest = app_hash(changed)
+    config = {
+        **BASE_RUN_CONFIG,
+        "min-clients": 3,
+        "num-server-rounds": 1,
+        "method": "fedavg",
+        "output-dir": str(tmp_path / "refused"),
+        "run-name": "refused",
+    }
+    _, status, _ = fed.flwr_run(changed, config, "run-refused", timeout=300)
+    assert status == "finished:failed"
+    run_log = (fed.workdir / "logs" / "run-refused.log").read_text()
+    assert "not on this hospital's allow-list" in run_log  # the server saw the error replies
+    for name in fed.hospitals:
+        node_log = (fed.workdir / "logs" / f"supernode-{name}.log").read_text()
+        assert f"refused: app bundle sha256 {digest}" in node_log
+        home = fed.workdir / "homes" / name
+        assert list(home.rglob(f"*.{approved_hash[:8]}"))  # Flower unpacks an approved bundle here
+        assert not list(home.rglob(f"*.{digest[:8]}"))  # ... and never unpacked the refused one
+    assert not (tmp_path / "refused" / "refused" / "model.pt").exists()
+
+
+def _flwr_run_in_thread(fed, config: dict, log_name: str) -> tuple[threading.Thread, dict]:
+    from deploy.loopback import APP_DIR
+
+    result: dict = {}
+
+    def target():
+        try:
+            result["run"] = fed.flwr_run(APP_DIR, config, log_name, timeout=900)
+        except BaseException as err:  # noqa: BLE001 - the test reads it
+            result["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def _wait_for(predicate, what: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@_SKIP_LOOPBACK
+def test_loopback_supernode_killed_mid_round_rejoins(loopback):
+    """Hospital c's SuperNode (and its ClientApp) is SIGKILLed while it handles round 1's train
+    message and started again: round 1 goes on without it (Flower answers for the dead node
+    once its heartbeat expires), it rejoins under its registered key, and the run completes
+    with all three hospitals in round 2 and the final test."""
+    from deploy.loopback import RunOutcome, check_results
+
+    fed = loopback
+    config = fed.run_config("fedavg", {"num-server-rounds": 2}, "killed-node")
+    log = fed.workdir / "logs" / "supernode-hospital-c.log"
+    seen = log.read_text(errors="replace").count("Receiving: train message")
+    thread, result = _flwr_run_in_thread(fed, config, "run-killed-node")
+    trains = lambda: log.read_text(errors="replace").count("Receiving: train message")  # noqa: E731
+    _wait_for(lambda: trains() > seen, "hospital c receiving a train message")
+    fed.kill("supernode-hospital-c")
+    fed.restart_supernode("hospital-c")
+    thread.join(timeout=900)
+    assert "error" not in result, result.get("error")
+    run_id, status, wall = result["run"]
+    out = RunOutcome("fedavg", run_id, status, fed.workdir / "results" / "killed-node", wall)
+    problems = check_results(out, 3, 2)
+    assert not problems, problems
+    summary = out.summary
+    missing = summary.get("missing_clients", [])
+    assert any(m["round"] == 1 and m["partition-id"] == "2" for m in missing), missing
+    assert not any(m.get("round") == 2 for m in missing), missing
+    assert set(summary["final"]["per_client"]) == {"0", "1", "2"}
+    assert any(line.startswith("hospital-c: restarted") for line in fed.lines)
+
+
+@_SKIP_LOOPBACK
+def test_loopback_fedclf_killed_and_resumed_is_bit_identical(loopback):
+    """Issue 17: FedCLF on the loopback federation; the SuperLink and every SuperNode are
+    SIGKILLed after round 2's checkpoint, the federation is started again and the run continued
+    with ``resume``: the same final metrics, rounds and weights as an uninterrupted run."""
+    import json
+
+    import torch
+
+    fed = loopback
+    extra = {"num-server-rounds": 3, "fedclf.queue-size": 24}
+    full = fed.run("fedclf", extra, run_name="fedclf-full")
+    assert full.ok, "\n".join(full.problems)
+    cut_dir = fed.workdir / "results" / "fedclf-cut"
+    thread, result = _flwr_run_in_thread(fed, fed.run_config("fedclf", extra, "fedclf-cut"), "run-fedclf-cut")
+    _wait_for(lambda: any(cut_dir.glob("checkpoint*-round-2.pt")), "the round-2 checkpoint")
+    fed.kill()  # the SuperLink, its ServerApp, every SuperNode and ClientApp, the flwr CLI
+    thread.join(timeout=120)
+    assert json.loads((cut_dir / "summary.json").read_text()).get("final") is None  # not finished
+    fed.restart(database="superlink-restarted.db")
+    resumed = fed.run("fedclf", {**extra, "resume": str(cut_dir)}, run_name="fedclf-cut")
+    assert resumed.ok, "\n".join(resumed.problems)
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (full.run_dir, cut_dir))
+    assert a["final"] == b["final"] and a["rounds"] == b["rounds"] and a["best_round"] == b["best_round"]
+    for name in ("model.pt", "model-best.pt"):
+        wa, wb = torch.load(full.run_dir / name), torch.load(cut_dir / name)
+        assert wa.keys() == wb.keys()
+        for key in wa:
+            if isinstance(wa[key], torch.Tensor):
+                assert torch.equal(wa[key], wb[key]), (name, key)
+            else:
+                assert wa[key] == wb[key], (name, key)
+
+
+@_SKIP_LOOPBACK
+def test_loopback_stop_leaves_no_process(loopback):
+    """Last: stopping the federation ends every process it started (their SuperExecs and
+    ClientApps live in the same process groups)."""
+    fed = loopback
+    groups = {p.popen.pid for p in fed.procs}
+    running = {p.name for p in fed.procs if p.popen.poll() is None and p.name.startswith("super")}
+    assert running == {"superlink", *(f"supernode-{h}" for h in fed.hospitals)}  # outsider already gone
+    assert len(_group_members(groups)) > 4  # their SuperExecs live in the same groups
+    fed.stop()
+    assert _group_members(groups) == [] and fed.procs == []
 
 
 def _copy_app(src: Path, dst: Path) -> Path:

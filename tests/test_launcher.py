@@ -155,3 +155,27 @@ def test_superexec_popen_is_redirected_to_the_launcher():
         "/x",
     ]
     assert seen[1] == ["other", "x"] and popen.PIPE == -1
+
+
+def test_install_guard_unpacks_an_approved_bundle_once(monkeypatch, tmp_path):
+    """Flower unzips and re-hashes the bundle for every message; the launcher skips that once
+    Flower has installed this exact sha256 (and only then)."""
+    rc = importlib.import_module("flwr.supernode.runtime.run_clientapp")
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    calls = []
+
+    def install(content, **kw):
+        calls.append(content)
+        folder = tmp_path / "apps" / f"x.y.1.{hashlib.sha256(content).hexdigest()[:8]}"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    monkeypatch.setattr(rc, "install_from_fab", install)
+    launcher._guard_install(None, "")
+    first = rc.install_from_fab(b"bundle one", skip_prompt=True)
+    assert rc.install_from_fab(b"bundle one", skip_prompt=True) == first and calls == [b"bundle one"]
+    rc.install_from_fab(b"bundle two", skip_prompt=True)  # another hash: installed by Flower
+    assert calls == [b"bundle one", b"bundle two"]
+    shutil.rmtree(first)  # the installed folder gone: Flower installs it again
+    rc.install_from_fab(b"bundle one", skip_prompt=True)
+    assert calls == [b"bundle one", b"bundle two", b"bundle one"]

@@ -114,8 +114,10 @@ def test_mim_keys_are_checked():
     cfg = registry.load_config({**base, "mim.lr-step": "iteration", "mim.warmup-epochs": 5})
     assert cfg.option("mim.warmup-epochs") == 5
     registry.load_config({"method": "fedbeit", "mim.adam-beta2": 0.95})
-    with pytest.raises(ConfigError, match="mim.warmup-epochs"):
-        registry.load_config({**base, "mim.warmup-epochs": 5})  # warm-up needs the per-iteration schedule
+    with pytest.raises(ConfigError, match="mim.warmup-epochs"):  # warm-up needs the per-iteration schedule
+        registry.load_config({**base, "mim.lr-step": "round", "mim.warmup-epochs": 5})
+    with pytest.raises(ConfigError, match="mim.warmup-epochs"):  # also fedmae's default warm-up (5 epochs)
+        registry.load_config({**base, "mim.lr-step": "round"})
     with pytest.raises(ConfigError, match="mim.lr-step"):
         registry.load_config({**base, "mim.lr-step": "epoch"})
     with pytest.raises(ConfigError, match="mim.lr-step"):
@@ -124,3 +126,32 @@ def test_mim_keys_are_checked():
         registry.load_config({**base, "mim.lr-scaling": "linear"})
     with pytest.raises(ConfigError, match="mim.adam-beta2"):
         registry.load_config({"method": "fedavg", "mim.adam-beta2": 0.95})  # read by fedmae/fedbeit only
+
+
+def test_mae_and_beit_recipes_are_the_default_schedules_and_a_set_key_wins(tmp_path):
+    """Issue 15 items 5 and 8: with the mim.* keys unset, fedmae pre-trains with the MAE recipe and
+    fedbeit with BEiT's (003 §IV-B3); a key set in the run config wins; config.json (to_flat) records
+    the resolved values, so a resume reloads exactly them."""
+    mae = registry.load_config({"method": "fedmae"})
+    assert {k: mae.option(k) for k in registry.MIM_OPTIONS} == {
+        "mim.lr-step": "iteration",
+        "mim.warmup-epochs": 5,
+        "mim.adam-beta2": 0.95,
+        "mim.lr-scaling": "batch",
+    }
+    beit = registry.load_config({"method": "fedbeit"})
+    assert (beit.option("mim.warmup-epochs"), beit.option("mim.adam-beta2")) == (10, 0.999)
+    assert beit.option("mim.lr-step") == "iteration" and beit.option("mim.lr-scaling") == "batch"
+    set_ = registry.load_config({"method": "fedmae", "mim.adam-beta2": 0.98, "mim.lr-scaling": "absolute"})
+    assert (set_.option("mim.adam-beta2"), set_.option("mim.lr-scaling")) == (0.98, "absolute")
+    assert set_.option("mim.warmup-epochs") == 5  # the keys not set keep the recipe
+    flat = mae.to_flat()
+    assert flat["mim.lr-step"] == "iteration" and registry.load_config(flat) == mae  # resume: same config
+    fedavg = registry.load_config({"method": "fedavg"})  # other methods do not read mim.*: left unset
+    assert fedavg.option("mim.lr-step") == "" and fedavg.option("mim.warmup-epochs") == -1
+    # the pre-training round of the client (clients/common.py) gets the recipe: blr × 32/256, β2 0.95
+    from clients.common import ClientSession
+
+    kw = ClientSession(mae, None, torch.device("cpu"), 0, None).mim_kwargs(1, 8)
+    assert kw["betas"] == (0.9, 0.95) and "lr_at_epoch" in kw
+    assert kw["lr_at_epoch"](5) == pytest.approx(mae.lr * 32 / 256)  # the peak, after the 5 warm-up epochs

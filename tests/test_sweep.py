@@ -199,7 +199,7 @@ def test_rows_within_noise_of_chance_are_marked_and_the_rule_is_stated():
 
     def s(bacc, n=100):
         out = fake_summary(bacc, 0.5)
-        out["classes"] = ["c0", "c1", "c2", "c3", "c4"]
+        out["classes"] = {"names": ["c0", "c1", "c2", "c3", "c4"], "counts": {}}  # as summary.json
         out["final"]["num-examples"] = n
         return out
 

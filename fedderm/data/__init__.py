@@ -16,10 +16,10 @@ import torch
 
 from .. import testset  # module, not names: fedderm.testset imports fedderm.data (either may load first)
 from .checks import check_pool, check_split
+from .digits import load_digits_pool
 from .partition import ClientSplit, partition_indices, split_client
 from .pool import DataError, ImagePool
 from .sources import load_source
-from .digits import load_digits_pool
 from .synthetic import load_synthetic
 
 __all__ = [
