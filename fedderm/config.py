@@ -368,6 +368,12 @@ KEY_DOCS: dict[str, str] = {
     "fedclf.relay-delta": "δ of the reported (ε, δ) of the private relay",
     "fedclf.leakage-audit": "membership attack on the relay every round (nearest relayed feature); "
     "its ROC-AUC per client in rounds.csv split `leakage-audit`",
+    "dp.mode": "model-update privacy of `fedavg`/`fedprox`: `off` | `server` (every update clipped to "
+    "`dp.clip-norm`, Gaussian noise on the mean; docs/privacy.md)",
+    "dp.clip-norm": "C: L2 bound of every client's model update w_i − w_global (`dp.mode = \"server\"`)",
+    "dp.noise-multiplier": "σ: noise std σC/m on the mean of m clipped updates; (ε, δ) in summary.json "
+    "`model_privacy`; `0`: clipping only",
+    "dp.delta": "δ of the reported (ε, δ) of the model updates",
     "fedsimclr.temperature": 'τ of SimCLR\'s NT-Xent (`fedsimclr`, and `ssl.tasks="simclr"`)',
     "fedmae.mask-ratio": "share of patches removed per image (000: 0.75; 003's Fed-MAE: 0.6)",
     "fedmae.exclude": "parameters kept on the clients during the rounds (000 Table V): `none`, `decoder`, "

@@ -3,14 +3,20 @@
 from flwr.serverapp.strategy import FedAvg
 
 from .common import Tracked
+from .dp import ServerSideFixedClipping
 
 
 class FedAvgStrategy(Tracked, FedAvg):
     """Flower's FedAvg with fedderm's per-client results and best-on-val tracking."""
 
 
+class PrivateFedAvgStrategy(ServerSideFixedClipping, FedAvgStrategy):
+    """FedAvg with server-side fixed clipping and Gaussian noise (``dp.mode = "server"``, strategies/dp.py)."""
+
+
 def build_strategy(cfg, recorder) -> FedAvgStrategy:
     n = cfg.min_clients
-    return FedAvgStrategy(
+    cls = PrivateFedAvgStrategy if cfg.option("dp.mode") == "server" else FedAvgStrategy
+    return cls(
         cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n
     )

@@ -4,15 +4,21 @@ whose local loss adds (μ/2)‖w − w_global‖² (``fedderm.train.train_superv
 from flwr.serverapp.strategy import FedProx
 
 from .common import Tracked
+from .dp import ServerSideFixedClipping
 
 
 class FedProxStrategy(Tracked, FedProx):
     """Flower's FedProx with fedderm's per-client results and best-on-val tracking."""
 
 
+class PrivateFedProxStrategy(ServerSideFixedClipping, FedProxStrategy):
+    """FedProx with server-side fixed clipping and Gaussian noise (``dp.mode = "server"``, strategies/dp.py)."""
+
+
 def build_strategy(cfg, recorder) -> FedProxStrategy:
     n = cfg.min_clients
-    return FedProxStrategy(
+    cls = PrivateFedProxStrategy if cfg.option("dp.mode") == "server" else FedProxStrategy
+    return cls(
         cfg=cfg,
         recorder=recorder,
         proximal_mu=cfg.proximal_mu,
