@@ -88,7 +88,8 @@ def table(rows: list[dict], delta: float) -> str:
     for r in rows:
         eps = "∞" if r["epsilon"] is None else f"{r['epsilon']:.2f}"
         auc = "–" if r["auc"] is None else f"{r['auc']:.3f}"
-        lines.append(f"| {r['sigma']:g} | {eps} | {auc} | {r['balanced_accuracy']:.3f} | {r['seconds']:.0f} |")
+        acc, secs = r["balanced_accuracy"], r["seconds"]
+        lines.append(f"| {r['sigma']:g} | {eps} | {auc} | {acc:.3f} | {secs:.0f} |")
     return "\n".join(lines)
 
 

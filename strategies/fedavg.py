@@ -11,7 +11,7 @@ class FedAvgStrategy(Tracked, FedAvg):
 
 
 class PrivateFedAvgStrategy(ServerSideFixedClipping, FedAvgStrategy):
-    """FedAvg with server-side fixed clipping and Gaussian noise (``dp.mode = "server"``, strategies/dp.py)."""
+    """FedAvg with server-side fixed clipping + Gaussian noise (``dp.mode = "server"``)."""
 
 
 def build_strategy(cfg, recorder) -> FedAvgStrategy:

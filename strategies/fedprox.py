@@ -12,7 +12,7 @@ class FedProxStrategy(Tracked, FedProx):
 
 
 class PrivateFedProxStrategy(ServerSideFixedClipping, FedProxStrategy):
-    """FedProx with server-side fixed clipping and Gaussian noise (``dp.mode = "server"``, strategies/dp.py)."""
+    """FedProx with server-side fixed clipping + Gaussian noise (``dp.mode = "server"``)."""
 
 
 def build_strategy(cfg, recorder) -> FedProxStrategy:

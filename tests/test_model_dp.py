@@ -53,10 +53,11 @@ def _round(strategy, server_round: int = 1):
         d = {k: (x * scale).astype(np.float32) for k, x in d.items()}
         directions.append(d)
         arrays = {k: Array(state[k].numpy() + d[k]) if k in d else Array(state[k].numpy()) for k in state}
-        out = Message(RecordDict({"arrays": sent, "config": ConfigRecord()}), dst_node_id=node, message_type="train")
-        content = RecordDict(
-            {"arrays": ArrayRecord(arrays), "metrics": MetricRecord({"num-examples": 10 * (i + 1), "partition-id": i})}
+        out = Message(
+            RecordDict({"arrays": sent, "config": ConfigRecord()}), dst_node_id=node, message_type="train"
         )
+        metrics = MetricRecord({"num-examples": 10 * (i + 1), "partition-id": i})
+        content = RecordDict({"arrays": ArrayRecord(arrays), "metrics": metrics})
         replies.append(Message(content, reply_to=out))
     before = np.random.get_state()[1].copy()
     new, _ = strategy.aggregate_train(server_round, replies)
