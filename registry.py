@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from fedderm.config import Config, ConfigError, parse_config
+from fedderm.config import CHOICES, Config, ConfigError, parse_config
 
 
 @dataclass(frozen=True)
@@ -247,6 +247,7 @@ def check_flbt(cfg: Config) -> None:
 # -- the masked-image-modelling optimiser schedule (FedMAE/Fed-MAE and Fed-BEiT; issue 15 item 5) --
 MIM_LR_STEPS = ("round", "iteration")
 MIM_LR_SCALINGS = ("absolute", "batch")
+MIM_OPTIMIZERS = CHOICES["optimizer"]
 #: The declared value of an option key that means "unset: the method's paper default" (``Method.defaults``).
 UNSET = ("", -1)
 MIM_OPTIONS = {  # unset: the method's recipe below
@@ -254,14 +255,29 @@ MIM_OPTIONS = {  # unset: the method's recipe below
     "mim.warmup-epochs": -1,  # linear warm-up over the first N local epochs (003: 5 MAE, 10 BEiT)
     "mim.adam-beta2": -1.0,  # AdamW β2 of pre-training (MAE recipe, followed by 000: 0.95; 003: 0.999)
     "mim.lr-scaling": "",  # batch: lr is a base rate, × batch-size/256 (MAE/BEiT) | absolute
+    # the pre-training optimiser: fine-tuning keeps finetune-optimizer / finetune-lr / weight-decay
+    "mim.optimizer": "",  # MAE/BEiT: adamw
+    "mim.lr": -1.0,  # (base) learning rate of pre-training: MAE blr 1.5e-4, BEiT 1.5e-3
+    "mim.weight-decay": -1.0,  # MAE/BEiT: 0.05
 }
 #: FedMAE / Fed-MAE pre-training: the MAE recipe (He et al. 2022, followed by 000 §V-B): per-iteration
 #: cosine after a linear warm-up (003 §IV-B3: 5 epochs for Fed-MAE), AdamW β2 = 0.95, base rate × batch/256.
 #: Without it (Adam 1e-3, no warm-up, cosine per round) pre-training collapsed the encoder (issue 15 item 8).
-MAE_RECIPE = {"mim.lr-step": "iteration", "mim.warmup-epochs": 5, "mim.adam-beta2": 0.95, "mim.lr-scaling": "batch"}
+#: The optimiser is MAE's (He et al. 2022, Table 8 of its appendix A.1; 000 §V-B: "AdamW ... 1.5e-4"): AdamW,
+#: base lr 1.5e-4, weight decay 0.05; before, fedmae pre-trained with the generic Adam 1e-3, wd 5e-4.
+MAE_RECIPE = {
+    "mim.lr-step": "iteration",
+    "mim.warmup-epochs": 5,
+    "mim.adam-beta2": 0.95,
+    "mim.lr-scaling": "batch",
+    "mim.optimizer": "adamw",
+    "mim.lr": 1.5e-4,
+    "mim.weight-decay": 0.05,
+}
 #: Fed-BEiT pre-training: BEiT's recipe as 003 §IV-B3 states it: warm-up 10 epochs, cosine decay,
-#: AdamW β1 = 0.9, β2 = 0.999, base rate × batch/256.
-BEIT_RECIPE = {**MAE_RECIPE, "mim.warmup-epochs": 10, "mim.adam-beta2": 0.999}
+#: AdamW β1 = 0.9, β2 = 0.999, base rate × batch/256.  Base rate 1.5e-3: BEiT's pre-training
+#: (Bao et al. 2022, appendix: AdamW, lr 1.5e-3, weight decay 0.05) and 003 Table I (Fed-BEiT η on Retina, COVID-FL, Skin-FL).
+BEIT_RECIPE = {**MAE_RECIPE, "mim.warmup-epochs": 10, "mim.adam-beta2": 0.999, "mim.lr": 1.5e-3}
 
 
 def check_mim(cfg: Config) -> None:
@@ -284,6 +300,11 @@ def check_mim(cfg: Config) -> None:
     )
     _need(cfg, o("mim.warmup-epochs") >= 0, "mim.warmup-epochs", "must be >= 0")
     _need(cfg, 0 <= o("mim.adam-beta2") < 1, "mim.adam-beta2", "must be in [0, 1)")
+    _need(
+        cfg, o("mim.optimizer") in MIM_OPTIMIZERS, "mim.optimizer", f"must be one of {list(MIM_OPTIMIZERS)}"
+    )
+    _need(cfg, o("mim.lr") > 0, "mim.lr", "must be > 0")
+    _need(cfg, o("mim.weight-decay") >= 0, "mim.weight-decay", "must be >= 0")
     _need(
         cfg,
         o("mim.warmup-epochs") == 0 or o("mim.lr-step") == "iteration",

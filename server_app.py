@@ -20,7 +20,7 @@ from fedderm.train import seed_everything
 from strategies.common import StateClock, run_federated
 from strategies.fastpoll import FastPollGrid
 from strategies.holdout import HoldoutGrid, finetune_holdout, holdout_nodes
-from strategies.nodes import wait_for_nodes
+from strategies.nodes import SentTo, wait_for_nodes
 from strategies.screening import short_reason
 from wire import to_record
 
@@ -36,14 +36,16 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
         for n in node_ids
     ]
     infos, failed = {}, []
+    sent = SentTo(msgs)  # a dead node's error reply comes from the SuperLink: map by message id
     for reply in grid.send_and_receive(msgs, timeout=timeout):
+        node = sent.node_of(reply)
         if reply.has_error():
             reason = " ".join(short_reason(reply.error.reason, 2000).split())  # data errors name the client
             failed.append(
-                reason if reason.startswith("client ") else f"node {reply.metadata.src_node_id}: {reason}"
+                reason if reason.startswith("client ") else f"node {node}: {reason}"
             )
         else:
-            infos[reply.metadata.src_node_id] = reply.content["info"]
+            infos[node] = reply.content["info"]
     if failed:
         raise RuntimeError("clients refused the run or could not load their data: " + "; ".join(failed))
     silent = sorted(set(node_ids) - set(infos))

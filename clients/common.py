@@ -130,12 +130,16 @@ class ClientSession:
 
     def mim_kwargs(self, server_round: int, num_rounds: int) -> dict:
         """:meth:`local_kwargs` of an MAE/BEiT pre-training round with the ``mim.*`` schedule
-        (:func:`fedderm.train.mim_schedule`: warm-up, cosine per iteration, AdamW β2, blr scaling)."""
+        (:func:`fedderm.train.mim_schedule`: warm-up, cosine per iteration, AdamW β2, blr scaling) and
+        the pre-training optimiser of ``mim.optimizer`` / ``mim.lr`` / ``mim.weight-decay`` (the core
+        ``optimizer`` / ``lr`` / ``weight-decay`` are not read by MAE/BEiT pre-training)."""
         cfg, o = self.cfg, self.cfg.option
         return {
             **self.local_kwargs(server_round, num_rounds),
+            "optimizer": o("mim.optimizer"),
+            "weight_decay": o("mim.weight-decay"),
             **mim_schedule(
-                cfg.lr,
+                o("mim.lr"),
                 server_round=server_round,
                 num_rounds=num_rounds,
                 local_epochs=cfg.local_epochs,

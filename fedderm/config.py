@@ -312,7 +312,7 @@ KEY_DOCS: dict[str, str] = {
     "local-epochs": "epochs over the client's images per round",
     "batch-size": "local mini-batch size",
     "optimizer": "local optimiser (`sgd` uses `momentum`)",
-    "lr": "learning rate of round 1",
+    "lr": "learning rate of round 1 (`fedmae`/`fedbeit` pre-train with `mim.lr`)",
     "momentum": "SGD momentum",
     "weight-decay": "weight decay",
     "lr-schedule": "`cosine`: lr·½(1 + cos(π(r−1)/R)); `exponential`: lr·`lr-decay`^(r−1) (SiFT §2.4); "
@@ -395,8 +395,14 @@ KEY_DOCS: dict[str, str] = {
     '(003 §IV-B3: 5 for MAE, 10 for BEiT); needs `mim.lr-step="iteration"`; `-1`: the method\'s (5 | 10)',
     "mim.adam-beta2": "`fedmae`/`fedbeit`: β2 of the pre-training Adam/AdamW (MAE's recipe, followed by 000: 0.95; "
     "003 and BEiT: 0.999); `-1`: the method's (0.95 | 0.999)",
-    "mim.lr-scaling": "`fedmae`/`fedbeit`: `batch` reads `lr` as a base rate, lr = blr × batch-size/256 "
+    "mim.lr-scaling": "`fedmae`/`fedbeit`: `batch` reads `mim.lr` as a base rate, lr = blr × batch-size/256 "
     '(MAE/BEiT); `absolute` uses it as given; `""`: the method\'s (`batch`)',
+    "mim.optimizer": "`fedmae`/`fedbeit`: the pre-training optimiser (`optimizer` is not read by it); "
+    '`""`: the method\'s (`adamw`, MAE/BEiT)',
+    "mim.lr": "`fedmae`/`fedbeit`: the pre-training (base) learning rate (`lr` is not read by it); `-1`: the "
+    "method's (MAE blr 1.5e-4, 000 §V-B; BEiT 1.5e-3, 003 Table I)",
+    "mim.weight-decay": "`fedmae`/`fedbeit`: the pre-training weight decay (`weight-decay` is then "
+    "fine-tuning's); `-1`: the method's (0.05, MAE/BEiT)",
     "sift.variant": "`full` (002), or the Fig. 4 ablations `single`, `trainable-head`, `random-head`, "
     "`trainable-projector`",
     "sift.ema-beta": "β of 002 Eq. 2 (long-term model EMA)",

@@ -32,7 +32,7 @@ from fedderm.config import Config
 from fedderm.metrics import SELECTION_METRIC, mean_over_clients
 from fedderm.results import RunRecorder, client_sort_key
 
-from .nodes import NodeView, send_and_receive, wait_for_nodes
+from .nodes import NodeView, SentTo, send_and_receive, wait_for_nodes
 from .screening import reply_problem, short_reason
 from .traffic import array_bytes, record_bytes
 
@@ -164,7 +164,16 @@ class Tracked:
         """``replies`` by :meth:`node_order` of their senders, not by arrival: sums over clients
         (aggregation, control variates) add in the same order in every run, so the same seed gives
         the same numbers with any number of clients."""
-        return sorted(replies, key=lambda m: self.node_order(m.metadata.src_node_id))
+        return sorted(replies, key=lambda m: self.node_order(self.reply_node(m)))
+
+    def reply_node(self, msg: Message) -> int:
+        """The node ``msg`` answers for: the one its message was sent to (looked up by
+        ``reply_to_message_id`` in this round's train and evaluate waves), not its
+        ``src_node_id``, which is the SuperLink's for Flower's error reply of a dead node."""
+        for sent in (getattr(self, "_sent_to", None), getattr(self, "_eval_sent_to", None)):
+            if isinstance(sent, SentTo) and (node := sent.get(msg)) is not None:
+                return node
+        return msg.metadata.src_node_id
 
     #: True for strategies whose clients send back only part of the model (FedBN keeps its
     #: BatchNorm layers, FedMAE its excluded parameters): replies may hold a subset of the keys.
@@ -192,7 +201,7 @@ class Tracked:
         good, missing = [], []
         answered = set()
         for msg in replies:
-            node = msg.metadata.src_node_id
+            node = sent_to.node_of(msg) if isinstance(sent_to, SentTo) else self.reply_node(msg)
             answered.add(node)
             problem = (
                 f"failed: {short_reason(msg.error.reason)}"
@@ -238,14 +247,13 @@ class Tracked:
             ]
             self.recorder.update_extra({"missing_clients": record})
 
-    @staticmethod
-    def _per_client(replies: list[Message]) -> dict[str, dict[str, float]]:
+    def _per_client(self, replies: list[Message]) -> dict[str, dict[str, float]]:
         per_client = {}
         for msg in replies:
             if msg.has_error():
                 continue
             metrics = msg.content["metrics"]
-            pid = str(metrics.pop("partition-id", msg.metadata.src_node_id))
+            pid = str(metrics.pop("partition-id", self.reply_node(msg)))
             per_client[pid] = dict(metrics)
         return dict(sorted(per_client.items(), key=lambda kv: client_sort_key(kv[0])))
 
@@ -258,7 +266,7 @@ class Tracked:
         if self.action:
             for msg in messages:
                 msg.metadata.message_type = f"{MessageType.TRAIN}.{self.action}"
-        self._sent_to = [m.metadata.dst_node_id for m in messages]
+        self._sent_to = SentTo(messages)  # knows each reply's node once the messages are pushed
         self.count_traffic(down=sum(self.wire_bytes(m.content) for m in messages), messages=len(messages))
         return messages
 
@@ -322,7 +330,7 @@ class Tracked:
     def configure_evaluate(self, server_round, arrays, config, grid):
         self.split = str(config.get("split", "val"))
         messages = list(super().configure_evaluate(server_round, arrays, config, grid))
-        self._eval_sent_to = [m.metadata.dst_node_id for m in messages]
+        self._eval_sent_to = SentTo(messages)
         return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):

@@ -32,6 +32,7 @@ from wire import FEATURES, REMOTE, to_array, to_record
 
 from .common import Tracked
 from .finetune import pretrain_strategy, pretrain_then_finetune
+from .nodes import SentTo
 
 
 def relay_features(
@@ -90,7 +91,7 @@ class FedCLFStrategy(Tracked, FedAvg):
     # -- collecting -------------------------------------------------------------------
     def _note_partition(self, msg: Message) -> None:
         if msg.has_content() and "metrics" in msg.content and "partition-id" in msg.content["metrics"]:
-            self.partition_of[msg.metadata.src_node_id] = int(msg.content["metrics"]["partition-id"])
+            self.partition_of[self.reply_node(msg)] = int(msg.content["metrics"]["partition-id"])
 
     def _pid(self, nid: int) -> int:
         """The partition id of node ``nid`` (handshake, else its replies; else the node id)."""
@@ -104,7 +105,7 @@ class FedCLFStrategy(Tracked, FedAvg):
             if r.has_error() or not r.has_content():
                 continue
             if FEATURES in r.content:
-                pid = self._pid(r.metadata.src_node_id)
+                pid = self._pid(self.reply_node(r))
                 uploads[pid] = r.content[FEATURES]["features"].numpy()
                 if "metrics" in r.content and "relay-releases" in r.content["metrics"]:  # private relay
                     self.releases[str(pid)] = self.releases.get(str(pid), 0) + int(
@@ -139,10 +140,11 @@ class FedCLFStrategy(Tracked, FedAvg):
             )
             for nid in node_ids
         ]
+        self._sent_to = SentTo(msgs)  # who each reply answers for, once pushed
         replies = list(grid.send_and_receive(msgs, timeout=self.timeout))
         good, rejected = [], []
         for r in self.in_order(replies):
-            nid = r.metadata.src_node_id
+            nid = self.reply_node(r)
             self._note_partition(r)
             if r.has_error():
                 log(WARNING, "fedclf: node %d sent no initial features: %s", nid, r.error.reason)
@@ -236,7 +238,7 @@ class FedCLFStrategy(Tracked, FedAvg):
                 continue
             auc = float(metrics.pop("leakage-auc"))
             members, others = int(metrics.pop("leakage-members")), int(metrics.pop("leakage-non-members"))
-            per_client[str(self._pid(r.metadata.src_node_id))] = {
+            per_client[str(self._pid(self.reply_node(r)))] = {
                 "auc": auc,
                 "num-examples": members + others,
                 "members": members,

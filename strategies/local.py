@@ -20,6 +20,7 @@ from fedderm.models import create_model
 
 from .common import save_round
 from .flbt_family import save_pr_curves
+from .nodes import SentTo
 
 
 def _ask(
@@ -38,8 +39,9 @@ def _ask(
         if arrays is not None:
             content["arrays"] = arrays
         msgs.append(Message(content, dst_node_id=nid, message_type=kind))
+    sent = SentTo(msgs)  # a dead node's error reply comes from the SuperLink: map by message id
     replies = list(grid.send_and_receive(msgs, timeout=timeout))
-    errors = [f"node {r.metadata.src_node_id}: {r.error.reason}" for r in replies if r.has_error()]
+    errors = [f"node {sent.node_of(r)}: {r.error.reason}" for r in replies if r.has_error()]
     if errors or len(replies) < len(node_ids):
         raise RuntimeError(
             f"local: {kind} round {server_round} failed on {len(node_ids) - len(replies) + len(errors)} "

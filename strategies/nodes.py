@@ -38,6 +38,34 @@ def wait_for_nodes(grid: Grid, n: int, timeout: float | None = None, poll: float
     return ids
 
 
+class SentTo(list):
+    """The node ids a wave of messages went to (a list, in sending order) and, once they are
+    pushed, which node each reply answers for (:meth:`node_of`).
+
+    A reply's ``src_node_id`` is not always its node: when a SuperNode dies mid-round, Flower
+    answers its message with an error reply from the SuperLink (node 1).  Every reply names the
+    message it answers (``reply_to_message_id``); Flower's grids set ``message_id`` on the sent
+    ``Message`` when they push it, so this keeps the messages' metadata and looks it up.
+    """
+
+    def __init__(self, messages: Iterable[Message]):
+        messages = list(messages)
+        super().__init__(m.metadata.dst_node_id for m in messages)
+        self._metadata = [m.metadata for m in messages]  # the same objects the grid stamps on push
+
+    def get(self, reply: Message) -> int | None:
+        """The node the message ``reply`` answers was sent to, or None if not one of these."""
+        wanted = reply.metadata.reply_to_message_id
+        if not wanted:
+            return None
+        return next((m.dst_node_id for m in self._metadata if m.message_id == wanted), None)
+
+    def node_of(self, reply: Message) -> int:
+        """The node ``reply`` answers for; its ``src_node_id`` only for a reply to none of these."""
+        node = self.get(reply)
+        return reply.metadata.src_node_id if node is None else node
+
+
 class NodeView:
     """The grid as a strategy sees it during one round: the nodes connected at its start.
 

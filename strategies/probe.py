@@ -17,6 +17,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from .common import send_and_receive, short_reason, wait_for_nodes
+from .nodes import SentTo
 
 PROBES = ("knn", "linear")
 
@@ -40,13 +41,14 @@ def probe_round(grid: Grid, cfg, recorder, server_round: int, arrays: ArrayRecor
         for n in nodes
     ]
     per_kind: dict[str, dict[str, dict]] = {kind: {} for kind in PROBES}
+    sent = SentTo(msgs)  # a dead node's error reply comes from the SuperLink: map by message id
     for msg in send_and_receive(grid, msgs, cfg.round_timeout):
         if msg.has_error():
             log(
                 WARNING,
                 "probe round %d: node %d failed: %s",
                 server_round,
-                msg.metadata.src_node_id,
+                sent.node_of(msg),
                 short_reason(msg.error.reason),
             )
             continue

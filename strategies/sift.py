@@ -33,6 +33,7 @@ from fedderm.sift import (
 )
 
 from .common import Tracked, run_federated
+from .nodes import SentTo
 
 #: Record keys of the model pair in ring messages and replies.
 SHORT, LONG = "short", "long"
@@ -88,8 +89,9 @@ class SiftStrategy(Tracked, FedAvg):
                 Message(RecordDict({"config": ConfigRecord()}), dst_node_id=n, message_type="query.info")
                 for n in unknown
             ]
+            sent = SentTo(msgs)  # a dead node's error reply comes from the SuperLink
             for reply in grid.send_and_receive(msgs, timeout=self.hop_timeout):
-                nid = reply.metadata.src_node_id
+                nid = sent.node_of(reply)
                 if reply.has_error():
                     log(
                         WARNING,

@@ -40,6 +40,7 @@ from .finetune import LocalFinetune, pretrain
 from .flbt import build_strategy
 from .flbt_family import projected_net, run_strategy
 from .local import run as run_local
+from .nodes import SentTo
 from .probe import probe_due, probe_round
 
 
@@ -60,8 +61,9 @@ def collect_pseudo_images(grid: Grid, node_ids: list[int], timeout: float = 7200
         )
         for n in node_ids
     ]
+    sent = SentTo(msgs)  # a dead node's error reply comes from the SuperLink: map by message id
     replies = list(grid.send_and_receive(msgs, timeout=timeout))
-    errors = [f"node {r.metadata.src_node_id}: {r.error.reason}" for r in replies if r.has_error()]
+    errors = [f"node {sent.node_of(r)}: {r.error.reason}" for r in replies if r.has_error()]
     if errors or len(replies) < len(node_ids):
         raise RuntimeError(
             "ssl-flbt: the GAN stage failed:\n  " + "\n  ".join(errors or ["(missing replies)"])

@@ -3,7 +3,9 @@
 Each node has its own ``Context`` (node config ``partition-id``/``num-partitions``, its own
 ``state``), so per-client state survives rounds as under Flower.  A handler that raises becomes an
 error reply, as Flower's ClientApp runtime does; ``fail`` injects failures by partition id:
-``"raise"`` (the handler raises) or ``"timeout"`` (no reply arrives).  Messages are delivered
+``"raise"`` (the handler raises), ``"timeout"`` (no reply arrives) or ``"dead"`` (the node died:
+the SuperLink answers with Flower's own NODE_UNAVAILABLE error reply, whose source is the
+SuperLink, node 1).  Every sent message gets a ``message_id`` as Flower's grids give it on push.  Messages are delivered
 and recorded as copies, as serialisation would: later mutation (FedCLF strips ``features`` from
 replies) does not change what was sent and received.
 """
@@ -12,9 +14,11 @@ from __future__ import annotations
 
 import copy
 import itertools
+import uuid
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 from flwr.supercore.task_identity import TaskIdentity
 
 from client_app import dispatch
@@ -61,6 +65,8 @@ class FakeGrid:
         failure = self.fail.get(self.partition_of_node[node]) if kind.startswith("train") else None
         if failure == "timeout":
             return None
+        if failure == "dead":
+            return create_message_error_unavailable_res_message(msg.metadata, "node_unavail")
         try:
             if failure == "raise":
                 raise RuntimeError("injected failure")
@@ -71,6 +77,7 @@ class FakeGrid:
     def send_and_receive(self, messages, *, timeout=None):
         out = []
         for msg in messages:
+            msg.metadata.__dict__["_message_id"] = str(uuid.uuid4())  # as Flower's grids on push
             self.sent.append(copy.deepcopy(msg))
             reply = self._handle(copy.deepcopy(msg))
             if reply is not None:

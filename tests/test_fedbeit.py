@@ -131,8 +131,7 @@ def test_fedbeit_end_to_end(tmp_path):
             **MICRO,
             "num-server-rounds": 2,
             "local-epochs": 1,
-            "optimizer": "adamw",
-            "lr": 1.5e-3,
+            "mim.lr": 1.5e-3,  # pre-training (AdamW: the mim.optimizer default)
             "batch-size": 16,
             "synthetic-per-class": 16,
             "finetune-rounds": 1,

@@ -404,8 +404,7 @@ def test_rounds_with_real_clients_keep_the_excluded_part_local(tmp_path, exclude
         "synthetic-per-class": 8,
         "local-epochs": 1,
         "batch-size": 16,
-        "optimizer": "adamw",
-        "lr": 1e-3,
+        "mim.lr": 1e-3,  # pre-training (AdamW: the mim.optimizer default)
         "cache-dir": str(tmp_path / "cache"),
         "seed": 1,
     }
@@ -464,8 +463,7 @@ def test_fedmae_pretrain_then_federated_finetune_end_to_end(tmp_path):
             "method": "fedmae",
             "num-server-rounds": 2,
             "local-epochs": 1,
-            "optimizer": "adamw",
-            "lr": 1.5e-3,
+            "mim.lr": 1.5e-3,  # pre-training (AdamW: the mim.optimizer default)
             "batch-size": 16,
             "synthetic-per-class": 16,
             "finetune-rounds": 2,

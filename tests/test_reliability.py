@@ -201,3 +201,31 @@ def test_aggregation_keeps_integer_buffers_integer(tmp_path):
     )
     assert arrays["n"].dtype == "int64" and int(arrays["n"].numpy()) == 7
     assert arrays["w"].dtype == "float32" and np.allclose(arrays["w"].numpy(), 0.5)
+
+
+def test_a_dead_nodes_superlink_error_reply_is_recorded_against_that_node(tmp_path, caplog):
+    """Flower answers a message to a SuperNode that died with an error reply whose source is the
+    SuperLink (node 1): it is matched to its node by ``reply_to_message_id``, with Flower's reason,
+    and that node is not also reported silent."""
+    from fake_grid import FakeGrid
+    from flwr.common.constant import SUPERLINK_NODE_ID
+
+    from fedderm.models import create_model
+
+    rc = {**SMALL, "num-server-rounds": 1, "cache-dir": str(tmp_path / "cache")}
+    cfg = registry.load_config(rc)
+    grid = FakeGrid(rc, {11: 0, 7: 1, 30: 2}, fail={1: "dead"})
+    recorder = RunRecorder(tmp_path / "run", "fedavg", cfg.to_flat())
+    recorder.node_partitions = dict(grid.partition_of_node)  # what the handshake fills in
+    strategy = build_strategy(cfg, recorder)
+    model = create_model("tiny-cnn", 5, 32)
+    with caplog.at_level(logging.WARNING):
+        common.run_rounds(strategy, grid, ArrayRecord(model.state_dict()), evaluate=False)
+    dead = [r for r in grid.replies if r.has_error()]
+    assert [r.metadata.src_node_id for r in dead] == [SUPERLINK_NODE_ID]  # as Flower sends it
+    missing = recorder.extra["missing_clients"]
+    assert [(m["round"], m["partition-id"], m["node-id"]) for m in missing] == [(1, "1", 7)]
+    assert missing[0]["reason"].startswith("failed: Error: Node Unavailable")
+    assert "client 1 (node 7) left out: failed: Error: Node Unavailable" in caplog.text
+    assert "node 1)" not in caplog.text and "round-timeout" not in caplog.text
+    assert set(strategy.train_per_client) == {"0", "2"}

@@ -138,6 +138,9 @@ def test_mae_and_beit_recipes_are_the_default_schedules_and_a_set_key_wins(tmp_p
         "mim.warmup-epochs": 5,
         "mim.adam-beta2": 0.95,
         "mim.lr-scaling": "batch",
+        "mim.optimizer": "adamw",
+        "mim.lr": 1.5e-4,
+        "mim.weight-decay": 0.05,
     }
     beit = registry.load_config({"method": "fedbeit"})
     assert (beit.option("mim.warmup-epochs"), beit.option("mim.adam-beta2")) == (10, 0.999)
@@ -154,4 +157,54 @@ def test_mae_and_beit_recipes_are_the_default_schedules_and_a_set_key_wins(tmp_p
 
     kw = ClientSession(mae, None, torch.device("cpu"), 0, None).mim_kwargs(1, 8)
     assert kw["betas"] == (0.9, 0.95) and "lr_at_epoch" in kw
-    assert kw["lr_at_epoch"](5) == pytest.approx(mae.lr * 32 / 256)  # the peak, after the 5 warm-up epochs
+    assert kw["lr_at_epoch"](5) == pytest.approx(1.5e-4 * 32 / 256)  # the peak, after the 5 warm-up epochs
+
+
+def test_mim_optimizer_lr_and_weight_decay_are_the_recipes_for_pretraining_only(monkeypatch):
+    """Issue 15 item 8: fedmae/fedbeit pre-train with their recipe's optimiser (AdamW, MAE blr 1.5e-4 /
+    BEiT 1.5e-3, weight decay 0.05) from ``mim.optimizer``/``mim.lr``/``mim.weight-decay``, not the
+    generic ``optimizer``/``lr``/``weight-decay`` (Adam 1e-3, 5e-4); a set key wins; fine-tuning keeps
+    its own keys; other methods are untouched."""
+    import fedderm.train as train
+    from clients.common import ClientSession
+
+    def recipe(cfg):
+        return tuple(cfg.option(k) for k in ("mim.optimizer", "mim.lr", "mim.weight-decay"))
+
+    mae, beit = (registry.load_config({"method": m}) for m in ("fedmae", "fedbeit"))
+    assert recipe(mae) == ("adamw", 1.5e-4, 0.05) and recipe(beit) == ("adamw", 1.5e-3, 0.05)
+    set_ = registry.load_config({"method": "fedbeit", "mim.lr": 3e-3, "mim.optimizer": "adam"})
+    assert recipe(set_) == ("adam", 3e-3, 0.05)  # set keys win, the unset one keeps the recipe
+    assert registry.load_config(set_.to_flat()) == set_ and registry.load_config(mae.to_flat()) == mae
+    fedavg = registry.load_config({"method": "fedavg"})
+    assert recipe(fedavg) == ("", -1.0, -1.0)  # not resolved: fedavg does not read them
+    assert (fedavg.optimizer, fedavg.lr, fedavg.weight_decay) == ("adam", 1e-3, 5e-4)
+    assert (mae.optimizer, mae.lr, mae.weight_decay) == ("adam", 1e-3, 5e-4)  # the core keys stay as they are
+    fedavg_kw = ClientSession(fedavg, None, torch.device("cpu"), 0, None).local_kwargs(1, 8)
+    assert (fedavg_kw["optimizer"], fedavg_kw["weight_decay"]) == ("adam", 5e-4)
+    for bad, key in (({"mim.optimizer": "lamb"}, "mim.optimizer"), ({"mim.lr": 0.0}, "mim.lr")):
+        with pytest.raises(ConfigError, match=key):
+            registry.load_config({"method": "fedmae", **bad})
+    with pytest.raises(ConfigError, match="mim.lr"):
+        registry.load_config({"method": "fedavg", "mim.lr": 1e-3})  # read by fedmae/fedbeit only
+
+    made = []
+    make = train.make_optimizer
+    monkeypatch.setattr(train, "make_optimizer", lambda *a, **k: made.append(make(*a, **k)) or made[-1])
+    for cfg, blr, beta2 in ((mae, 1.5e-4, 0.95), (beit, 1.5e-3, 0.999)):
+        session = ClientSession(cfg, None, torch.device("cpu"), 0, None)
+        kw = session.mim_kwargs(1, 8)  # pre-training round 1 of 8, batch 32, 2 local epochs
+        train_epochs(
+            nn.Linear(1, 1), torch.ones(64, 1), torch.zeros(64, dtype=torch.long),
+            lambda m, xb, yb, g: m(xb.float()).pow(2).mean(), **kw,
+        )
+        opt = made[-1]
+        assert type(opt) is torch.optim.AdamW
+        group = opt.param_groups[0]
+        assert (group["weight_decay"], group["betas"]) == (0.05, (0.9, beta2))
+        assert kw["lr_at_epoch"](cfg.option("mim.warmup-epochs")) == pytest.approx(blr * 32 / 256)
+        # fine-tuning: its own optimiser and lr, and the core weight decay
+        ft = session.local_kwargs(1, 8, finetune=True)
+        assert (ft["optimizer"], ft["weight_decay"]) == (cfg.finetune_optimizer, cfg.weight_decay)
+        assert (ft["optimizer"], ft["weight_decay"]) == ("adam", 5e-4)
+        assert ft["lr"] == pytest.approx(session.lr_at(cfg.finetune_lr, 1, 8))
