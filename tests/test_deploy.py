@@ -565,7 +565,7 @@ def test_loopback_fedclf_killed_and_resumed_is_bit_identical(loopback):
     import torch
 
     fed = loopback
-    extra = {"num-server-rounds": 3, "fedclf.queue-size": 24}
+    extra = {"num-server-rounds": 3, "finetune-rounds": 2, "fedclf.queue-size": 24}  # CI time
     full = fed.run("fedclf", extra, run_name="fedclf-full")
     assert full.ok, "\n".join(full.problems)
     cut_dir = fed.workdir / "results" / "fedclf-cut"
