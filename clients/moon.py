@@ -8,7 +8,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 
 from fedderm.flbt import frozen_copy, train_moon
-from wire import to_record
+from wire import to_record, to_state_dict
 
 from .common import reply, session
 from .flbt import evaluate
@@ -42,7 +42,7 @@ def train(msg: Message, context: Context) -> Message:
         **s.local_kwargs(server_round),
     )
     trained = to_record(model.state_dict())
-    state.put(PREVIOUS, model.state_dict())
+    state.put(PREVIOUS, to_state_dict(trained), copy=False)  # views of the reply's bytes: no copy
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics, trained)
 

@@ -34,7 +34,7 @@ def train(msg: Message, context: Context) -> Message:
         augment=s.augment("finetune"),
         **s.local_kwargs(server_round),
     )
-    state.put(STATE_KEY, new_local)
+    state.put(STATE_KEY, new_local, copy=False)  # fresh tensors: stored as they are
     metrics["partition-id"] = s.partition_id
     return reply(msg, metrics, to_record(model.state_dict()), **{"control-delta": to_record(delta)})
 

@@ -61,13 +61,15 @@ def scaffold_train(
 
     metrics = train_supervised(model, images, labels, lr=lr, after_backward=correct, **train_kwargs)
     new_local, delta = {}, {}
-    with torch.no_grad():
+    with torch.no_grad():  # the same operations in the same order as the formula, in place: same bits
         for name, p in params.items():
             ci = _get(c_local, name, p)
             if steps == 0:
                 new_local[name] = ci.clone()
             else:
-                new_local[name] = ci - _get(c_global, name, p) + (x[name] - p.detach()) / (steps * lr)
+                moved = x[name].sub_(p.detach()).div_(steps * lr)  # (x − y) / (K η_l), in x's buffer
+                # c_i − c into the correction's buffer (no longer needed), then + (x − y) / (K η_l)
+                new_local[name] = torch.sub(ci, _get(c_global, name, p), out=correction[name]).add_(moved)
             delta[name] = new_local[name] - ci
     metrics["local-steps"] = steps
     return metrics, {n: t.cpu() for n, t in new_local.items()}, {n: t.cpu() for n, t in delta.items()}
@@ -80,11 +82,15 @@ def scaffold_server_control(
     names = set(c_global).union(*[d.keys() for d in deltas]) if deltas else set(c_global)
     out = {}
     for name in sorted(names):
-        total = sum(d[name] for d in deltas if name in d)
+        # sum(...) in place: 0 + Δc_1 (a new tensor: the deltas may be read-only views), + Δc_2, ...
+        parts = [d[name] for d in deltas if name in d]
+        total = parts[0] + 0
+        for part in parts[1:]:
+            total.add_(part)
+        total.div_(num_clients)
         base = c_global.get(name)
-        if base is None:
-            base = torch.zeros_like(total)
-        out[name] = base + total / num_clients
+        # base + total (round 1: zeros + total, i.e. total + 0, which turns −0 into +0 as before)
+        out[name] = total.add_(0) if base is None else torch.add(base, total, out=total)
     return out
 
 
@@ -112,8 +118,12 @@ def feddyn_train(
         return -linear + alpha / 2 * quadratic
 
     metrics = train_supervised(model, images, labels, regularizer=regularizer, **train_kwargs)
-    with torch.no_grad():
-        new_h = {n: (h[n] - alpha * (p.detach() - reference[n])).cpu() for n, p in params.items()}
+    with torch.no_grad():  # h_k − α (θ − θ^{t−1}), in the reference's buffer (no longer needed): same bits
+        new_h = {
+            n: torch.sub(h[n], torch.sub(p.detach(), reference[n], out=reference[n]).mul_(alpha), out=reference[n])
+            .cpu()
+            for n, p in params.items()
+        }
     return metrics, new_h
 
 
@@ -131,11 +141,19 @@ def feddyn_server_step(
     Returns (θ^t for ``names``, new h).  m = ``num_clients`` (all clients of the round).
     """
     new_h, theta = {}, {}
-    for name in names:
+    for name in names:  # the same operations in the same order as the formulas, in place: same bits
         prev = previous[name]
-        deltas = sum(m[name] - prev for m in client_models)
+        first, *rest = [m[name] for m in client_models]
+        deltas = torch.sub(first, prev).add_(0)  # sum() starts from 0: 0 + (θ_1 − θ^{t−1})
+        scratch = torch.empty_like(deltas)
+        for m in rest:
+            deltas.add_(torch.sub(m, prev, out=scratch))
+        step = deltas.mul_(alpha).div_(num_clients)  # α Σ / m
         hn = h.get(name)
-        hn = torch.zeros_like(prev) if hn is None else hn
-        new_h[name] = hn - alpha * deltas / num_clients
-        theta[name] = sum(m[name] for m in client_models) / len(client_models) - new_h[name] / alpha
+        hn = torch.zeros_like(step) if hn is None else hn
+        new_h[name] = torch.sub(hn, step, out=step)
+        mean = first + 0
+        for m in rest:
+            mean.add_(m)
+        theta[name] = mean.div_(len(client_models)).sub_(torch.div(new_h[name], alpha, out=scratch))
     return theta, new_h

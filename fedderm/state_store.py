@@ -84,17 +84,26 @@ class Snapshot:
         return None if entry is None else entry.get("meta")
 
     def put(
-        self, name: str, tensors: Mapping[str, torch.Tensor] | None = None, meta: dict | None = None
+        self,
+        name: str,
+        tensors: Mapping[str, torch.Tensor] | None = None,
+        meta: dict | None = None,
+        *,
+        copy: bool = True,
     ) -> None:
-        """Set entry ``name`` (tensors and/or JSON scalars); written by :meth:`commit`."""
+        """Set entry ``name`` (tensors and/or JSON scalars); written by :meth:`commit`.
+
+        The tensors are copied (they may be a model's live parameters, trained on after this
+        call); ``copy=False`` keeps the caller's CPU contiguous tensors as they are, for tensors
+        nobody changes afterwards (a freshly computed c_i or h_k, views of a reply's bytes):
+        one model-sized copy less per message."""
         if tensors is None and meta is None:
             raise ValueError(f"client state {name!r}: nothing to store")
-        # a copy: the tensors given may be a model's live parameters, trained on after this call
         values = (
             None
             if tensors is None
             else {
-                k: torch.as_tensor(v).detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()
+                k: torch.as_tensor(v).detach().to("cpu", copy=copy).contiguous() for k, v in tensors.items()
             }
         )
         self._changed[name] = (values, None if meta is None else dict(meta))

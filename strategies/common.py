@@ -272,6 +272,9 @@ class Tracked:
 
     #: ``True``: the model is the unweighted mean of the accepted replies (not weighted by ``num-examples``)
     uniform_mean: bool = False
+    #: Keys of the model the subclass computes itself after ``aggregate_train`` (e.g. FedDyn's
+    #: parameters): the FedAvg mean leaves them out rather than computing and discarding them.
+    own_keys: frozenset = frozenset()
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
@@ -316,7 +319,10 @@ class Tracked:
         if self.uniform_mean:  # e.g. SCAFFOLD Alg. 1: x ← x + (1/|S|) Σ Δy_i
             weights = [1.0] * len(contents)
         # Flower's checks above leave exactly one ArrayRecord per reply
-        arrays = wire.weighted_mean([next(iter(c.array_records.values())) for c in contents], weights)
+        records = [next(iter(c.array_records.values())) for c in contents]
+        if self.own_keys:
+            records = [ArrayRecord({k: a for k, a in r.items() if k not in self.own_keys}) for r in records]
+        arrays = wire.weighted_mean(records, weights)
         return arrays, self.train_metrics_aggr_fn(contents, self.weighted_by_key)
 
     def count_traffic(self, *, down: int = 0, up: int = 0, messages: int = 0) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from flwr.app import Message
+from flwr.app import ArrayRecord, Message
 from flwr.serverapp.strategy import FedAvg
 
 import wire
@@ -25,6 +25,7 @@ class FedDynStrategy(Tracked, FedAvg):
     def __init__(self, *, alpha: float, param_names: list[str], **kwargs):
         super().__init__(**kwargs)
         self.alpha, self.param_names = alpha, list(param_names)
+        self.own_keys = frozenset(self.param_names)  # θ^t of the parameters is computed below, not averaged
         self.h: dict[str, torch.Tensor] = {}
         self.previous: dict[str, torch.Tensor] | None = None
         self.num_sampled = 0
@@ -40,12 +41,12 @@ class FedDynStrategy(Tracked, FedAvg):
         models = [wire.to_state_dict(r.content["arrays"]) for r in self.accepted]
         if arrays is None or not models:
             return arrays, metrics
-        state = wire.to_state_dict(arrays)
         theta, self.h = feddyn_server_step(
             self.previous, models, self.h, self.alpha, max(self.num_sampled, len(models)), self.param_names
         )
-        state.update(theta)
-        return wire.to_record(state), metrics
+        # the buffers' FedAvg mean as it is (the same Arrays), θ^t for the parameters; in the model's order
+        order = self.accepted[0].content["arrays"].keys()
+        return ArrayRecord({k: wire.to_array(theta[k]) if k in theta else arrays[k] for k in order}), metrics
 
     def state_dict(self):
         return {**super().state_dict(), "h": dict(self.h)}

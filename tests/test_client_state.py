@@ -234,3 +234,37 @@ def test_fedclf_nan_feature_upload_is_rejected_and_never_relayed(tmp_path, flwr_
     # 24 features each; client 0 gets both of theirs
     assert round2 == {0: 48, 1: 24, 2: 24}
     assert len(summary["rounds"]) == 2  # the run went on
+
+
+def test_put_without_copy_keeps_the_tensors_and_the_default_copies():
+    from fedderm.state_store import Snapshot
+
+    snap = Snapshot(None, 1, None, {})
+    fresh = {"w": torch.arange(6.0)}
+    snap.put("owned", fresh, copy=False)
+    snap.put("copied", fresh)
+    assert snap.tensors("owned")["w"].data_ptr() == fresh["w"].data_ptr()
+    assert snap.tensors("copied")["w"].data_ptr() != fresh["w"].data_ptr()
+    assert torch.equal(snap.tensors("copied")["w"], fresh["w"])
+
+
+@pytest.mark.parametrize("method", ["scaffold", "feddyn", "moon"])
+def test_one_state_write_per_train_message_and_no_copy_on_put(method, tmp_path, monkeypatch):
+    """Issue 17, must-show 3: a SCAFFOLD/FedDyn/MOON client writes its state once per train
+    message (evaluate messages write nothing) and hands it to the store without a copy."""
+    import fedderm.state_store as store
+
+    writes, copies = [], []
+    save, put = store.save_file, store.Snapshot.put
+    monkeypatch.setattr(store, "save_file", lambda t, p: writes.append(p) or save(t, p))
+
+    def spy(self, name, tensors=None, meta=None, *, copy=True):
+        copies.append(copy)
+        return put(self, name, tensors, meta, copy=copy)
+
+    monkeypatch.setattr(store.Snapshot, "put", spy)
+    settings = {**TINY, "num-server-rounds": 2, "method": method, "min-clients": 2}
+    settings |= {"output-dir": str(tmp_path / "out"), "cache-dir": str(tmp_path / "cache")}
+    run_app(settings, num_clients=2)
+    assert len(writes) == 2 * 2  # rounds × clients
+    assert copies == [False] * 4

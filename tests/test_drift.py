@@ -232,3 +232,85 @@ def test_scaffold_server_model_is_the_uniform_mean_of_the_clients(tmp_path):
         assert np.allclose(strategy.control["w"].numpy(), 1.0)  # c ← c + (1/N) Σ Δc_i
     finally:
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+
+
+def _signed_zeros(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with a third of its entries +0 and a third −0, at places that differ from tensor to tensor."""
+    t = t.clone()
+    pick = torch.rand(t.shape, generator=torch.Generator().manual_seed(int(t.abs().sum() * 1e4) % 2**31))
+    t[pick < 1 / 3] = 0.0
+    t[pick > 2 / 3] = -0.0
+    return t
+
+
+def _same_bits(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k].view(torch.int32), b[k].view(torch.int32)) for k in a)
+
+
+def test_server_updates_are_the_formulas_bit_for_bit():
+    """The in-place server updates (issue 17, must-show 3) give the very bits of the formulas
+    written out, signed zeros included, and leave their inputs alone."""
+    g = torch.Generator().manual_seed(1)
+    rand = lambda: {n: _signed_zeros(torch.randn(40, generator=g)) for n in ("a", "b")}  # noqa: E731
+    prev, h, c = rand(), rand(), rand()
+    models = [rand() for _ in range(3)]
+    for m in models:
+        m["b"] = prev["b"].clone()  # no change: zero deltas
+    kept = [{k: v.clone() for k, v in d.items()} for d in (prev, h, c, *models)]
+    for k in (1, 2, 3):
+        for hk in ({}, h):
+            theta, new_h = feddyn_server_step(prev, models[:k], hk, 0.3, 4, ["a", "b"])
+            want_h = {
+                n: hk.get(n, torch.zeros_like(prev[n])) - 0.3 * sum(m[n] - prev[n] for m in models[:k]) / 4
+                for n in prev
+            }
+            want_theta = {n: sum(m[n] for m in models[:k]) / k - want_h[n] / 0.3 for n in prev}
+            assert _same_bits(new_h, want_h) and _same_bits(theta, want_theta)
+        for base in ({}, c):
+            out = scaffold_server_control(base, models[:k], 4)
+            want = {n: base.get(n, torch.zeros(40)) + sum(m[n] for m in models[:k]) / 4 for n in prev}
+            assert _same_bits(out, want)
+    assert all(_same_bits(a, b) for a, b in zip(kept, (prev, h, c, *models)))
+
+
+def test_client_updates_are_the_formulas_bit_for_bit():
+    """SCAFFOLD's c_i⁺, Δc and FedDyn's h_k computed in place: the bits of the formulas."""
+    lr, alpha = 0.1, 0.5
+    model, images, labels = _model_and_batch()
+    x = {n: p.detach().clone() for n, p in trainable(model).items()}
+    c_local = {n: _signed_zeros(torch.randn_like(t)) for n, t in x.items()}
+    c_global = {n: _signed_zeros(torch.randn_like(t)) for n, t in x.items()}
+    kept = ({n: t.clone() for n, t in c_local.items()}, {n: t.clone() for n, t in c_global.items()})
+    metrics, new_local, delta = scaffold_train(
+        model, images, labels, c_global=c_global, c_local=c_local, lr=lr, **PLAIN_SGD
+    )
+    k = metrics["local-steps"]
+    y = {n: p.detach() for n, p in trainable(model).items()}
+    want = {n: c_local[n] - c_global[n] + (x[n] - y[n]) / (k * lr) for n in x}
+    assert _same_bits(new_local, want)
+    assert _same_bits(delta, {n: want[n] - c_local[n] for n in x})
+    assert _same_bits(c_local, kept[0]) and _same_bits(c_global, kept[1])
+
+    model, images, labels = _model_and_batch()
+    h = {n: _signed_zeros(torch.randn_like(t)) for n, t in x.items()}
+    _, new_h = feddyn_train(model, images, labels, h_local=h, alpha=alpha, lr=lr, **PLAIN_SGD)
+    y = {n: p.detach() for n, p in trainable(model).items()}
+    assert _same_bits(new_h, {n: h[n] - alpha * (y[n] - x[n]) for n in x})
+    assert not any(t.data_ptr() == p.data_ptr() for t, p in zip(new_h.values(), trainable(model).values()))
+
+
+def test_feddyn_server_does_not_average_the_parameters_it_replaces(tmp_path, monkeypatch):
+    """FedDyn's θ^t replaces the FedAvg mean of the parameters: the mean covers the buffers only
+    (one model-sized mean and encode less per round on the server)."""
+    import wire
+
+    seen = []
+    mean = wire.weighted_mean
+    def spy(records, weights):
+        seen.append(set(records[0].keys()))
+        return mean(records, weights)
+
+    monkeypatch.setattr(wire, "weighted_mean", spy)
+    _, strategy, result, _ = _run(tmp_path, "feddyn", **{"feddyn.alpha": 0.1})
+    assert len(seen) == 2 and all(keys and not keys & set(strategy.param_names) for keys in seen)
+    assert list(result.keys()) == list(create_model("tiny-cnn", 5, 32).state_dict())
