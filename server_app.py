@@ -41,9 +41,7 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
         node = sent.node_of(reply)
         if reply.has_error():
             reason = " ".join(short_reason(reply.error.reason, 2000).split())  # data errors name the client
-            failed.append(
-                reason if reason.startswith("client ") else f"node {node}: {reason}"
-            )
+            failed.append(reason if reason.startswith("client ") else f"node {node}: {reason}")
         else:
             infos[node] = reply.content["info"]
     if failed:

@@ -81,7 +81,9 @@ def check_before_start(run_config: dict, num_supernodes: int) -> None:
             f"federation has {num_supernodes} clients (--num-supernodes): raise --num-supernodes "
             f"to {need} or lower min-clients"
         )
-    keys = ["resume"] + (["data-path", "image-dir"] if run_config["dataset"] not in ("synthetic", "digits") else [])
+    keys = ["resume"] + (
+        ["data-path", "image-dir"] if run_config["dataset"] not in ("synthetic", "digits") else []
+    )
     for key in keys:
         path = str(run_config.get(key) or "")
         if path and not Path(path).expanduser().exists():

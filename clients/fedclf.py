@@ -215,9 +215,7 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
         return reply(msg, metrics)
     weights = to_record(model.state_dict())
     extra = (
-        {FEATURES: share(context, bank, opts, s.seed(server_round, salt=13))}
-        if opts.feature_sharing
-        else {}
+        {FEATURES: share(context, bank, opts, s.seed(server_round, salt=13))} if opts.feature_sharing else {}
     )
     if opts.feature_sharing:
         metrics.update(relay_metrics(s, opts))

@@ -29,7 +29,10 @@ def train(msg: Message, context: Context) -> Message:
     state = client_state(context)
     c_local = state.tensors(STATE_KEY) or {}
     metrics, new_local, delta = scaffold_train(
-        model, images, labels, c_global=c_global,
+        model,
+        images,
+        labels,
+        c_global=c_global,
         c_local=c_local,
         augment=s.augment("finetune"),
         **s.local_kwargs(server_round),

@@ -370,7 +370,7 @@ KEY_DOCS: dict[str, str] = {
     "its ROC-AUC per client in rounds.csv split `leakage-audit`",
     "dp.mode": "model-update privacy of `fedavg`/`fedprox`: `off` | `server` (every update clipped to "
     "`dp.clip-norm`, Gaussian noise on the mean; docs/privacy.md)",
-    "dp.clip-norm": "C: L2 bound of every client's model update w_i − w_global (`dp.mode = \"server\"`)",
+    "dp.clip-norm": 'C: L2 bound of every client\'s model update w_i − w_global (`dp.mode = "server"`)',
     "dp.noise-multiplier": "σ: noise std σC/m on the mean of m clipped updates; (ε, δ) in summary.json "
     "`model_privacy`; `0`: clipping only",
     "dp.delta": "δ of the reported (ε, δ) of the model updates",

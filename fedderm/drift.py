@@ -120,8 +120,9 @@ def feddyn_train(
     metrics = train_supervised(model, images, labels, regularizer=regularizer, **train_kwargs)
     with torch.no_grad():  # h_k − α (θ − θ^{t−1}), in the reference's buffer (no longer needed): same bits
         new_h = {
-            n: torch.sub(h[n], torch.sub(p.detach(), reference[n], out=reference[n]).mul_(alpha), out=reference[n])
-            .cpu()
+            n: torch.sub(
+                h[n], torch.sub(p.detach(), reference[n], out=reference[n]).mul_(alpha), out=reference[n]
+            ).cpu()
             for n, p in params.items()
         }
     return metrics, new_h

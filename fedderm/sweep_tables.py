@@ -76,7 +76,9 @@ CHANCE_KEYS = ("balanced_accuracy", "recall")
 CHANCE_Z = 2.0
 
 
-def chance_info(summary: Mapping[str, Any], metric: Metric, client: str | None = None) -> tuple[int, int] | None:
+def chance_info(
+    summary: Mapping[str, Any], metric: Metric, client: str | None = None
+) -> tuple[int, int] | None:
     """(K classes, n test images) behind a run's value of ``metric``; None when the metric has no 1/K
     chance level (:data:`CHANCE_KEYS`) or the summary lacks either number."""
     if metric.key.rsplit(".", 1)[-1] not in CHANCE_KEYS:

@@ -17,6 +17,4 @@ class PrivateFedAvgStrategy(ServerSideFixedClipping, FedAvgStrategy):
 def build_strategy(cfg, recorder) -> FedAvgStrategy:
     n = cfg.min_clients
     cls = PrivateFedAvgStrategy if cfg.option("dp.mode") == "server" else FedAvgStrategy
-    return cls(
-        cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n
-    )
+    return cls(cfg=cfg, recorder=recorder, min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n)

@@ -31,9 +31,7 @@ def global_test(strategy, grid: Grid, arrays: ArrayRecord, server_round: int) ->
     per_client = strategy._per_client(replies)
     if not per_client:
         raise RuntimeError("no client returned metrics on the global test set (test-set='global')")
-    source = cfg.test_data_path or (
-        "npz test_* arrays" if cfg.dataset == "npz" else "held out of the data"
-    )
+    source = cfg.test_data_path or ("npz test_* arrays" if cfg.dataset == "npz" else "held out of the data")
     mean = strategy.recorder.set_global_test(per_client, source)
     final = strategy.recorder.final
     log(

@@ -192,7 +192,11 @@ def test_clients_that_flipped_regardless_now_apply_the_runs_policy(tmp_path, mon
         "local-epochs": 1,
         "batch-size": 8,
         "cache-dir": str(tmp_path),
-        **({"ssl.gan-steps": 2, "ssl.pseudo-per-centre": 4, "ssl.gan-width": 8} if method == "ssl-flbt" else {}),
+        **(
+            {"ssl.gan-steps": 2, "ssl.pseudo-per-centre": 4, "ssl.gan-width": 8}
+            if method == "ssl-flbt"
+            else {}
+        ),
     }
     ctx = Context(
         run_id=7200 + len(method),
@@ -229,6 +233,7 @@ def test_ssl_flbt_pretrains_on_pseudo_images_with_the_runs_policy(monkeypatch):
         return chosen(x, g)
 
     images = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8)
-    pretrain_multitask(images, torch.arange(8) % 2, model="tiny-cnn", num_centres=2, epochs=1, batch_size=4,
-                       augment=spy)
+    pretrain_multitask(
+        images, torch.arange(8) % 2, model="tiny-cnn", num_centres=2, epochs=1, batch_size=4, augment=spy
+    )
     assert calls == [4, 4]

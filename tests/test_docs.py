@@ -109,9 +109,7 @@ def test_run_config_page_is_the_generated_one():
     page = (DOCS / "run-config.md").read_text()
     assert page == config_docs.render(
         config_docs.registry_options(), config_docs.registry_models(), config_docs.registry_defaults()
-    ), (
-        "docs/run-config.md is stale: run `python -m fedderm.config_docs`"
-    )
+    ), "docs/run-config.md is stale: run `python -m fedderm.config_docs`"
     assert config_docs.main(["--check"]) == 0
 
 

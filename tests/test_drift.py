@@ -244,7 +244,9 @@ def _signed_zeros(t: torch.Tensor) -> torch.Tensor:
 
 
 def _same_bits(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k].view(torch.int32), b[k].view(torch.int32)) for k in a)
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k].view(torch.int32), b[k].view(torch.int32)) for k in a
+    )
 
 
 def test_server_updates_are_the_formulas_bit_for_bit():
@@ -306,6 +308,7 @@ def test_feddyn_server_does_not_average_the_parameters_it_replaces(tmp_path, mon
 
     seen = []
     mean = wire.weighted_mean
+
     def spy(records, weights):
         seen.append(set(records[0].keys()))
         return mean(records, weights)

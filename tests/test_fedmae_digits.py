@@ -93,7 +93,9 @@ def test_default_fedmae_pretraining_fine_tunes_better_than_random_init_on_digits
     default = ft(_pretrain(cfg, x, y))
     former = ft(_pretrain(former_cfg, x, y))
     # measured (1 thread): random init 0.164, MAE init 0.295, default 0.314, former default 0.165 (chance 0.10)
-    print(f"random init {random_init:.3f}, MAE init {mae_init:.3f}, default {default:.3f}, former {former:.3f}")
+    print(
+        f"random init {random_init:.3f}, MAE init {mae_init:.3f}, default {default:.3f}, former {former:.3f}"
+    )
     assert default > random_init + 0.08 and default > former + 0.08, (random_init, default, former)
     assert default >= mae_init - 0.03, (mae_init, default)  # pre-training does not destroy the encoder
     assert F.one_hot(ty, 10).sum(0).min() > 20  # every class is in the test set

@@ -195,8 +195,11 @@ def test_mim_optimizer_lr_and_weight_decay_are_the_recipes_for_pretraining_only(
         session = ClientSession(cfg, None, torch.device("cpu"), 0, None)
         kw = session.mim_kwargs(1, 8)  # pre-training round 1 of 8, batch 32, 2 local epochs
         train_epochs(
-            nn.Linear(1, 1), torch.ones(64, 1), torch.zeros(64, dtype=torch.long),
-            lambda m, xb, yb, g: m(xb.float()).pow(2).mean(), **kw,
+            nn.Linear(1, 1),
+            torch.ones(64, 1),
+            torch.zeros(64, dtype=torch.long),
+            lambda m, xb, yb, g: m(xb.float()).pow(2).mean(),
+            **kw,
         )
         opt = made[-1]
         assert type(opt) is torch.optim.AdamW

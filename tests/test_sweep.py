@@ -235,7 +235,10 @@ def test_per_client_chance_uses_each_clients_test_size():
         "final": {
             "recall": 0.6,
             "num-examples": 300,
-            "per_client": {"0": {"recall": 0.6, "num-examples": 100}, "1": {"recall": 0.6, "num-examples": 200}},
+            "per_client": {
+                "0": {"recall": 0.6, "num-examples": 100},
+                "1": {"recall": 0.6, "num-examples": 200},
+            },
         },
     }
     table = ft.aggregate(g, [{"run": 0, "status": "done", "summary": summary}])
@@ -421,7 +424,11 @@ def test_every_config_parses_and_its_rows_load(path):
     assert full.title.startswith(path.stem[:3])  # the title cites the paper
     for run in quick.runs():  # --quick must stay small enough for 2 CPU cores
         cfg = registry.load_config(run.overrides)
-        assert cfg.model in ("tiny-cnn", "vit-micro") and cfg.image_size <= 32 and cfg.dataset in ("synthetic", "digits")
+        assert (
+            cfg.model in ("tiny-cnn", "vit-micro")
+            and cfg.image_size <= 32
+            and cfg.dataset in ("synthetic", "digits")
+        )
         assert cfg.num_server_rounds <= 20  # each quick table must stay within ~10 min on 2 cores
         assert cfg.dataset == "digits" or cfg.synthetic_per_class <= 40
     assert quick.num_supernodes <= 4 and len(quick.seeds) == 1

@@ -102,7 +102,11 @@ def check_pool(
                 f"{who}class {cls!r} has 0 images ({_where(dataset, data_path, cls)}; "
                 f"{len(pool)} images in {len(classes)} classes): {fix}"
             )
-    if not classes_given and dataset not in ("synthetic", "digits") and not _classes_fixed_by_file(dataset, data_path):
+    if (
+        not classes_given
+        and dataset not in ("synthetic", "digits")
+        and not _classes_fixed_by_file(dataset, data_path)
+    ):
         largest = int(counts.max())
         limit = max(RARE_MIN, RARE_SHARE * largest)
         rare = [(c, int(n)) for c, n in zip(classes, counts) if 0 < n < limit and 5 * n <= largest]
