@@ -197,6 +197,9 @@ class _Reply:
     def __init__(self, reply_to):
         self.metadata = _Meta(reply_to)
 
+    def has_content(self):  # FastPollGrid unpacks every pulled reply (wire.unpack_message)
+        return False
+
 
 class FakeGrid(Grid):  # a flwr Grid whose replies arrive after fixed delays
     def __init__(self, delays: dict[str, float], unpushable: int = 0):
