@@ -37,7 +37,9 @@ class FakeGrid:
     ):
         if isinstance(partition_of_node, int):  # N nodes numbered from first_node_id, partitions 0..N-1
             partition_of_node = {first_node_id + i: i for i in range(partition_of_node)}
-        self.run_id = next(_RUN_IDS)  # sessions are cached per run id: one per grid
+        # sessions are cached per run id: one per grid, unique even where this module is imported
+        # twice (as `fake_grid` and as `tests.fake_grid`, each with its own counter)
+        self.run_id = next(_RUN_IDS) + (uuid.uuid4().int & 0xFFFFFFFF) * 1_000_000
         # what the ServerApp runtime sets before messages can be built (as sim.py does)
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, self.run_id, SUPERLINK_NODE_ID
         self.partition_of_node = dict(partition_of_node)

@@ -467,7 +467,7 @@ def test_sweep_end_to_end_table_equals_the_runs_summaries(tmp_path):
         assert summary["config"]["method"] == row["axes"]["method"]
         value = summary["final"]["balanced_accuracy"]
         assert row["metrics"]["balanced_accuracy"]["values"] == [value]
-        assert f"| {row['axes']['method']} | {100 * value:.2f} | 1/1 |" in md
+        assert f"| {row['axes']['method']} | {100 * value:.2f}" in md  # " ≈chance" may follow
     assert (out / "logs" / "r00-fedavg-s0.log").exists()  # (under pytest's capture Flower writes elsewhere)
 
 
