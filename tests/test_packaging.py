@@ -146,7 +146,8 @@ def test_no_code_edits_sys_path():
     offenders = []
     for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT)
-        if rel.parts[0] in (".venv", "build", "site") or "site-packages" in rel.parts:
+        # hidden folders are environments and Flower homes (.venv, .flwr-ci: copies of shipped apps)
+        if rel.parts[0].startswith(".") or rel.parts[0] in ("build", "site") or "site-packages" in rel.parts:
             continue
         if rel == Path("tests/test_packaging.py"):
             continue
