@@ -121,11 +121,15 @@ class FeatureQueue:
         """The stored features (any order); a copy, safe to keep while the queue moves on."""
         return self.buffer[: self.size].clone()
 
+    def _oldest_first(self, buf: torch.Tensor) -> torch.Tensor:
+        """The filled rows of ``buf`` (features or image ids), oldest first, as a copy."""
+        if self.size < self.capacity:
+            return buf[: self.size].clone()
+        return torch.cat([buf[self.ptr :], buf[: self.ptr]])
+
     def ordered(self) -> torch.Tensor:
         """The stored features, oldest first."""
-        if self.size < self.capacity:
-            return self.buffer[: self.size].clone()
-        return torch.cat([self.buffer[self.ptr :], self.buffer[: self.ptr]])
+        return self._oldest_first(self.buffer)
 
     def image_ids(self) -> torch.Tensor:
         """The image index of every row of :meth:`features` (same order; -1 = unknown)."""
@@ -133,9 +137,7 @@ class FeatureQueue:
 
     def ordered_ids(self) -> torch.Tensor:
         """The image index of every row of :meth:`ordered` (oldest first)."""
-        if self.size < self.capacity:
-            return self.id_buffer[: self.size].clone()
-        return torch.cat([self.id_buffer[self.ptr :], self.id_buffer[: self.ptr]])
+        return self._oldest_first(self.id_buffer)
 
     @torch.no_grad()
     def enqueue(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> None:
