@@ -8,6 +8,20 @@ from fedderm.augment import POLICIES, Policy, policy, random_flips
 from fedderm.config import ConfigError
 
 
+@pytest.fixture
+def policy_calls(monkeypatch):
+    """Every augmentation Policy applied during the test, in call order (a spy on Policy.__call__)."""
+    seen = []
+    original = Policy.__call__
+
+    def spy(self, x, g):
+        seen.append(self)
+        return original(self, x, g)
+
+    monkeypatch.setattr(Policy, "__call__", spy)
+    return seen
+
+
 def _images(n=12, size=16, seed=0):
     return torch.randint(
         0, 256, (n, 3, size, size), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8
@@ -97,7 +111,9 @@ def test_paper_resolves_to_each_methods_paper_and_bad_values_are_named():
 
 
 @pytest.mark.parametrize("augment", ["flip", "paper"])
-def test_fedmae_client_pretrains_and_finetunes_on_the_runs_policy(tmp_path, monkeypatch, augment):
+def test_fedmae_client_pretrains_and_finetunes_on_the_runs_policy(
+    tmp_path, monkeypatch, augment, policy_calls
+):
     """The clients apply the run's policy: FedMAE (000) pre-training sees resized crops under
     ``paper`` and flips under ``flip``, as does its fine-tuning stage."""
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -107,14 +123,7 @@ def test_fedmae_client_pretrains_and_finetunes_on_the_runs_policy(tmp_path, monk
     from clients import finetune
     from fedderm.mae import build_mae
 
-    seen = []
-    original = Policy.__call__
-
-    def spy(self, x, g):
-        seen.append(self)
-        return original(self, x, g)
-
-    monkeypatch.setattr(Policy, "__call__", spy)
+    seen = policy_calls
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
     run_config = {
         "model": "vit-micro",
@@ -162,7 +171,9 @@ def test_fedmae_client_pretrains_and_finetunes_on_the_runs_policy(tmp_path, monk
 
 
 @pytest.mark.parametrize("method", ["scaffold", "feddyn", "fedrotation", "ssl-flbt"])
-def test_clients_that_flipped_regardless_now_apply_the_runs_policy(tmp_path, monkeypatch, method):
+def test_clients_that_flipped_regardless_now_apply_the_runs_policy(
+    tmp_path, monkeypatch, method, policy_calls
+):
     """Issue 15 item 4: SCAFFOLD's and FedDyn's local training, FedRotation's pre-training and SSL-FL-BT's
     GAN stage used random flips whatever ``augment`` said; with ``augment="004"`` they apply 004's
     policy (90° rotations + flips)."""
@@ -174,14 +185,7 @@ def test_clients_that_flipped_regardless_now_apply_the_runs_policy(tmp_path, mon
     from fedderm.models import create_model
     from fedderm.rotation import NUM_ROTATIONS
 
-    seen = []
-    original = Policy.__call__
-
-    def spy(self, x, g):
-        seen.append(self)
-        return original(self, x, g)
-
-    monkeypatch.setattr(Policy, "__call__", spy)
+    seen = policy_calls
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
     run_config = {
         "method": method,
