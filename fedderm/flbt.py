@@ -107,7 +107,7 @@ def train_with_model_term(
         [p for p in model.parameters() if p.requires_grad], optimizer, lr, momentum, weight_decay
     )
     amp = Amp(device, precision)  # the run's precision (fedderm.train.use_precision)
-    batches = TensorBatches(images, labels, batch_size, shuffle=True, seed=seed)
+    batches = TensorBatches(images, labels, batch_size, shuffle=True, seed=seed, device=device)
     flips = torch.Generator().manual_seed(seed + 1)
     loss_sum = term_sum = 0.0
     seen = 0

@@ -226,7 +226,7 @@ def train_epochs(
     params = [p for p in model.parameters() if p.requires_grad] if params is None else list(params)
     opt = make_optimizer(params, optimizer, lr, momentum, weight_decay, betas)
     amp = Amp(device, precision)
-    batches = TensorBatches(images, labels, batch_size, shuffle=True, seed=seed)
+    batches = TensorBatches(images, labels, batch_size, shuffle=True, seed=seed, device=device)
     per_epoch = max(len(batches), 1)
     augment = torch.Generator().manual_seed(seed + 1)
     loss_sum, seen = 0.0, 0
