@@ -161,3 +161,42 @@ def test_the_other_local_loops_run_in_bf16():
         assert all(p.dtype == torch.float32 for p in [*net.parameters(), *gan.parameters()])
         out[precision] = [p.detach().clone() for p in net.parameters()]
     assert any(not torch.equal(a, b) for a, b in zip(out["fp32"], out["bf16"]))
+
+
+def test_channels_last_runs_and_stays_close(monkeypatch, tmp_path):
+    """The CUDA path's channels_last ResNets (fedderm.train.to_channels_last), exercised on CPU by
+    allowing it there: a whole FedAvg run (weights sent, aggregated, saved from NHWC tensors) gives
+    the NCHW run's losses within a relative 5e-3 (CPU NHWC kernels sum in another order)."""
+    import json
+
+    from loop_grid import run_app
+
+    import fedderm.train as train
+    import registry
+
+    base = registry.smallest_run("fedavg", **{"cache-dir": str(tmp_path / "c"), "num-server-rounds": 2})
+    nchw = run_app({**base, "output-dir": str(tmp_path / "a")})
+    converted = []
+
+    def on_cpu_too(model, device):
+        converted.append(any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules()))
+        return converted[-1]
+
+    monkeypatch.setattr(train, "wants_channels_last", on_cpu_too)
+    nhwc = run_app({**base, "output-dir": str(tmp_path / "b")})
+    assert converted and all(converted)
+    a, b = (json.loads((d / "summary.json").read_text())["rounds"] for d in (nchw, nhwc))
+    losses = [(x["metrics"]["loss"], y["metrics"]["loss"]) for x, y in zip(a, b)]
+    assert len(losses) == 3 and all(math.isclose(u, v, rel_tol=5e-3) for u, v in losses), losses
+    model = torch.load(nhwc / "model.pt", weights_only=True)
+    conv = next(v for k, v in model.items() if v.dim() == 4)
+    assert torch.isfinite(conv).all()
+
+
+def test_wants_channels_last_only_for_batchnorm_cnns_on_cuda():
+    from fedderm.train import wants_channels_last
+
+    resnet, vit = create_model("resnet18", 2, 32), create_model("vit-micro", 2, 16)
+    assert not wants_channels_last(resnet, "cpu")
+    assert wants_channels_last(resnet, "cuda")  # no CUDA needed: it only looks at the device type
+    assert not wants_channels_last(vit, "cuda")
