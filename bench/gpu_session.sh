@@ -48,12 +48,12 @@ fi
 
 step nvidia-smi 5 "$OUT/gpu_tests.log" nvidia-smi -L
 # deterministic cuBLAS for the determinism test (needed before the first cuBLAS handle)
-step gpu-tests 200 "$OUT/gpu_tests.log" env CUBLAS_WORKSPACE_CONFIG=:4096:8 FEDDERM_GPU_REPORT="$OUT/gpu_facts.log" \
+step gpu-tests 190 "$OUT/gpu_tests.log" env CUBLAS_WORKSPACE_CONFIG=:4096:8 FEDDERM_GPU_REPORT="$OUT/gpu_facts.log" \
     python -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_device.py
 # the target: fedderm / plain >= 0.9 at ResNet-18, batch 128 (224 px); the MAE and MoCo cases
-step throughput 70 "$OUT/throughput.log" python -m bench.throughput --device cuda --batch-size 128 \
+step throughput 65 "$OUT/throughput.log" python -m bench.throughput --device cuda --batch-size 128 \
     --image-size 224 --images 1024 --repeats 3 --cases supervised,mae,moco
 # fedderm (Ray, 4 clients, 0.5 GPU each) against 2 plain GPU workers; ResNet-18 64 px, 5 rounds
-step overhead 110 "$OUT/overhead.log" python -m bench.overhead --device cuda --repeats 1
+step overhead 100 "$OUT/overhead.log" python -m bench.overhead --device cuda --repeats 1
 # one paper-scale row per family: 10 clients, 64 images each, 2 + 2 rounds (each row prints as it ends)
-step gpu-rows 150 "$OUT/gpu_rows.log" python -m bench.gpu --device cuda
+step gpu-rows 175 "$OUT/gpu_rows.log" python -m bench.gpu --device cuda
