@@ -17,7 +17,10 @@ the clients one after the other on one device.  ``--images-per-client`` counts e
 client (train, val and test: 60/20/20).  Per stage the median wall time per round is printed
 (``summary.json``'s ``round_seconds``: the clients' work, evaluation and aggregation; pre-training
 rounds, which keep none: the time between the ends of rounds r − 1 and r, so from round 2 on), with the
-peak memory the process allocated on the GPU during the row (``torch.cuda.max_memory_allocated``).
+peak memory allocated on the GPU during the row: the largest of the clients' per-message peaks
+(``torch.cuda.max_memory_allocated``, which ``client_app.dispatch`` resets at every message and
+reports as ``gpu_peak_mib``).  All clients share this process, so a peak also holds the other
+clients' state that stays on the GPU between messages.
 """
 
 from __future__ import annotations
@@ -91,12 +94,15 @@ def run_row(family: str, args, workdir: Path) -> dict:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     seen: dict[tuple[str, int], float] = {}
+    peaks: list[float] = []
     original = Recorder.update_extra
 
     def update_extra(self, extra: dict) -> None:
         """Every stage's round times: summary.json keeps those of the stage that wrote last."""
         for entry in extra.get("round_seconds", []):
             seen[(entry["stage"], entry["round"])] = entry["seconds"]
+        for entry in extra.get("gpu_peak_mib", []):  # each client message's peak (client_app.dispatch)
+            peaks.extend(entry["per_client"].values())
         original(self, extra)
 
     pretrain_ends: dict[int, float] = {}
@@ -131,7 +137,9 @@ def run_row(family: str, args, workdir: Path) -> dict:
         "model": summary["config"]["model"],
         "size": overrides["image-size"],
         "per_round": {stage: benchlib.median(v) for stage, v in stages.items()},
-        "peak": torch.cuda.max_memory_allocated() if cuda else 0,
+        # client_app.dispatch resets the peak at every message: the largest message peak, or the
+        # peak since the last reset (the run's last messages), whichever is larger
+        "peak": max([p * 2**20 for p in peaks] + [torch.cuda.max_memory_allocated() if cuda else 0]),
         "wall": wall,
     }
 

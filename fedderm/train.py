@@ -110,6 +110,24 @@ def to_channels_last(model: nn.Module, device: torch.device | str) -> nn.Module:
     return model
 
 
+class GpuPeak:
+    """Peak CUDA memory of the work inside ``with GpuPeak(device) as peak:`` in MiB
+    (``torch.cuda.max_memory_allocated``); ``peak.mib`` stays ``None`` off CUDA."""
+
+    def __init__(self, device: torch.device | str, cuda=torch.cuda):
+        self.device, self.cuda, self.mib = torch.device(device), cuda, None
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            self.cuda.reset_peak_memory_stats(self.device)
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            self.mib = round(self.cuda.max_memory_allocated(self.device) / 2**20, 1)
+        return False
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch; same seed -> same numbers on CPU."""
     random.seed(seed)
