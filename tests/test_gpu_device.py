@@ -41,6 +41,12 @@ pytestmark = [
 #: which one round of a few steps amplifies by at most a few orders of magnitude.  A wrong device
 #: path (other RNG draws, a missed cast, data on the wrong device) moves losses by 1e-2 or more.
 RTOL = 5e-3
+#: per-tensor relative tolerance of the final weights.  Adam-type updates move a tensor whose
+#: gradients are near zero (e.g. a zero-initialised bias) by about ±lr whatever the gradient's size,
+#: so float noise in such gradients shows as a few per cent of that small tensor's norm (seen on an
+#: H100: 2.9 % for FedMAE's qkv bias, 1.3 % for SSL-FL-BT's first conv); the whole model must still
+#: agree within RTOL.
+TENSOR_RTOL = 5e-2
 
 
 @contextmanager
@@ -78,11 +84,15 @@ def _numbers(node):
 
 
 def _run(method: str, device: str, tmp: Path) -> Path:
-    from loop_grid import run_app
+    from loop_grid import run_app, tiny_text_model
 
+    extra = {}
+    if method == "sift":  # the text model runs once, on the server's CPU: a tiny local one will do
+        folder = tmp / "text-model"
+        extra["sift.text-model"] = str(folder if folder.exists() else tiny_text_model(folder))
     overrides = registry.smallest_run(
         method,
-        **{"device": device, "output-dir": str(tmp / device), "cache-dir": str(tmp / "cache")},
+        **{"device": device, "output-dir": str(tmp / device), "cache-dir": str(tmp / "cache"), **extra},
     )
     return run_app(overrides, num_clients=2)
 
@@ -112,13 +122,16 @@ def test_method_on_gpu_is_close_to_cpu(method, tmp_path):
         a = torch.load(cpu_dir / "model.pt", map_location="cpu", weights_only=True)
         b = torch.load(gpu_dir / "model.pt", map_location="cpu", weights_only=True)
         assert a.keys() == b.keys()
+        diff = total = 0.0
         for name, w in a.items():
             if not w.is_floating_point():
                 assert torch.equal(w, b[name]), name
                 continue
             assert torch.isfinite(b[name]).all(), name
-            err = (b[name].double() - w.double()).norm() / (w.double().norm() + 1e-6)
-            assert err <= RTOL, (name, float(err))
+            d, n = (b[name].double() - w.double()).norm(), w.double().norm()
+            assert d / (n + 1e-6) <= TENSOR_RTOL, (name, float(d / (n + 1e-6)))
+            diff, total = diff + float(d) ** 2, total + float(n) ** 2
+        assert math.sqrt(diff) <= RTOL * math.sqrt(total), ("whole model", math.sqrt(diff / total))
 
 
 def _split():
