@@ -218,7 +218,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a simulation worker uses 1)")
     ap.add_argument("--repeats", type=int, default=None, help="alternations per case (default 3)")
-    ap.add_argument("--cases", default="supervised,moco,mae")
+    ap.add_argument(
+        "--cases", default="supervised,moco,mae", help="comma-separated; add +compile for torch.compile"
+    )
     ap.add_argument("--device", default="cpu", help="cpu or cuda (CUDA timers synchronise)")
     args = ap.parse_args(argv)
     from fedderm.train import resolve_device
@@ -244,12 +246,21 @@ def main(argv=None) -> int:
     rows = []
     models = _models(args.quick, size)
     for case in args.cases.split(","):
-        name, build, ours, plain = models[case]
+        base, _, variant = case.partition("+")  # "supervised+compile": the same case, model compiled
+        name, build, ours, plain = models[base]
         torch.manual_seed(0)
         model = build()
+        if variant == "compile":  # what run-config compile=true does (clients/common.py)
+            model.compile()
+            name += " compiled"
+        elif variant:
+            raise SystemExit(f"unknown case variant {variant!r} in {case!r}; the only one is +compile")
         warm = images[: 2 * args.batch_size], labels[: 2 * args.batch_size], args.batch_size, device
-        ours(model, *warm)  # warm-up (and cuDNN's kernel choice on CUDA)
+        t = time.perf_counter()
+        ours(model, *warm)  # warm-up (and cuDNN's kernel choice on CUDA; the compile with +compile)
         plain(model, *warm)
+        _sync(device)
+        warm_s = time.perf_counter() - t
         rates = {"fedderm": [], "plain": []}
         peak = {}
         for _ in range(repeats):
@@ -267,6 +278,8 @@ def main(argv=None) -> int:
         extra = (
             f"augmentation alone {augment_only(images, args.batch_size, device):.0f} img/s"
             if case == "moco"
+            else f"warm-up incl. compile {warm_s:.1f} s"
+            if variant
             else ""
         )
         mem = [f"{peak['fedderm'] / 2**30:.2f}", f"{peak['plain'] / 2**30:.2f}"] if cuda else []

@@ -81,6 +81,7 @@ class Config:
     proximal_mu: float = 0.0
     device: str = "auto"
     precision: str = "fp32"
+    compile: bool = False
     augment: str = "flip"
     # fine-tuning stage of the self-supervised methods (after num-server-rounds of pre-training)
     finetune: str = "federated"
@@ -321,6 +322,8 @@ KEY_DOCS: dict[str, str] = {
     "pre-training rounds, fine-tuning rounds, held-out-centre epochs)",
     "proximal-mu": 'FedProx μ (`method="fedprox"`), e.g. 0.01',
     "device": "`auto` uses CUDA when present, else CPU",
+    "compile": "`true`: `torch.compile` each client model's forward once per process (pays on a GPU for "
+    "long local training; the first message pays the compile time; docs/gpu.md)",
     "precision": "mixed precision of every local loop: `fp32` (off), `bf16` (autocast; CPU and CUDA) or `fp16` "
     "(autocast + GradScaler; CUDA only); weights, aggregation and the wire stay float32 (docs/gpu.md)",
     "finetune": "after pre-training: `federated` (FedAvg of the classifiers), `local` (each client fine-tunes "
