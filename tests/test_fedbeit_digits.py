@@ -1,5 +1,6 @@
-"""Issue 15, Build 1: Fed-BEiT pre-training must not make fine-tuning worse than starting without it, on
-real images (scikit-learn's bundled digits at 32 px, one client's share as in the 003 quick grids; vit-micro)."""
+"""Issue 15, Build 1: Fed-BEiT pre-training must not make fine-tuning worse than starting without
+it, on real images (scikit-learn's bundled digits at 32 px, one client's share as in the 003 quick
+grids; vit-micro)."""
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ from fedderm.train import evaluate, random_flips, to_input, train_epochs, train_
 
 pytest.importorskip("sklearn")
 
-#: the 003 Table III quick row of Fed-BEiT (sweeps/003-table3.toml [quick]): 3 rounds × 4 epochs, BEiT's recipe
+#: the 003 Table III quick row of Fed-BEiT (sweeps/003-table3.toml [quick]): 3 rounds × 4 epochs,
+#: BEiT's recipe
 QUICK = {
     "method": "fedbeit",
     "model": "vit-micro",
@@ -66,7 +68,9 @@ def _classifier(state):
 def _finetune(state, x, y, tx, ty) -> float:
     """The 003 quick fine-tuning's optimiser (AdamW 1e-3, weight decay 0.05, batch 32), 20 epochs."""
     clf = _classifier(state)
-    train_supervised(clf, x, y, epochs=20, batch_size=32, lr=1e-3, optimizer="adamw", weight_decay=0.05, seed=0)
+    train_supervised(
+        clf, x, y, epochs=20, batch_size=32, lr=1e-3, optimizer="adamw", weight_decay=0.05, seed=0
+    )
     return evaluate(clf, tx, ty, 10)["balanced_accuracy"]
 
 
