@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # issue 21: every GPU check in one go, on the GPU machine, from the repository root:
 #
-#     OUT=/some/folder bash bench/gpu_session.sh              # on the GPU (≤ 9 minutes on an H100)
+#     OUT=/some/folder bash bench/gpu_session.sh              # on the GPU (≤ 12 minutes on an H100)
+#     OUT=/some/folder bash bench/gpu_session.sh overhead gpu-rows   # only these steps
 #     OUT=/tmp/gpuout bash bench/gpu_session.sh --cpu-check   # without CUDA: the same steps, tiny, on CPU
 #
 # Assumes the dependencies (torch, timm, flwr + Ray) are installed; PYTHONPATH defaults to this
-# folder.  Every step runs under `timeout` (the GPU steps add up to 535 s) and a failing step does
+# folder.  Every step runs under `timeout` (the GPU steps add up to 740 s; name steps to run fewer) and a failing step does
 # not stop the next.  Six flat log files land in $OUT: session.log (each step's exit status and
 # seconds), gpu_tests.log (nvidia-smi -L and `pytest -m gpu`), gpu_facts.log (what was bit-exact,
 # from the determinism test), throughput.log, overhead.log, gpu_rows.log.
@@ -15,6 +16,7 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 MODE=${1:-gpu}
+STEPS=" $* "  # step names to run (none: all)
 SESSION="$OUT/session.log"
 : >"$SESSION"
 : >"$OUT/gpu_facts.log"
@@ -22,6 +24,9 @@ SESSION="$OUT/session.log"
 step() {  # step NAME SECONDS LOGFILE COMMAND...
     local name=$1 limit=$2 log=$3
     shift 3
+    if [ "$MODE" != "--cpu-check" ] && [ "$STEPS" != "  " ] && [[ "$STEPS" != *" $name "* ]]; then
+        return 0
+    fi
     local t0=$SECONDS
     echo "### $name: $*" >>"$log"
     timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
@@ -54,6 +59,6 @@ step gpu-tests 190 "$OUT/gpu_tests.log" env CUBLAS_WORKSPACE_CONFIG=:4096:8 FEDD
 step throughput 65 "$OUT/throughput.log" python -m bench.throughput --device cuda --batch-size 128 \
     --image-size 224 --images 1024 --repeats 3 --cases supervised,mae,moco
 # fedderm (Ray, 4 clients, 0.5 GPU each) against 2 plain GPU workers; ResNet-18 64 px, 5 rounds
-step overhead 100 "$OUT/overhead.log" python -m bench.overhead --device cuda --repeats 1
+step overhead 240 "$OUT/overhead.log" python -m bench.overhead --device cuda --repeats 1
 # one paper-scale row per family: 10 clients, 64 images each, 2 + 2 rounds (each row prints as it ends)
-step gpu-rows 175 "$OUT/gpu_rows.log" python -m bench.gpu --device cuda
+step gpu-rows 240 "$OUT/gpu_rows.log" python -m bench.gpu --device cuda

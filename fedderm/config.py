@@ -368,6 +368,8 @@ KEY_DOCS: dict[str, str] = {
     "fedclf.relay-delta": "δ of the reported (ε, δ) of the private relay",
     "fedclf.leakage-audit": "membership attack on the relay every round (nearest relayed feature); "
     "its ROC-AUC per client in rounds.csv split `leakage-audit`",
+    "fedclf.leakage-views": "the audit's augmented views per candidate image (smallest distance over the "
+    "plain image and them); `0`: the plain image only",
     "dp.mode": "model-update privacy of `fedavg`/`fedprox`: `off` | `server` (every update clipped to "
     "`dp.clip-norm`, Gaussian noise on the mean; docs/privacy.md)",
     "dp.clip-norm": 'C: L2 bound of every client\'s model update w_i − w_global (`dp.mode = "server"`)',

