@@ -259,3 +259,18 @@ def test_clients_gpu_peaks_reach_summary_not_train_metrics(tmp_path, monkeypatch
     assert all(sorted(e["per_client"]) == ["0", "1"] for e in log)
     assert all(v == 100.0 for e in log for v in e["per_client"].values())
     assert all("gpu-peak-mib" not in m for m in strategy.train_per_client.values())
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_compile_key_compiles_each_client_model_once(flag):
+    """``compile = true``: a client's model is wrapped by ``torch.compile`` (``nn.Module.compile``)
+    when it is built, once per process; the same object comes back for the next message."""
+    import registry
+    from clients.common import ClientSession
+
+    cfg = registry.load_config({"method": "fedavg", "model": "tiny-cnn", "image-size": 16, "compile": flag})
+    s = ClientSession(cfg, SimpleNamespace(num_classes=5), torch.device("cpu"), 0, None)
+    m = s.model(key="probe", factory=lambda: create_model("tiny-cnn", 5, 16))
+    assert (m._compiled_call_impl is not None) is flag
+    assert s.model(key="probe") is m
+    assert set(m.state_dict()) == set(create_model("tiny-cnn", 5, 16).state_dict())  # same keys on the wire
