@@ -128,7 +128,7 @@ class SiftStrategy(Tracked, FedAvg):
     ) -> dict[str, ArrayRecord]:
         """One round of the ring: every client once, in partition-id order."""
         order = self.ring_order(grid)
-        visited, skipped, per_client = [], {}, {}
+        visited, skipped, per_client, peaks = [], {}, {}, {}
         for node in order:
             pid = self.partition_of[node]
             started = time.monotonic()
@@ -147,6 +147,8 @@ class SiftStrategy(Tracked, FedAvg):
             pair = {key: reply.content[key] for key in pair}
             metrics = dict(reply.content["metrics"])
             metrics.pop("partition-id", None)
+            if "gpu-peak-mib" in metrics:  # client_app.dispatch on CUDA (summary.json gpu_peak_mib)
+                peaks[str(pid)] = float(metrics.pop("gpu-peak-mib"))
             per_client[str(pid)] = metrics
             visited.append(pid)
             log(
@@ -165,6 +167,8 @@ class SiftStrategy(Tracked, FedAvg):
         if not visited:
             log(WARNING, "SiFT round %d: no client was visited; the models are unchanged", server_round)
         self.train_per_client = per_client
+        if peaks:
+            self.record_gpu_peaks(server_round, peaks)
         self.ring_log.append(
             {
                 "round": server_round,

@@ -46,6 +46,14 @@ RTOL = 5e-3
 #: by about ±lr whatever the gradient's size, so float noise shows as a large share of such a small
 #: tensor's norm (seen on an H100: 2.9 % for FedMAE's qkv bias, 66 % for a BatchNorm bias of
 #: SSL-FL-BT whose norm is 0.013).  The worst tensor is written to the report.
+#:
+#: SSL-FL-BT pre-trains on its MSG-GAN's images rounded to uint8 (``fedderm.msggan.generate_images``):
+#: float noise in the generator flips some pixels by one grey level, a discrete change of the
+#: training data.  Measured on CPU: nudging every generator weight by a relative 1e-6 before the
+#: images are drawn moves the final weights of its smallest run by 8.4e-3 (relative L2), while
+#: changing torch's thread count moves them by 4.7e-7; on an H100, CUDA against CPU, 2.1e-2 with
+#: every recorded loss (GAN losses included) within RTOL.  Its weights get a wider bound.
+WEIGHT_RTOL = {"ssl-flbt": 5e-2}
 
 
 @contextmanager
@@ -133,7 +141,7 @@ def test_method_on_gpu_is_close_to_cpu(method, tmp_path):
             diff, total = diff + d**2, total + n**2
         whole = math.sqrt(diff / total)
         _report(f"{method}: final weights {GPU} vs cpu, relative L2 {whole:.2e} (worst tensor {worst[0]} {worst[1]:.2e})")
-        assert whole <= RTOL, ("whole model", whole, "worst tensor", worst)
+        assert whole <= WEIGHT_RTOL.get(method, RTOL), ("whole model", whole, "worst tensor", worst)
 
 
 def _split():
