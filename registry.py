@@ -84,6 +84,7 @@ FEDCLF_OPTIONS = {
     "fedclf.relay-delta": 1e-5,
     # leakage audit (issue 20, fedderm/leakage.py): membership attack on the relay, ROC-AUC per round
     "fedclf.leakage-audit": False,
+    "fedclf.leakage-views": 0,  # augmented views per candidate (min distance over them); 0 = plain image
 }
 
 
@@ -151,6 +152,12 @@ def check_fedclf(cfg: Config) -> None:
         not cfg.option("fedclf.leakage-audit") or cfg.option("fedclf.feature-sharing"),
         "fedclf.leakage-audit",
         "needs the feature relay (fedclf.feature-sharing = true): without it nothing is relayed",
+    )
+    views = cfg.option("fedclf.leakage-views")
+    need(
+        isinstance(views, int) and not isinstance(views, bool) and views >= 0,
+        "fedclf.leakage-views",
+        "must be an integer >= 0",
     )
 
 

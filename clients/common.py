@@ -73,6 +73,8 @@ class ClientSession:
                     factory
                     or (lambda: create_model(self.cfg.model, self.data.num_classes, self.cfg.image_size))
                 )()
+            if self.cfg.compile and not getattr(self._models[key], "_compiled_call_impl", None):
+                self._models[key].compile()  # torch.compile of its forward, once per process (docs/gpu.md)
         model = self._models[key]
         if arrays is not None:  # read-only views of the message's bytes; load_state_dict copies
             model.load_state_dict(wire.to_state_dict(arrays), strict=True)

@@ -51,6 +51,7 @@ class MocoOptions:
     relay_clip: float = 0.0
     relay_noise: float = 0.0
     leakage_audit: bool = False
+    leakage_views: int = 0
 
     @classmethod
     def from_config(cls, cfg, feature_sharing: bool | None = None) -> MocoOptions:
@@ -67,6 +68,7 @@ class MocoOptions:
             relay_clip=cfg.option("fedclf.relay-clip"),
             relay_noise=cfg.option("fedclf.relay-noise-multiplier"),
             leakage_audit=bool(cfg.option("fedclf.leakage-audit")),
+            leakage_views=int(cfg.option("fedclf.leakage-views")),
         )
 
 
@@ -117,7 +119,12 @@ def share(context: Context, bank: FeatureQueue, opts: MocoOptions, seed: int) ->
 
 
 def leakage_metrics(
-    context: Context, s: ClientSession, model: MoCo, remote: torch.Tensor | None, server_round: int
+    context: Context,
+    s: ClientSession,
+    model: MoCo,
+    remote: torch.Tensor | None,
+    server_round: int,
+    views: int = 0,
 ) -> dict:
     """``fedclf.leakage-audit`` (:mod:`fedderm.leakage`): the attack an honest-but-curious hospital
     could run this round, against this client.  Relayed features: this client's previous upload
@@ -142,6 +149,7 @@ def leakage_metrics(
         train[ids],
         held_out,
         relayed,
+        views=views,
         batch_size=s.cfg.batch_size,
         seed=s.seed(server_round, salt=17),
         device=s.device,
@@ -189,7 +197,7 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     if opts.feature_sharing and REMOTE in msg.content:
         remote = torch.from_numpy(values(msg.content[REMOTE]["features"]).astype(np.float32))
     audited = (
-        leakage_metrics(context, s, model, remote, server_round)
+        leakage_metrics(context, s, model, remote, server_round, opts.leakage_views)
         if opts.leakage_audit and opts.feature_sharing and not local
         else {}
     )

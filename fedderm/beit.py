@@ -21,7 +21,8 @@ The paper's tokenizer is the DALL-E dVAE, which cannot be downloaded here.  Two 
   ids must be below ``fedbeit.vocab-size``.
 
 BEiT's relative position bias and layer scale are left out: the encoder keeps the names and
-layout of the timm ``VisionTransformer`` fine-tuning backbone (learned absolute ``pos_embed``).
+layout of the timm ``VisionTransformer`` fine-tuning backbone (learned absolute ``pos_embed``),
+and starts from the MAE encoder's initialisation (:meth:`BEiTPretrainViT.initialize_weights`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from timm.models.vision_transformer import Block, PatchEmbed
 from torch import nn
 
 from .config import Config, ConfigError
-from .mae import LayerNorm, encoder_arch, patchify
+from .mae import LayerNorm, MaskedAutoencoderViT, encoder_arch, patchify, sincos_2d
 from .models import vit_arch
 
 
@@ -174,19 +175,28 @@ class BEiTPretrainViT(nn.Module):
         )
         self.norm = norm_layer(embed_dim)
         self.lm_head = nn.Linear(embed_dim, vocab_size)
-        for p in (self.pos_embed, self.cls_token, self.mask_token):
+        self.initialize_weights(init_std)
+
+    def initialize_weights(self, init_std: float = 0.02) -> None:
+        """The MAE encoder's initialisation (:meth:`fedderm.mae.MaskedAutoencoderViT.initialize_weights`,
+        the one the "ViT from scratch" rows of 003 Table III fine-tune from): ``pos_embed`` starts at the
+        2-D sine-cosine embedding (learned here, the stand-in for BEiT's relative position bias, which
+        knows relative offsets from the first step), Xavier-uniform linear layers and patch projection;
+        ``cls_token`` / ``mask_token`` truncated normal (std ``init_std``), as in BEiT.
+
+        BEiT's own scheme (every weight N(0, 0.02) truncated at ±1 std, output projections divided
+        by √(2·layer)) is calibrated to ViT-B's width 768; at vit-micro's width 64 its weights are
+        about 8× smaller than Xavier's, the encoder's features barely separate the classes and
+        fine-tuning from it is far worse than from the scratch rows' MAE initialisation (issue 15:
+        docs/methods/fedmae-fedbeit.md, "Fed-BEiT below the ViT from scratch")."""
+        pos = sincos_2d(self.pos_embed.shape[-1], self.grid, cls_token=True)
+        self.pos_embed.data.copy_(torch.from_numpy(pos).unsqueeze(0))
+        w = self.patch_embed.proj.weight.data
+        nn.init.xavier_uniform_(w.view(w.shape[0], -1))
+        nn.init.zeros_(self.patch_embed.proj.bias)
+        for p in (self.cls_token, self.mask_token):
             nn.init.trunc_normal_(p, std=init_std, a=-init_std, b=init_std)
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Conv2d)):
-                nn.init.trunc_normal_(m.weight, std=init_std, a=-init_std, b=init_std)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-        for layer_id, blk in enumerate(self.blocks, start=1):  # BEiT's depth-scaled output projections
-            blk.attn.proj.weight.data.div_(math.sqrt(2.0 * layer_id))
-            blk.mlp.fc2.weight.data.div_(math.sqrt(2.0 * layer_id))
+        self.apply(MaskedAutoencoderViT._init_weights)
 
     @property
     def grid(self) -> int:

@@ -81,6 +81,7 @@ class Config:
     proximal_mu: float = 0.0
     device: str = "auto"
     precision: str = "fp32"
+    compile: bool = False
     augment: str = "flip"
     # fine-tuning stage of the self-supervised methods (after num-server-rounds of pre-training)
     finetune: str = "federated"
@@ -321,6 +322,8 @@ KEY_DOCS: dict[str, str] = {
     "pre-training rounds, fine-tuning rounds, held-out-centre epochs)",
     "proximal-mu": 'FedProx μ (`method="fedprox"`), e.g. 0.01',
     "device": "`auto` uses CUDA when present, else CPU",
+    "compile": "`true`: `torch.compile` each client model's forward once per process (pays on a GPU for "
+    "long local training; the first message pays the compile time; docs/gpu.md)",
     "precision": "mixed precision of every local loop: `fp32` (off), `bf16` (autocast; CPU and CUDA) or `fp16` "
     "(autocast + GradScaler; CUDA only); weights, aggregation and the wire stay float32 (docs/gpu.md)",
     "finetune": "after pre-training: `federated` (FedAvg of the classifiers), `local` (each client fine-tunes "
@@ -368,6 +371,8 @@ KEY_DOCS: dict[str, str] = {
     "fedclf.relay-delta": "δ of the reported (ε, δ) of the private relay",
     "fedclf.leakage-audit": "membership attack on the relay every round (nearest relayed feature); "
     "its ROC-AUC per client in rounds.csv split `leakage-audit`",
+    "fedclf.leakage-views": "the audit's augmented views per candidate image (smallest distance over the "
+    "plain image and them); `0`: the plain image only",
     "dp.mode": "model-update privacy of `fedavg`/`fedprox`: `off` | `server` (every update clipped to "
     "`dp.clip-norm`, Gaussian noise on the mean; docs/privacy.md)",
     "dp.clip-norm": 'C: L2 bound of every client\'s model update w_i − w_global (`dp.mode = "server"`)',

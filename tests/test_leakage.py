@@ -44,6 +44,8 @@ def test_membership_auc_is_one_for_exact_features_and_chance_for_unrelated_ones(
     [
         ({"fedclf.leakage-audit": True, "fedclf.feature-sharing": False}, "fedclf.leakage-audit"),
         ({"fedclf.leakage-audit": "yes"}, "fedclf.leakage-audit"),
+        ({"fedclf.leakage-views": -1}, "fedclf.leakage-views"),
+        ({"fedclf.leakage-views": 1.5}, "fedclf.leakage-views"),
     ],
 )
 def test_bad_audit_settings_name_the_key(raw, key):
@@ -129,3 +131,11 @@ def test_audit_detects_leakage_without_noise_and_none_with_large_sigma():
     se = _null_se(300, 300)
     assert audit(model, members, non_members, privatise(own, 1.0, 0.0, 1), batch_size=600) > 0.5 + 3 * se
     assert abs(audit(model, members, non_members, privatise(own, 1.0, 8.0, 1), batch_size=600) - 0.5) < 3 * se
+    # fedclf.leakage-views: the smallest distance over the plain image and 4 augmented views
+    exact = privatise(own, 1.0, 0.0, 1)
+    assert audit(model, members, non_members, exact, views=4, batch_size=600) == 1.0
+    noisy = privatise(own, 1.0, 8.0, 1)
+    with_views = audit(model, members, non_members, noisy, views=4, batch_size=600, seed=3)
+    assert abs(with_views - 0.5) < 3 * se
+    assert audit(model, members, non_members, noisy, views=4, batch_size=600, seed=3) == with_views
+    assert audit(model, members, non_members, noisy, views=4, batch_size=600, seed=4) != with_views
