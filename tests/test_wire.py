@@ -210,3 +210,46 @@ def test_client_pack_mod_unpacks_for_the_handler_and_packs_the_reply():
     reply = pack_mod(incoming, None, handler)
     assert seen["keys"] == ["arrays"] and list(reply.content.array_records) == [wire.PACKED]
     assert bytes(wire.unpack_content(reply.content)["arrays"]["w"].data) == bytes(record["w"].data)
+
+
+def test_ray_moves_arrays_out_of_band_with_the_same_fields_and_bytes():
+    """wire.ray_out_of_band: through Ray's pickler an Array's bytes leave the pickle stream (a
+    pickle-5 out-of-band buffer Ray writes to its store in one copy) and come back identical."""
+    pytest.importorskip("ray")
+    import pickle
+
+    from ray import cloudpickle
+
+    state = _state(3)
+    big = np.arange(250_000, dtype=np.float32)  # 1 MB
+    content = RecordDict(
+        {"arrays": wire.to_record({**state, "big": big}), "config": ConfigRecord({"server-round": 2})}
+    )
+
+    def through_ray():
+        buffers = []
+        stream = cloudpickle.dumps(content, protocol=5, buffer_callback=buffers.append)
+        return stream, buffers, pickle.loads(stream, buffers=buffers)
+
+    saved = cloudpickle.CloudPickler.dispatch.pop(Array, None)  # a simulation earlier in this process
+    try:
+        in_band, no_buffers, _ = through_ray()
+        assert len(in_band) > big.nbytes and not no_buffers  # Ray's default: the bytes in the stream
+        assert wire.ray_out_of_band(only_in_ray=True) is False  # no Ray worker here: nothing registered
+        assert Array not in cloudpickle.CloudPickler.dispatch
+        assert wire.ray_out_of_band() is True
+        stream, buffers, back = through_ray()
+    finally:  # leave Ray's pickler as this test found it
+        if saved is None:
+            cloudpickle.CloudPickler.dispatch.pop(Array, None)
+        else:
+            cloudpickle.CloudPickler.dispatch[Array] = saved
+    total = sum(a.data.__len__() for a in content["arrays"].values())
+    assert len(stream) < 10_000 and sum(memoryview(b).nbytes for b in buffers) == total
+    assert list(back["arrays"].keys()) == list(content["arrays"].keys())
+    for key, array in content["arrays"].items():
+        got = back["arrays"][key]
+        assert (got.dtype, got.shape, got.stype) == (array.dtype, array.shape, array.stype), key
+        assert isinstance(got.data, bytes) and got.data == array.data, key
+        assert np.array_equal(wire.values(got), wire.values(array)), key
+    assert back["config"]["server-round"] == 2
