@@ -254,8 +254,8 @@ def ray_out_of_band(*, only_in_ray: bool = False) -> bool:
     object store, then out again.  Registered here (``ray.util.register_serializer``), an Array
     travels as a NumPy view of its bytes, which Ray writes to its store in one copy, and comes
     back with one copy: the same fields and bytes.  Measured at ResNet-18 (44.7 MB) on 2 loaded
-    cores, a message to an actor took 0.108 s instead of 0.023 s, model and control variates
-    0.227 s instead of 0.049 s (docs/benchmarks.md).  The process that sends registers: the
+    cores, a message to an actor took 0.023 s instead of 0.108 s, model and control variates
+    0.049 s instead of 0.227 s (docs/benchmarks.md).  The process that sends registers: the
     simulation's driver (:func:`sim.simulate`) and every ClientApp actor (``client_app``).
 
     ``only_in_ray``: register only in a process where Ray is already initialised (a Ray worker),
