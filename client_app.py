@@ -9,7 +9,7 @@ from clients.audit import audit_mod
 from clients.common import info, session
 from clients.state import state_mod
 from clients.transport import pack_mod, transport_mod
-from fedderm.train import use_precision
+from fedderm.train import GpuPeak, use_precision
 
 # audit_mod wraps transport_mod: the audit log shows the arrays exactly as they leave the hospital
 # (pack_mod, outermost, only joins them into one Array for the trip: the same bytes)
@@ -32,8 +32,11 @@ def dispatch(msg: Message, context: Context) -> Message:
             f"method {cfg.method!r} has no client handler for message type {kind!r}; "
             f"it handles {sorted(handlers)}"
         )
-    with use_precision(cfg.precision):  # every local loop of this message (fedderm.train.Amp)
-        return handlers[kind](msg, context)
+    with use_precision(cfg.precision), GpuPeak(session(context).device) as peak:
+        reply = handlers[kind](msg, context)  # every local loop of this message (fedderm.train.Amp)
+    if peak.mib is not None and reply.has_content() and "metrics" in reply.content:
+        reply.content["metrics"]["gpu-peak-mib"] = peak.mib  # summary.json ``gpu_peak_mib``
+    return reply
 
 
 #: Every "category.action" message type some method handles: the shared stages, plus what the

@@ -3,6 +3,7 @@
     python -m bench.overhead                    # ResNet-18, 64 px, 4 clients x 255 images, 5 rounds, 3 x (A, B)
     python -m bench.overhead --method fedprox   # any of: fedavg, fedprox, fedbn
     python -m bench.overhead --quick            # tiny-cnn, 32 px, 2 rounds, 2 x (A, B): a fast check
+    python -m bench.overhead --device cuda      # on one GPU: 2 plain workers / 2 clients at a time (0.5 GPU each)
 
 A (plain): the simulation's layout without Flower: 2 single-threaded worker processes pull
 clients from a queue, the weights cross the process boundary as numpy arrays, the main process
@@ -54,6 +55,11 @@ class Settings:
     seed: int = 0
     workdir: str = ""
     extra: dict = dataclasses.field(default_factory=dict)  # more run-config keys (bench/scale.py)
+    device: str = "cpu"  # cuda: the plain workers and fedderm's clients train on the GPU
+
+    def gpu_share(self) -> float:
+        """fedderm's --gpus-per-client: WORKERS clients at a time share one GPU, as A's workers."""
+        return 1 / WORKERS if self.device == "cuda" else 0.0
 
     def overrides(self) -> dict:
         return {
@@ -72,6 +78,7 @@ class Settings:
             "cache-dir": str(Path(self.workdir) / "cache"),
             "output-dir": str(Path(self.workdir) / "runs"),
             **METHOD_KEYS.get(self.method, {}),
+            **({"device": self.device} if self.device != "cpu" else {}),
             **self.extra,
         }
 
@@ -81,6 +88,8 @@ def _plain_train(model, images, labels, *, epochs, batch_size, lr, weight_decay,
     import torch
     import torch.nn.functional as F
 
+    device = next(model.parameters()).device
+    images, labels = images.to(device), labels.to(device)  # the whole split once, batches cut there
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
@@ -93,12 +102,13 @@ def _plain_train(model, images, labels, *, epochs, batch_size, lr, weight_decay,
             idx = order[i : i + batch_size]
             if len(idx) < 2:
                 continue
-            x = images[idx]
+            x = images[idx.to(device)]
             h, v = torch.rand(len(idx), generator=g) < 0.5, torch.rand(len(idx), generator=g) < 0.5
+            h, v = h.to(device), v.to(device)
             x = torch.where(h[:, None, None, None], x.flip(-1), x)
             x = torch.where(v[:, None, None, None], x.flip(-2), x)
             x = (x.float() / 255.0 - 0.5) / 0.5
-            loss = F.cross_entropy(model(x), labels[idx])
+            loss = F.cross_entropy(model(x), labels[idx.to(device)])
             if reference is not None:
                 loss = loss + mu / 2 * sum(((p - r) ** 2).sum() for p, r in zip(params, reference))
             opt.zero_grad(set_to_none=True)
@@ -111,11 +121,12 @@ def _plain_eval(model, images, labels, num_classes):
 
     from fedderm.metrics import classification_metrics
 
+    device = next(model.parameters()).device
     model.eval()
     with torch.no_grad():
         probs = torch.cat(
             [
-                torch.softmax(model((images[i : i + 256].float() / 255.0 - 0.5) / 0.5), 1)
+                torch.softmax(model((images[i : i + 256].to(device).float() / 255.0 - 0.5) / 0.5), 1).cpu()
                 for i in range(0, len(images), 256)
             ]
         )
@@ -141,7 +152,7 @@ def plain_worker(tasks, results, s: Settings) -> None:
             data[pid] = load_client_data(cfg, pid, s.clients)
         d = data[pid]
         if model is None:
-            model = create_model(cfg.model, d.num_classes, cfg.image_size)
+            model = create_model(cfg.model, d.num_classes, cfg.image_size).to(s.device)
         if kind == "load":
             results.put((kind, pid, None, 0.0))
             continue
@@ -160,13 +171,17 @@ def plain_worker(tasks, results, s: Settings) -> None:
                 weight_decay=cfg.weight_decay,
                 mu=cfg.proximal_mu if s.method == "fedprox" else 0.0,
             )
+            if s.device == "cuda":
+                torch.cuda.synchronize()  # CUDA runs asynchronously: the work ends when the GPU is done
             work = time.perf_counter() - t
-            out = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+            out = {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
             results.put((kind, pid, (out, len(labels)), work))
         else:
             images, labels = d.tensors(kind)
             metrics = _plain_eval(model, images, labels, d.num_classes)
             results.put((kind, pid, metrics, time.perf_counter() - t))
+    peak = torch.cuda.max_memory_allocated() if s.device == "cuda" else 0
+    results.put(("peak", os.getpid(), peak, 0.0))
 
 
 def _average(replies: list[tuple[dict, int]], local_keys: set[str]) -> dict:
@@ -237,9 +252,10 @@ def run_plain(s: Settings) -> dict:
     wave("test", s.rounds)
     for _ in procs:
         tasks.put(None)
+    gpu_peak = max(results.get()[2] for _ in procs)
     for p in procs:
         p.join()
-    return _summarise(t0, ev["start"], ev["round-0"], ends, work, time.time())
+    return {**_summarise(t0, ev["start"], ev["round-0"], ends, work, time.time()), "gpu_peak": gpu_peak}
 
 
 # ----------------------------------------------------------------------------- B: fedderm
@@ -277,7 +293,7 @@ def run_fedderm(s: Settings) -> dict:
     common.Tracked.evaluate_round = timed_evaluate_round
     common.Tracked.configure_train = timed_configure_train
     common.save_checkpoint = timed_save
-    sim.simulate(s.overrides(), num_supernodes=s.clients, client_app=app)
+    sim.simulate(s.overrides(), num_supernodes=s.clients, gpus_per_client=s.gpu_share(), client_app=app)
     t_end = time.time()
     entries = read_trace(trace)
     bounds = [ev["start"], ev["round-0"]] + [ends[r] for r in range(1, s.rounds + 1)]
@@ -287,6 +303,7 @@ def run_fedderm(s: Settings) -> dict:
         work[rnd] = sum(e["work"] for e in entries if lo <= e["t0"] < hi)
     result = _summarise(t0, ev["start"], ev["round-0"], ends, work, t_end)
     result["threads"] = sorted({e.get("threads") for e in entries})
+    result["gpu_peak"] = max((e.get("gpu_peak", 0) for e in entries), default=0)
     result["workers"] = len({e["pid"] for e in entries})
     return result
 
@@ -327,6 +344,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="runs of A and of B (alternating)")
     ap.add_argument("--quick", action="store_true", help="tiny-cnn, 32 px, 2 rounds, 2 repeats")
     ap.add_argument("--workdir", default=None, help="cache and run folders (default: a temp folder)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--child", choices=("A", "B"), help=argparse.SUPPRESS)
     ap.add_argument("--settings", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -335,7 +353,7 @@ def main(argv=None) -> int:
         return 0
 
     quick = {"model": "tiny-cnn", "image_size": 32, "per_class": 20, "rounds": 2} if args.quick else {}
-    s = Settings(method=args.method, clients=args.clients, **quick)
+    s = Settings(method=args.method, clients=args.clients, device=args.device, **quick)
     for key in ("model", "image_size", "per_class", "rounds"):
         if getattr(args, key) is not None:
             setattr(s, key, getattr(args, key))
@@ -345,6 +363,7 @@ def main(argv=None) -> int:
     print(
         f"settings: {s.method} · {s.model} · {s.image_size} px · {s.clients} clients · "
         f"{s.per_class} images/class/client · {s.epochs} local epoch · {s.rounds} rounds · {repeats} x (A, B)"
+        f" · device {s.device}" + (f", {WORKERS} clients at a time, {s.gpu_share()} GPU each" if s.gpu_share() else "")
     )
     # generate the data once, outside the timings
     benchlib.run_child(
@@ -368,14 +387,15 @@ def main(argv=None) -> int:
             print(
                 f"  {which}{i + 1}: start-up {result['startup']:.2f} s · round 0 {result['round0']:.2f} s · "
                 f"per round {result['per_round']:.3f} s (work {result['work']:.3f} s, outside "
-                f"{result['outside']:.3f} s) · peak {benchlib.mib(peak):.0f} MiB · load "
+                f"{result['outside']:.3f} s) · peak {benchlib.mib(peak):.0f} MiB · "
+                f"peak GPU memory per client process {result.get('gpu_peak', 0) / 2**30:.2f} GiB · load "
                 f"{os.getloadavg()[0]:.2f}",
                 flush=True,
             )
     med = {
         w: {
             k: benchlib.median(r[k] for r in rs)
-            for k in ("startup", "round0", "per_round", "work", "outside", "peak", "finish")
+            for k in ("startup", "round0", "per_round", "work", "outside", "peak", "finish", "gpu_peak")
         }
         for w, rs in runs.items()
     }
@@ -389,6 +409,7 @@ def main(argv=None) -> int:
             f"{m['work']:.3f}",
             f"{m['outside']:.3f}",
             f"{benchlib.mib(m['peak']):.0f}",
+            f"{m['gpu_peak'] / 2**30:.2f}",
         ]
         for name, m in (("A plain PyTorch", a), (f"B fedderm {s.method}", b))
     ]
@@ -401,12 +422,14 @@ def main(argv=None) -> int:
             f"{b['work'] / a['work']:.3f}",
             f"+{b['per_round'] - a['per_round']:.3f} s",
             f"{b['peak'] / a['peak']:.2f}",
+            "",
         ]
     )
     print()
     print(
         benchlib.table(
-            rows, ["", "start-up s", "round 0 s", "per round s", "work s", "outside s", "peak MiB"]
+            rows,
+            ["", "start-up s", "round 0 s", "per round s", "work s", "outside s", "peak MiB", "GPU peak/client GiB"],
         )
     )
     print(

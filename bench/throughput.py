@@ -3,6 +3,7 @@
     python -m bench.throughput            # ResNet-18 64 px (supervised, MoCo), ViT-tiny 64 px (MAE), 1 thread
     python -m bench.throughput --quick    # tiny-cnn / vit-micro at 32 px: a fast check
     python -m bench.throughput --threads 2
+    python -m bench.throughput --device cuda --batch-size 128 --image-size 224 --cases supervised,mae
 
 Same model, same uint8 images (generated tensors), same batch size and optimiser; every case
 alternates fedderm / plain (``--repeats`` times, medians of images per second):
@@ -46,30 +47,51 @@ def _normal(x):
     return (x.float() / 255.0 - 0.5) / 0.5
 
 
+CPU = torch.device("cpu")
+
+
+def _sync(device) -> None:
+    """Wait for the GPU's queued work, so that a timer measures it (CUDA runs asynchronously)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _batches(n, batch_size, g):
     order = torch.randperm(n, generator=g)
     return [order[i : i + batch_size] for i in range(0, n, batch_size) if len(order[i : i + batch_size]) > 1]
 
 
 # ----------------------------------------------------------------------------- supervised
-def supervised_fedderm(model, images, labels, bs):
+def supervised_fedderm(model, images, labels, bs, device=CPU):
     from fedderm.train import train_supervised
 
     train_supervised(
-        model, images, labels, epochs=1, batch_size=bs, lr=1e-3, optimizer="adam", weight_decay=5e-4, seed=1
+        model,
+        images,
+        labels,
+        epochs=1,
+        batch_size=bs,
+        lr=1e-3,
+        optimizer="adam",
+        weight_decay=5e-4,
+        seed=1,
+        device=device,
     )
 
 
-def supervised_plain(model, images, labels, bs):
-    model.train()
+def supervised_plain(model, images, labels, bs, device=CPU):
+    """The plain loop copies the whole uint8 data set to ``device`` once and cuts batches there."""
+    model.to(device).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=5e-4)
     g = torch.Generator().manual_seed(1)
+    images, labels = images.to(device), labels.to(device)
     for idx in _batches(len(labels), bs, g):
-        x = images[idx]
+        x = images[idx.to(device)]
         h, v = torch.rand(len(idx), generator=g) < 0.5, torch.rand(len(idx), generator=g) < 0.5
+        h, v = h.to(device), v.to(device)
         x = torch.where(h[:, None, None, None], x.flip(-1), x)
         x = torch.where(v[:, None, None, None], x.flip(-2), x)
-        loss = F.cross_entropy(model(_normal(x)), labels[idx])
+        loss = F.cross_entropy(model(_normal(x)), labels[idx.to(device)])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -81,10 +103,10 @@ def _bank():
     return F.normalize(torch.randn(256, 128, generator=torch.Generator().manual_seed(3)), dim=1)
 
 
-def moco_fedderm(model, images, labels, bs):
+def moco_fedderm(model, images, labels, bs, device=CPU):
     from fedderm.moco import FeatureQueue, moco_round
 
-    bank = FeatureQueue(256, 128, _bank())
+    bank = FeatureQueue(256, 128, _bank(), device=device)
     moco_round(
         model,
         images,
@@ -100,19 +122,21 @@ def moco_fedderm(model, images, labels, bs):
         lr=1e-3,
         optimizer="adam",
         seed=1,
+        device=device,
     )
 
 
-def moco_plain(model, images, labels, bs):
+def moco_plain(model, images, labels, bs, device=CPU):
     """The same steps without augmentation: both views are the normalised images."""
     from fedderm.moco import FeatureQueue, info_nce
 
-    model.train()
+    model.to(device).train()
     opt = torch.optim.Adam(model.main_parameters(), lr=1e-3)
-    queue = FeatureQueue(256, 128, _bank())
+    queue = FeatureQueue(256, 128, _bank(), device=device)
     g = torch.Generator().manual_seed(1)
+    images = images.to(device)
     for idx in _batches(len(images), bs, g):
-        x = _normal(images[idx])
+        x = _normal(images[idx.to(device)])
         q = model(x)
         model.momentum_update(0.99)
         k = model.keys(x)
@@ -123,34 +147,40 @@ def moco_plain(model, images, labels, bs):
         opt.step()
 
 
-def augment_only(images, bs) -> float:
-    """Images per second of fedderm's two contrastive views alone."""
+def augment_only(images, bs, device=CPU) -> float:
+    """Images per second of fedderm's two contrastive views alone (the images already on ``device``)."""
     from fedderm.augment import ContrastiveAugment
     from fedderm.moco import two_views
 
     augment, g = ContrastiveAugment(images.shape[-1]), torch.Generator().manual_seed(0)
+    images = images.to(device)
+    _sync(device)
     t = time.perf_counter()
     for i in range(0, len(images), bs):
-        two_views(images[i : i + bs], augment, g, torch.device("cpu"))
+        two_views(images[i : i + bs], augment, g, device)
+    _sync(device)
     return len(images) / (time.perf_counter() - t)
 
 
 # ----------------------------------------------------------------------------- MAE
-def mae_fedderm(model, images, labels, bs):
+def mae_fedderm(model, images, labels, bs, device=CPU):
     from fedderm.train import random_flips, to_input, train_epochs
 
     def loss_fn(m, xb, yb, generator):
-        return m(to_input(random_flips(xb, generator), "cpu"), 0.75, generator)[0]
+        return m(to_input(random_flips(xb, generator), device), 0.75, generator)[0]
 
-    train_epochs(model, images, labels, loss_fn, epochs=1, batch_size=bs, lr=1e-3, optimizer="adam", seed=1)
+    train_epochs(
+        model, images, labels, loss_fn, epochs=1, batch_size=bs, lr=1e-3, optimizer="adam", seed=1, device=device
+    )
 
 
-def mae_plain(model, images, labels, bs):
-    model.train()
+def mae_plain(model, images, labels, bs, device=CPU):
+    model.to(device).train()
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     g = torch.Generator().manual_seed(1)
+    images = images.to(device)
     for idx in _batches(len(images), bs, g):
-        loss = model(_normal(images[idx]), 0.75, g)[0]
+        loss = model(_normal(images[idx.to(device)]), 0.75, g)[0]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -189,7 +219,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (a simulation worker uses 1)")
     ap.add_argument("--repeats", type=int, default=None, help="alternations per case (default 3)")
     ap.add_argument("--cases", default="supervised,moco,mae")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (CUDA timers synchronise)")
     args = ap.parse_args(argv)
+    from fedderm.train import resolve_device
+
+    device = resolve_device(args.device)
+    cuda = device.type == "cuda"
     torch.set_num_threads(args.threads)
     n = args.images or 256
     size = args.image_size or (32 if args.quick else 64)
@@ -197,7 +232,13 @@ def main(argv=None) -> int:
     info = benchlib.print_machine()
     print(
         f"settings: {n} images of {size} px per epoch · batch {args.batch_size} · {args.threads} torch thread(s)"
-        f" · {repeats} alternations"
+        f" · {repeats} alternations · device {device}"
+        + (
+            f" ({torch.cuda.get_device_name(device)}; PyTorch's TF32 defaults: matmul "
+            f"{torch.backends.cuda.matmul.allow_tf32}, cuDNN {torch.backends.cudnn.allow_tf32})"
+            if cuda
+            else ""
+        )
     )
     images, labels = _data(n, size)
     rows = []
@@ -206,24 +247,38 @@ def main(argv=None) -> int:
         name, build, ours, plain = models[case]
         torch.manual_seed(0)
         model = build()
-        ours(model, images[: 2 * args.batch_size], labels[: 2 * args.batch_size], args.batch_size)  # warm-up
-        plain(model, images[: 2 * args.batch_size], labels[: 2 * args.batch_size], args.batch_size)
+        warm = images[: 2 * args.batch_size], labels[: 2 * args.batch_size], args.batch_size, device
+        ours(model, *warm)  # warm-up (and cuDNN's kernel choice on CUDA)
+        plain(model, *warm)
         rates = {"fedderm": [], "plain": []}
+        peak = {}
         for _ in range(repeats):
             for which, fn in (("fedderm", ours), ("plain", plain)):
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(device)
+                _sync(device)
                 t = time.perf_counter()
-                fn(model, images, labels, args.batch_size)
+                fn(model, images, labels, args.batch_size, device)
+                _sync(device)
                 rates[which].append(n / (time.perf_counter() - t))
+                if cuda:
+                    peak[which] = max(peak.get(which, 0), torch.cuda.max_memory_allocated(device))
         a, b = benchlib.median(rates["fedderm"]), benchlib.median(rates["plain"])
         extra = (
-            f"augmentation alone {augment_only(images, args.batch_size):.0f} img/s" if case == "moco" else ""
+            f"augmentation alone {augment_only(images, args.batch_size, device):.0f} img/s"
+            if case == "moco"
+            else ""
         )
-        rows.append([case, name, f"{a:.1f}", f"{b:.1f}", f"{a / b:.2f}", f"{max(0.0, 1 - a / b):.0%}", extra])
+        mem = [f"{peak['fedderm'] / 2**30:.2f}", f"{peak['plain'] / 2**30:.2f}"] if cuda else []
+        rows.append(
+            [case, name, f"{a:.1f}", f"{b:.1f}", f"{a / b:.2f}", f"{max(0.0, 1 - a / b):.0%}", *mem, extra]
+        )
         print(f"  {case}: fedderm {a:.1f} img/s · plain {b:.1f} img/s {extra}", flush=True)
     print()
-    print(
-        benchlib.table(rows, ["case", "model", "fedderm img/s", "plain img/s", "ratio", "pipeline share", ""])
-    )
+    head = ["case", "model", "fedderm img/s", "plain img/s", "ratio", "pipeline share"]
+    if cuda:
+        head += ["peak GiB fedderm", "peak GiB plain"]
+    print(benchlib.table(rows, [*head, ""]))
     print(
         f"load average at start {' '.join(map(str, info['loadavg']))}, now "
         f"{' '.join(f'{x:.2f}' for x in __import__('os').getloadavg())}"

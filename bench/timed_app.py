@@ -73,6 +73,13 @@ def _patch(method: str | None) -> None:
                 setattr(mod, attr, _WRAPPERS[id(value)])
 
 
+def _gpu_peak() -> int:
+    """Peak CUDA memory this client process has allocated (0 without CUDA work)."""
+    import torch
+
+    return torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else 0
+
+
 def timing_mod(msg, context, call_next):
     folder = os.environ.get("FEDDERM_BENCH_TRACE")
     if not folder:
@@ -92,6 +99,7 @@ def timing_mod(msg, context, call_next):
         "work": _WORK[0],
         "spans": list(_SPANS),
         "threads": __import__("torch").get_num_threads(),
+        "gpu_peak": _gpu_peak(),
     }
     with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a", encoding="utf-8") as fh:
         fh.write(json.dumps(entry) + "\n")

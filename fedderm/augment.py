@@ -172,8 +172,8 @@ def _shift_hue(x: torch.Tensor, hue: torch.Tensor) -> torch.Tensor:
 def random_flips(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Random horizontal and vertical flips per image (lesions have no canonical orientation)."""
     n = x.shape[0]
-    h = torch.rand(n, generator=generator) < 0.5
-    v = torch.rand(n, generator=generator) < 0.5
+    h = (torch.rand(n, generator=generator) < 0.5).to(x.device)  # drawn on the CPU generator
+    v = (torch.rand(n, generator=generator) < 0.5).to(x.device)
     x = x.clone()
     x[h] = x[h].flip(-1)
     x[v] = x[v].flip(-2)

@@ -20,7 +20,7 @@ from .augment import Augment
 from .data import TensorBatches
 from .losses import barlow_twins, moon_contrastive
 from .models import create_model
-from .train import Amp, make_optimizer, random_flips, to_input
+from .train import Amp, make_optimizer, random_flips, to_channels_last, to_input
 
 __all__ = [
     "ProjectedNet",
@@ -102,12 +102,12 @@ def train_with_model_term(
     ``train_term`` (mean of ``term``) and ``num-examples``.
     """
     device = torch.device(device)
-    model.to(device).train()
+    to_channels_last(model.to(device), device).train()
     opt = make_optimizer(
         [p for p in model.parameters() if p.requires_grad], optimizer, lr, momentum, weight_decay
     )
     amp = Amp(device, precision)  # the run's precision (fedderm.train.use_precision)
-    batches = TensorBatches(images, labels, batch_size, shuffle=True, seed=seed)
+    batches = TensorBatches(images, labels, batch_size, shuffle=True, seed=seed, device=device)
     flips = torch.Generator().manual_seed(seed + 1)
     loss_sum = term_sum = 0.0
     seen = 0

@@ -158,7 +158,7 @@ def train_multitask(
     net.to(device).train()
     opt = make_optimizer(net.parameters(), optimizer, lr)
     amp = Amp(device, precision)  # the run's precision (fedderm.train.use_precision)
-    batches = TensorBatches(images, centres, batch_size, shuffle=True, seed=seed)
+    batches = TensorBatches(images, centres, batch_size, shuffle=True, seed=seed, device=device)
     g = torch.Generator().manual_seed(seed + 1)
     start = time.monotonic()
     sums = {"ssl_loss": 0.0, "ssl_ce": 0.0, "ssl_mse": 0.0}

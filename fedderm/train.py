@@ -95,6 +95,39 @@ class Amp:
             self.scaler.update()
 
 
+def wants_channels_last(model: nn.Module, device: torch.device | str) -> bool:
+    """Convolutional networks with BatchNorm (the ResNets, tiny-cnn) on CUDA: cuDNN's NHWC kernels
+    (Tensor Cores) are faster there; ViTs (no BatchNorm2d) and every model on CPU keep NCHW."""
+    return torch.device(device).type == "cuda" and any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+
+
+def to_channels_last(model: nn.Module, device: torch.device | str) -> nn.Module:
+    """``model`` in ``channels_last`` memory format where :func:`wants_channels_last` (in place).
+    Only the strides change: state dicts hold the same values (``wire.to_array`` sends them
+    C-contiguous), and the CPU path is untouched."""
+    if wants_channels_last(model, device):
+        model.to(memory_format=torch.channels_last)
+    return model
+
+
+class GpuPeak:
+    """Peak CUDA memory of the work inside ``with GpuPeak(device) as peak:`` in MiB
+    (``torch.cuda.max_memory_allocated``); ``peak.mib`` stays ``None`` off CUDA."""
+
+    def __init__(self, device: torch.device | str, cuda=torch.cuda):
+        self.device, self.cuda, self.mib = torch.device(device), cuda, None
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            self.cuda.reset_peak_memory_stats(self.device)
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            self.mib = round(self.cuda.max_memory_allocated(self.device) / 2**20, 1)
+        return False
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch; same seed -> same numbers on CPU."""
     random.seed(seed)
@@ -222,11 +255,11 @@ def train_epochs(
     Returns ``{"train_loss": mean loss of the last epoch, "num-examples": n}``.
     """
     device = torch.device(device)
-    model.to(device).train()
+    to_channels_last(model.to(device), device).train()
     params = [p for p in model.parameters() if p.requires_grad] if params is None else list(params)
     opt = make_optimizer(params, optimizer, lr, momentum, weight_decay, betas)
     amp = Amp(device, precision)
-    batches = TensorBatches(images, labels, batch_size, shuffle=True, seed=seed)
+    batches = TensorBatches(images, labels, batch_size, shuffle=True, seed=seed, device=device)
     per_epoch = max(len(batches), 1)
     augment = torch.Generator().manual_seed(seed + 1)
     loss_sum, seen = 0.0, 0
@@ -315,7 +348,7 @@ def predict(
     """Softmax probabilities (N, C, float32) of the model in eval mode, the forward pass under
     ``precision`` (:class:`Amp`)."""
     device = torch.device(device)
-    model.to(device).eval()
+    to_channels_last(model.to(device), device).eval()
     amp = Amp(device, precision)
     out = []
     for i in range(0, len(images), batch_size):

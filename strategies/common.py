@@ -150,6 +150,9 @@ class Tracked:
         self.traffic_log: list[dict[str, int]] = []
         #: wall time of every round (train + val), for summary.json ``round_seconds``
         self.time_log: list[dict] = []
+        #: peak CUDA memory of each client's handling of a message (MiB), for summary.json
+        #: ``gpu_peak_mib``; empty off CUDA (client_app.dispatch adds ``gpu-peak-mib``)
+        self.gpu_log: list[dict] = []
 
     # -- screening replies ---------------------------------------------------------------
     def _partition(self, node_id: int) -> str:
@@ -247,15 +250,27 @@ class Tracked:
             ]
             self.recorder.update_extra({"missing_clients": record})
 
-    def _per_client(self, replies: list[Message]) -> dict[str, dict[str, float]]:
-        per_client = {}
+    def _per_client(
+        self, replies: list[Message], server_round: int | None = None
+    ) -> dict[str, dict[str, float]]:
+        per_client, peaks = {}, {}
         for msg in replies:
             if msg.has_error():
                 continue
             metrics = msg.content["metrics"]
             pid = str(metrics.pop("partition-id", self.reply_node(msg)))
+            if "gpu-peak-mib" in metrics:
+                peaks[pid] = float(metrics.pop("gpu-peak-mib"))
             per_client[pid] = dict(metrics)
+        if peaks and server_round is not None:  # train replies: the round's peak
+            self.record_gpu_peaks(server_round, peaks)
         return dict(sorted(per_client.items(), key=lambda kv: client_sort_key(kv[0])))
+
+    def record_gpu_peaks(self, server_round: int | None, peaks: dict[str, float]) -> None:
+        """Keep each client's peak CUDA memory of this round's messages (summary.json ``gpu_peak_mib``)."""
+        ordered = dict(sorted(peaks.items(), key=lambda kv: client_sort_key(kv[0])))
+        self.gpu_log.append({"stage": self.stage, "round": server_round, "per_client": ordered})
+        self.recorder.update_extra({"gpu_peak_mib": self.gpu_log})
 
     # -- Flower strategy hooks ------------------------------------------------------------
     def configure_train(self, server_round, arrays, config, grid):
@@ -282,7 +297,7 @@ class Tracked:
         self.count_traffic(up=sum(self.wire_bytes(r.content) for r in ok), messages=len(ok))
         replies = self.screen(server_round, getattr(self, "_sent_to", []), replies)
         self.accepted = replies  # subclasses aggregate extra records of these replies only
-        self.train_per_client = self._per_client(replies)
+        self.train_per_client = self._per_client(replies, server_round)
         if len(replies) < self.cfg.min_clients:
             log(
                 WARNING,

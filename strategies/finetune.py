@@ -57,7 +57,7 @@ class LocalFinetune(Tracked, FedAvg):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         replies = self.screen(server_round, self._sent_to, list(replies))
-        self.train_per_client = self._per_client(replies)
+        self.train_per_client = self._per_client(replies, server_round)
         return None, None
 
 

@@ -80,3 +80,21 @@ def run_app(overrides: dict, num_clients: int = 2, client_app=None):
     from pathlib import Path
 
     return Path(context.state["fedderm"]["run-dir"])
+
+
+def tiny_text_model(path):
+    """A tiny random BERT with its own 10-word vocabulary saved as a local model folder: a
+    ``sift.text-model`` for tests and benchmarks where the default MiniLM package is absent."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "melanoma", "nevus", "benign", "skin", "lesion"]
+    (path / "vocab").mkdir(parents=True, exist_ok=True)
+    (path / "vocab" / "vocab.txt").write_text("\n".join(words) + "\n")
+    BertTokenizerFast(vocab_file=str(path / "vocab" / "vocab.txt")).save_pretrained(path)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    BertModel(config).save_pretrained(path)
+    return path

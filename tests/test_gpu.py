@@ -16,7 +16,7 @@ import sim
 from fedderm.config import ConfigError
 from fedderm.data.synthetic import generate
 from fedderm.models import create_model
-from fedderm.train import Amp, evaluate, predict, train_supervised, use_precision
+from fedderm.train import Amp, GpuPeak, evaluate, predict, train_supervised, use_precision
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -161,3 +161,101 @@ def test_the_other_local_loops_run_in_bf16():
         assert all(p.dtype == torch.float32 for p in [*net.parameters(), *gan.parameters()])
         out[precision] = [p.detach().clone() for p in net.parameters()]
     assert any(not torch.equal(a, b) for a, b in zip(out["fp32"], out["bf16"]))
+
+
+def test_channels_last_runs_and_stays_close(monkeypatch, tmp_path):
+    """The CUDA path's channels_last ResNets (fedderm.train.to_channels_last), exercised on CPU by
+    allowing it there: a whole FedAvg run (weights sent, aggregated, saved from NHWC tensors) gives
+    the NCHW run's losses within a relative 5e-3 (CPU NHWC kernels sum in another order)."""
+    import json
+
+    from loop_grid import run_app
+
+    import fedderm.train as train
+    import registry
+
+    base = registry.smallest_run("fedavg", **{"cache-dir": str(tmp_path / "c"), "num-server-rounds": 2})
+    nchw = run_app({**base, "output-dir": str(tmp_path / "a")})
+    converted = []
+
+    def on_cpu_too(model, device):
+        converted.append(any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules()))
+        return converted[-1]
+
+    monkeypatch.setattr(train, "wants_channels_last", on_cpu_too)
+    nhwc = run_app({**base, "output-dir": str(tmp_path / "b")})
+    assert converted and all(converted)
+    a, b = (json.loads((d / "summary.json").read_text())["rounds"] for d in (nchw, nhwc))
+    losses = [(x["metrics"]["loss"], y["metrics"]["loss"]) for x, y in zip(a, b)]
+    assert len(losses) == 3 and all(math.isclose(u, v, rel_tol=5e-3) for u, v in losses), losses
+    model = torch.load(nhwc / "model.pt", weights_only=True)
+    conv = next(v for k, v in model.items() if v.dim() == 4)
+    assert torch.isfinite(conv).all()
+
+
+def test_wants_channels_last_only_for_batchnorm_cnns_on_cuda():
+    from fedderm.train import wants_channels_last
+
+    resnet, vit = create_model("resnet18", 2, 32), create_model("vit-micro", 2, 16)
+    assert not wants_channels_last(resnet, "cpu")
+    assert wants_channels_last(resnet, "cuda")  # no CUDA needed: it only looks at the device type
+    assert not wants_channels_last(vit, "cuda")
+
+
+def test_gpu_peak_reads_cuda_and_stays_none_on_cpu():
+    calls = []
+    fake = SimpleNamespace(
+        reset_peak_memory_stats=lambda d: calls.append(("reset", str(d))),
+        max_memory_allocated=lambda d: 3 * 2**20 + 2**19,
+    )
+    with GpuPeak("cuda:0", cuda=fake) as peak:
+        assert calls == [("reset", "cuda:0")]  # the peak of this message only
+    assert peak.mib == 3.5
+    with GpuPeak("cpu", cuda=fake) as cpu:
+        pass
+    assert cpu.mib is None and len(calls) == 1
+
+
+def test_clients_gpu_peaks_reach_summary_not_train_metrics(tmp_path, monkeypatch):
+    """Issue 21 "peak memory per client": every train reply carries its client's peak CUDA memory,
+    which the server keeps per client and round (summary.json ``gpu_peak_mib``), out of the metrics."""
+    from flwr.app import ArrayRecord
+
+    import client_app
+    import registry
+    from fedderm.results import RunRecorder
+    from strategies import fedavg
+    from strategies.common import run_federated
+    from tests.fake_grid import FakeGrid
+
+    class Peak:  # as GpuPeak on a GPU where every message peaked at 100 MiB
+        def __init__(self, device):
+            self.mib = None
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.mib = 100.0
+
+    rc = {
+        "method": "fedavg",
+        "dataset": "synthetic",
+        "model": "tiny-cnn",
+        "image-size": 16,
+        "num-server-rounds": 2,
+        "local-epochs": 1,
+        "tensorboard": False,
+    }
+    cfg = registry.load_config(rc)
+    rec = RunRecorder(tmp_path / "run", "fedavg", cfg.to_flat())
+    strategy = fedavg.build_strategy(cfg, rec)
+    torch.manual_seed(0)
+    grid = FakeGrid(rc, 2)
+    monkeypatch.setattr(client_app, "GpuPeak", Peak)
+    run_federated(strategy, grid, ArrayRecord(create_model("tiny-cnn", 5, 16).state_dict()))
+    log = rec.extra["gpu_peak_mib"]
+    assert [(e["stage"], e["round"]) for e in log] == [(strategy.stage, 1), (strategy.stage, 2)]
+    assert all(sorted(e["per_client"]) == ["0", "1"] for e in log)
+    assert all(v == 100.0 for e in log for v in e["per_client"].values())
+    assert all("gpu-peak-mib" not in m for m in strategy.train_per_client.values())

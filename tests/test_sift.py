@@ -280,23 +280,9 @@ def test_class_texts_from_names_option_and_file(tmp_path):
 
 
 def _tiny_bert(path):
-    """A tiny BERT with its own vocabulary saved as a local model folder."""
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from loop_grid import tiny_text_model
 
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "melanoma", "nevus", "benign", "skin", "lesion"]
-    (path / "vocab").mkdir(parents=True)
-    (path / "vocab" / "vocab.txt").write_text("\n".join(words) + "\n")
-    BertTokenizerFast(vocab_file=str(path / "vocab" / "vocab.txt")).save_pretrained(path)
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=len(words),
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-    )
-    BertModel(config).save_pretrained(path)
-    return path
+    return tiny_text_model(path)
 
 
 def test_local_text_model_mean_and_cls_pooling(tmp_path, monkeypatch):

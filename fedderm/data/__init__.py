@@ -286,8 +286,29 @@ def check_federation(cfg, num_partitions: int) -> list[ClientData]:
         _PARTITIONS.clear()
 
 
+#: the share of a GPU's free memory a client's decoded uint8 images may take to be kept there
+DEVICE_DATA_SHARE = 0.25
+
+
+def fits_on_device(images: torch.Tensor, device: torch.device | str) -> bool:
+    """Whether ``images`` may be copied to CUDA ``device`` whole: at most :data:`DEVICE_DATA_SHARE`
+    of its free memory (``torch.cuda.mem_get_info``), so the model's activations keep the rest."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    free, _total = torch.cuda.mem_get_info(device)
+    return images.numel() * images.element_size() <= DEVICE_DATA_SHARE * free
+
+
 class TensorBatches:
-    """Mini-batches of in-memory tensors; shuffled by a seeded generator (no worker processes)."""
+    """Mini-batches of in-memory tensors; shuffled by a seeded generator (no worker processes).
+
+    With a CUDA ``device`` the images arrive there (issue 21): copied once per iteration
+    object when they fit (:func:`fits_on_device`) and the batches cut on the GPU, else each batch
+    from pinned memory with a non-blocking copy.  Labels stay on the CPU as given.  The shuffle is
+    drawn on the CPU generator either way, so the batches hold the same images on every device;
+    without a CUDA device nothing moves (the CPU path is unchanged).
+    """
 
     def __init__(
         self,
@@ -298,10 +319,18 @@ class TensorBatches:
         shuffle: bool = False,
         seed: int = 0,
         drop_last: bool = False,
+        device: torch.device | str | None = None,
     ):
         self.images, self.labels = images, labels
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
         self.generator = torch.Generator().manual_seed(seed)
+        self.device = torch.device(device) if device is not None else None
+        self.pinned = False  # True: the images did not fit, batches go through pinned memory
+        if self.device is not None and self.device.type == "cuda" and images.device != self.device:
+            if fits_on_device(images, self.device):
+                self.images = images.to(self.device, non_blocking=True)
+            else:
+                self.pinned = True
 
     def __len__(self) -> int:
         n = len(self.labels)
@@ -310,6 +339,11 @@ class TensorBatches:
     def __iter__(self):
         n = len(self.labels)
         order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+        on_device = order.to(self.images.device)
         for b in range(len(self)):
             sel = order[b * self.batch_size : (b + 1) * self.batch_size]
-            yield self.images[sel], self.labels[sel]
+            if self.pinned:
+                xb = self.images[sel].pin_memory().to(self.device, non_blocking=True)
+            else:
+                xb = self.images[on_device[b * self.batch_size : (b + 1) * self.batch_size]]
+            yield xb, self.labels[sel]
