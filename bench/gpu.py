@@ -155,7 +155,9 @@ def run_row(family: str, args, workdir: Path) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
-    ap.add_argument("--rounds", type=int, default=None, help="pre-training and fine-tuning rounds (default 2)")
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="pre-training and fine-tuning rounds (default 2)"
+    )
     ap.add_argument("--images-per-client", type=int, default=None, help="all splits (default 64)")
     ap.add_argument("--clients", type=int, default=None, help="default 10")
     ap.add_argument("--batch-size", type=int, default=32)
@@ -187,7 +189,10 @@ def main(argv=None) -> int:
     for family in families:
         r = run_row(family, args, workdir)
         stages = " · ".join(f"{stage} {s:.2f} s/round" for stage, s in r["per_round"].items())
-        print(f"  {family}: {stages} · peak GPU {r['peak'] / 2**30:.2f} GiB · wall {r['wall']:.1f} s", flush=True)
+        print(
+            f"  {family}: {stages} · peak GPU {r['peak'] / 2**30:.2f} GiB · wall {r['wall']:.1f} s",
+            flush=True,
+        )
         rows.append(
             [
                 family,

@@ -282,8 +282,12 @@ class WarmApp:
             config = tomllib.loads((folder / "pyproject.toml").read_text())
             module = config["tool"]["flwr"]["app"]["components"]["clientapp"].partition(":")[0]
         except (OSError, KeyError, tomllib.TOMLDecodeError) as err:
-            _log.warning("fedderm launcher: app bundle %s kept cold: no clientapp in %s (%s)", digest[:16],
-                         folder / "pyproject.toml", err)
+            _log.warning(
+                "fedderm launcher: app bundle %s kept cold: no clientapp in %s (%s)",
+                digest[:16],
+                folder / "pyproject.toml",
+                err,
+            )
             return False
         _drop_modules(_fedderm_modules())  # the bundle brings its own fedderm
         before = set(sys.modules)
@@ -295,19 +299,30 @@ class WarmApp:
                 importlib.import_module(module)
         except Exception as err:  # noqa: BLE001 - the child imports it again and reports the error
             self.modules = self._bundled(set(sys.modules) - before)
-            _log.warning("fedderm launcher: app bundle %s kept cold: importing %s failed (%r)",
-                         digest[:16], module, err)
+            _log.warning(
+                "fedderm launcher: app bundle %s kept cold: importing %s failed (%r)",
+                digest[:16],
+                module,
+                err,
+            )
             self.drop()
             return False
         self.modules = self._bundled(set(sys.modules) - before)
         unsafe = sorted(set(calls.names) - IMPORT_SAFE_TORCH)
         if unsafe:
-            _log.warning("fedderm launcher: app bundle %s kept cold: its import runs torch ops (%s)",
-                         digest[:16], ", ".join(unsafe))
+            _log.warning(
+                "fedderm launcher: app bundle %s kept cold: its import runs torch ops (%s)",
+                digest[:16],
+                ", ".join(unsafe),
+            )
             self.drop()
             return False
-        _log.info("fedderm launcher: app bundle %s imported once (%d modules) from %s", digest[:16],
-                  len(self.modules), folder)
+        _log.info(
+            "fedderm launcher: app bundle %s imported once (%d modules) from %s",
+            digest[:16],
+            len(self.modules),
+            folder,
+        )
         return True
 
     def _bundled(self, names: set[str]) -> set[str]:
