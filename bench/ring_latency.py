@@ -1,6 +1,6 @@
 """Ring-hop latency of a real deployment on loopback: before and after fedderm's polling changes.
 
-    python bench/ring_latency.py                   # 3 SuperNodes, 9 hops per setting
+    python -m bench.ring_latency                   # 3 SuperNodes, 9 hops per setting
     python -m bench.ring_latency --hops 12 --no-fedderm-imports
 
 Starts the TLS + node-auth loopback federation of deploy/loopback.py twice:
@@ -23,8 +23,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python bench/ring_latency.py` from anywhere
-    sys.path.insert(0, str(ROOT))
 
 from deploy.loopback import Loopback  # noqa: E402
 
