@@ -10,10 +10,12 @@ from clients.common import info, session
 from clients.state import state_mod
 from clients.transport import pack_mod, transport_mod
 from fedderm.train import GpuPeak, use_precision
+from wire import ray_out_of_band
 
 # audit_mod wraps transport_mod: the audit log shows the arrays exactly as they leave the hospital
 # (pack_mod, outermost, only joins them into one Array for the trip: the same bytes)
 MODS = [pack_mod, state_mod, audit_mod, transport_mod]
+ray_out_of_band(only_in_ray=True)  # a simulation's ClientApp actor: replies leave through Ray out of band
 app = ClientApp(mods=MODS)
 
 

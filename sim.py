@@ -249,6 +249,7 @@ def simulate(
     from flwr.supercore.telemetry import EventType as Ev
 
     from server_app import app as server_app
+    from wire import ray_out_of_band
 
     if client_app is None:
         from client_app import app as client_app
@@ -268,6 +269,7 @@ def simulate(
     given = dict(overrides if user_overrides is None else user_overrides)
     state = RecordDict({CLI_RECORD: ConfigRecord({"preset": preset, "overrides": json.dumps(given)})})
     context = Context(run_id=run_id, node_id=0, node_config={}, state=state, run_config=run_config)
+    ray_out_of_band()  # the messages to the ClientApp actors: Arrays out of band (wire.ray_out_of_band)
     result = _run_simulation(
         num_supernodes=num_supernodes,
         exit_event=Ev.PYTHON_API_RUN_SIMULATION_LEAVE,

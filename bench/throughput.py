@@ -170,7 +170,16 @@ def mae_fedderm(model, images, labels, bs, device=CPU):
         return m(to_input(random_flips(xb, generator), device), 0.75, generator)[0]
 
     train_epochs(
-        model, images, labels, loss_fn, epochs=1, batch_size=bs, lr=1e-3, optimizer="adam", seed=1, device=device
+        model,
+        images,
+        labels,
+        loss_fn,
+        epochs=1,
+        batch_size=bs,
+        lr=1e-3,
+        optimizer="adam",
+        seed=1,
+        device=device,
     )
 
 

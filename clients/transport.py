@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from flwr.app import Context, Message
 
-from wire import PACKED, decode_message, encode_message, pack_message, unpack_message
+from wire import decode_message, encode_message, is_packed, pack_message, unpack_message
 
 from .common import RUN_CONFIG
 
@@ -31,7 +31,8 @@ def transport_mod(msg: Message, context: Context, call_next) -> Message:
 
 def pack_mod(msg: Message, context: Context, call_next) -> Message:
     """Flower client mod, outermost: a message the server packed (:func:`wire.pack_content`, in a
-    deployment) is unpacked before any other mod sees it, and its reply packed the same way."""
-    packed = msg.has_content() and PACKED in msg.content
+    deployment: one ConfigRecord) is unpacked before any other mod sees it, and its reply packed
+    the same way."""
+    packed = msg.has_content() and is_packed(msg.content)
     out = call_next(unpack_message(msg) if packed else msg, context)
     return pack_message(out) if packed else out

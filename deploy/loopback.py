@@ -529,7 +529,7 @@ def check_results(outcome: RunOutcome, num_clients: int, rounds: int) -> list[st
     outcome.summary = summary
     if summary.get("method") != outcome.method:
         problems.append(f"summary.json method is {summary.get('method')!r}, not {outcome.method!r}")
-    per_client = summary.get("final", {}).get("per_client", {})
+    per_client = (summary.get("final") or {}).get("per_client", {})  # None: the run failed
     if len(per_client) != num_clients:
         problems.append(f"final test metrics for {len(per_client)} clients, expected {num_clients}")
     for pid, metrics in per_client.items():

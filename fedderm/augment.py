@@ -18,6 +18,7 @@ so a batch is augmented in a few vectorised operations and the same seed gives t
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +32,13 @@ from .config import AUGMENT_POLICIES
 _GRAY = torch.tensor([0.299, 0.587, 0.114])
 # RGB <-> YIQ (NTSC); hue shift = rotation of the (I, Q) chroma plane
 _RGB2YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
-_YIQ2RGB = torch.linalg.inv(_RGB2YIQ)
+
+
+@functools.cache
+def _yiq2rgb() -> torch.Tensor:
+    """The inverse of ``_RGB2YIQ``, computed on first use: importing this module runs no torch op
+    (the deployment launcher imports the app in a parent it then forks, see fedderm.launcher)."""
+    return torch.linalg.inv(_RGB2YIQ)
 
 
 @dataclass(frozen=True)
@@ -155,7 +162,7 @@ def _shift_hue(x: torch.Tensor, hue: torch.Tensor) -> torch.Tensor:
     rot = torch.zeros(len(hue), 3, 3, device=x.device, dtype=x.dtype)
     rot[:, 0, 0] = 1
     rot[:, 1, 1], rot[:, 1, 2], rot[:, 2, 1], rot[:, 2, 2] = cos, -sin, sin, cos
-    m = _YIQ2RGB.to(x) @ rot @ _RGB2YIQ.to(x)  # (n, 3, 3)
+    m = _yiq2rgb().to(x) @ rot @ _RGB2YIQ.to(x)  # (n, 3, 3)
     return torch.einsum("nij,njhw->nihw", m, x).clamp(0, 1)
 
 

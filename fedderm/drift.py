@@ -66,11 +66,12 @@ def scaffold_train(
             ci = _get(c_local, name, p)
             if steps == 0:
                 new_local[name] = ci.clone()
+                delta[name] = new_local[name] - ci
             else:
                 moved = x[name].sub_(p.detach()).div_(steps * lr)  # (x − y) / (K η_l), in x's buffer
                 # c_i − c into the correction's buffer (no longer needed), then + (x − y) / (K η_l)
                 new_local[name] = torch.sub(ci, _get(c_global, name, p), out=correction[name]).add_(moved)
-            delta[name] = new_local[name] - ci
+                delta[name] = torch.sub(new_local[name], ci, out=moved)  # Δc into x's buffer, done with
     metrics["local-steps"] = steps
     return metrics, {n: t.cpu() for n, t in new_local.items()}, {n: t.cpu() for n, t in delta.items()}
 

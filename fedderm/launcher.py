@@ -151,18 +151,26 @@ def app_hash(app_dir: str | Path = ".") -> str:
     return sha256_hex(build_fab_from_disk(Path(app_dir)))
 
 
-def _guard_install(allowed: set[str] | None, source: str) -> None:
-    """Wrap Flower's FAB installation in the child: refuse a bundle not on the allow-list."""
+def _guard_install(allowed: set[str] | None, source: str, warm: WarmApp | None = None) -> None:
+    """Wrap Flower's FAB installation in the child: refuse a bundle not on the allow-list.
+
+    ``warm``: the app the parent imported; dropped unless it is this very bundle (its sha256)."""
     rc = importlib.import_module("flwr.supernode.runtime.run_clientapp")
     original = rc.install_from_fab
 
     def install_checked(fab_content: bytes, *args, **kwargs):
         digest = sha256_hex(fab_content)
+        if warm is not None and warm.digest != digest:
+            warm.drop()  # another bundle than the one the parent imported: none of its modules
         if allowed is not None and digest not in allowed:
             message = REFUSAL.format(digest=digest, source=source)
             _log.error("fedderm launcher: %s", message)
             raise PermissionError(message)
-        _log.info("fedderm launcher: app bundle sha256 %s approved", digest[:16])
+        _log.info(
+            "fedderm launcher: app bundle sha256 %s approved%s",
+            digest[:16],
+            " (imported once in the launcher)" if warm is not None and warm.digest == digest else "",
+        )
         marker = _installed_marker(digest, *args, **kwargs)
         if marker.is_file() and Path(marker.read_text()).is_dir():
             return Path(marker.read_text())  # unpacked and verified by Flower for this very hash
@@ -212,6 +220,136 @@ def prewarm() -> None:
             pass
 
 
+#: torch functions an app may call at import without making the parent unsafe to fork: they
+#: build small tensors or read the build, none starts a thread pool (``torch.overrides`` names)
+IMPORT_SAFE_TORCH = frozenset({"tensor", "as_tensor", "device", "_cuda_version", "get_default_dtype"})
+
+
+def _drop_modules(names) -> None:
+    for name in list(names):
+        sys.modules.pop(name, None)
+
+
+def _fedderm_modules() -> list[str]:
+    """The launcher's own copy of fedderm (never run as app code), this module excepted."""
+    return [m for m in sys.modules if (m == "fedderm" or m.startswith("fedderm.")) and m != __name__]
+
+
+class _TorchCalls:
+    """Record the torch functions called inside ``with`` (a ``TorchFunctionMode``)."""
+
+    def __init__(self):
+        self.names: list[str] = []
+
+    def __enter__(self):
+        from torch.overrides import TorchFunctionMode
+
+        names = self.names
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                names.append(getattr(func, "__name__", str(func)))
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+
+class WarmApp:
+    """The approved app bundle's ClientApp module, imported once in the launcher's parent.
+
+    Flower's ``load_app`` reuses a module already in ``sys.modules``, so every forked child skips
+    the app's import (~1 s per message on a loaded 2-core machine).  Only a bundle that is on the
+    allow-list (or any, without one) and that Flower already installed and verified (the marker of
+    :func:`_installed_marker`) is imported, from the folder Flower installed it in; an import that
+    runs a torch op other than :data:`IMPORT_SAFE_TORCH` is undone (the parent must stay safe to
+    fork) and that bundle stays cold: each child imports it, as before."""
+
+    def __init__(self):
+        self.digest: str | None = None
+        self.folder: Path | None = None
+        self.modules: set[str] = set()
+
+    def load(self, digest: str, folder: Path) -> bool:
+        import tomllib
+
+        self.drop()
+        try:
+            config = tomllib.loads((folder / "pyproject.toml").read_text())
+            module = config["tool"]["flwr"]["app"]["components"]["clientapp"].partition(":")[0]
+        except (OSError, KeyError, tomllib.TOMLDecodeError) as err:
+            _log.warning(
+                "fedderm launcher: app bundle %s kept cold: no clientapp in %s (%s)",
+                digest[:16],
+                folder / "pyproject.toml",
+                err,
+            )
+            return False
+        _drop_modules(_fedderm_modules())  # the bundle brings its own fedderm
+        before = set(sys.modules)
+        sys.path.insert(0, str(folder))
+        self.digest, self.folder = digest, folder
+        calls = _TorchCalls()
+        try:
+            with calls:
+                importlib.import_module(module)
+        except Exception as err:  # noqa: BLE001 - the child imports it again and reports the error
+            self.modules = self._bundled(set(sys.modules) - before)
+            _log.warning(
+                "fedderm launcher: app bundle %s kept cold: importing %s failed (%r)",
+                digest[:16],
+                module,
+                err,
+            )
+            self.drop()
+            return False
+        self.modules = self._bundled(set(sys.modules) - before)
+        unsafe = sorted(set(calls.names) - IMPORT_SAFE_TORCH)
+        if unsafe:
+            _log.warning(
+                "fedderm launcher: app bundle %s kept cold: its import runs torch ops (%s)",
+                digest[:16],
+                ", ".join(unsafe),
+            )
+            self.drop()
+            return False
+        _log.info(
+            "fedderm launcher: app bundle %s imported once (%d modules) from %s",
+            digest[:16],
+            len(self.modules),
+            folder,
+        )
+        return True
+
+    def _bundled(self, names: set[str]) -> set[str]:
+        """The modules among ``names`` that come from the bundle's folder (libraries it imported,
+        torch or timm, stay: they are what :func:`prewarm` imports anyway)."""
+        root = str(self.folder.resolve()) + os.sep
+        out = set()
+        for name in names:
+            module = sys.modules.get(name)
+            file = getattr(module, "__file__", None)
+            paths = getattr(module, "__path__", None)
+            try:  # a package's folders (a namespace package has no __file__)
+                files = [file, *(list(paths) if paths is not None and not isinstance(paths, str) else [])]
+            except TypeError:  # e.g. torch's _ClassNamespace
+                files = [file]
+            if any(isinstance(f, str) and str(Path(f).resolve()).startswith(root) for f in files):
+                out.add(name)
+        return out
+
+    def drop(self) -> None:
+        """Forget the imported app: its modules and its folder on ``sys.path``."""
+        _drop_modules(self.modules)
+        if self.folder is not None and str(self.folder) in sys.path:
+            sys.path.remove(str(self.folder))
+        self.digest, self.folder, self.modules = None, None, set()
+
+
 class ForkExecutor:
     """Flower's ``Executor`` protocol: one forked, pre-warmed child per ClientApp task.
 
@@ -224,6 +362,21 @@ class ForkExecutor:
         self.allowed, self.source = allowed, source
         self.fallback = SubprocessExecutor()
         self.children: set[int] = set()
+        self.warm = WarmApp()
+        self.cold: set[str] = set()  # bundles whose import cannot be kept in the parent
+
+    def warm_up(self, digest: str | None) -> None:
+        """Import the app of bundle ``digest`` in the parent if it is approved and installed."""
+        if not digest or digest == self.warm.digest or digest in self.cold:
+            return
+        if self.allowed is not None and digest not in self.allowed:
+            return  # the child refuses it; nothing of it is imported here
+        marker = _installed_marker(digest)
+        folder = Path(marker.read_text()) if marker.is_file() else None
+        if folder is None or not folder.is_dir():
+            return  # the first child installs it (Flower verifies it) and writes the marker
+        if not self.warm.load(digest, folder):
+            self.cold.add(digest)
 
     def get_eligible_capacity(self, supported_task_types, **kwargs):
         return self.fallback.get_eligible_capacity(supported_task_types, **kwargs)
@@ -238,6 +391,7 @@ class ForkExecutor:
         if spec.task_type != TaskType.CLIENT_APP:
             return self.fallback.launch(spec)
         started = _time.monotonic()
+        self.warm_up(spec.fab_hash)
         pid = os.fork()
         if pid == 0:  # the child never returns
             self._child(spec)
@@ -260,11 +414,12 @@ class ForkExecutor:
             exit_handler.registered_exit_handlers[:] = []  # the parent's Runtime client is not ours
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_DFL)
-            # the app bundle brings its own fedderm: never run the launcher's copy as app code
-            for name in [m for m in sys.modules if m == "fedderm" or m.startswith("fedderm.")]:
-                if name != __name__:
-                    del sys.modules[name]
-            _guard_install(self.allowed, self.source)
+            # the app bundle brings its own fedderm: never run the launcher's copy as app code; the
+            # app the parent imported is kept only for its own bundle (checked again on the bytes)
+            if spec.fab_hash != self.warm.digest:
+                self.warm.drop()
+            _drop_modules(_fedderm_modules() if self.warm.digest is None else [])
+            _guard_install(self.allowed, self.source, self.warm)
             from flwr.supercore.tls import validate_and_resolve_root_certificates
             from flwr.supernode.runtime.run_clientapp import run_clientapp
 

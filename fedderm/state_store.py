@@ -144,8 +144,10 @@ class StateStore:
             raise StateError(f"{self.label}: state manifest {path} is not a fedderm client-state manifest")
         return manifest
 
-    def _check(self, manifest: dict) -> None:
-        """Every tensor file the manifest names exists, has its recorded size and a valid header."""
+    def _check(self, manifest: dict) -> dict[str, dict[str, torch.Tensor]]:
+        """Every tensor file the manifest names exists, has its recorded size and a valid header.
+        Returns the entries' tensors as read (memory-mapped), so that they are not opened twice."""
+        loaded = {}
         for name, entry in manifest["entries"].items():
             if entry.get("file") is None:
                 continue
@@ -157,7 +159,8 @@ class StateStore:
                     f"{self.label}: client-state file {path} (entry {name!r}) is damaged: "
                     f"{found}, expected {entry['bytes']} bytes (truncated by a crash?)"
                 )
-            self.read_tensors(entry)
+            loaded[name] = self.read_tensors(entry)
+        return loaded
 
     def read_tensors(self, entry: dict) -> dict[str, torch.Tensor]:
         path = self.folder / entry["file"]
@@ -201,11 +204,13 @@ class StateStore:
         for base in reversed([s for s in self.steps() if s <= step]):
             try:
                 manifest = self._read_manifest(base)
-                self._check(manifest)
+                loaded = self._check(manifest)
             except StateError as err:
                 LOG.error("%s; using the state of the step before", err)
                 continue
-            return Snapshot(self, step, base, {k: dict(v) for k, v in manifest["entries"].items()})
+            snap = Snapshot(self, step, base, {k: dict(v) for k, v in manifest["entries"].items()})
+            snap._loaded.update(loaded)
+            return snap
         return Snapshot(self, step, None, {})
 
     def commit(self, snap: Snapshot) -> None:

@@ -94,7 +94,11 @@ def tiny_text_model(path):
     BertTokenizerFast(vocab_file=str(path / "vocab" / "vocab.txt")).save_pretrained(path)
     torch.manual_seed(0)
     config = BertConfig(
-        vocab_size=len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+        vocab_size=len(words),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
     )
     BertModel(config).save_pretrained(path)
     return path

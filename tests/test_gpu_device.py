@@ -140,7 +140,9 @@ def test_method_on_gpu_is_close_to_cpu(method, tmp_path):
             worst = max(worst, (name, d / (n + 1e-6)), key=lambda t: t[1])
             diff, total = diff + d**2, total + n**2
         whole = math.sqrt(diff / total)
-        _report(f"{method}: final weights {GPU} vs cpu, relative L2 {whole:.2e} (worst tensor {worst[0]} {worst[1]:.2e})")
+        _report(
+            f"{method}: final weights {GPU} vs cpu, relative L2 {whole:.2e} (worst tensor {worst[0]} {worst[1]:.2e})"
+        )
         assert whole <= WEIGHT_RTOL.get(method, RTOL), ("whole model", whole, "worst tensor", worst)
 
 
@@ -171,7 +173,9 @@ def test_mixed_precision_learns_on_the_gpu(precision):
     model = _fit(precision, x, y, GPU)
     acc = evaluate(model, xt, yt, 5, device=GPU, precision=precision)["balanced_accuracy"]
     assert acc > 0.8, acc
-    assert all(p.dtype == torch.float32 and p.device.type == torch.device(GPU).type for p in model.parameters())
+    assert all(
+        p.dtype == torch.float32 and p.device.type == torch.device(GPU).type for p in model.parameters()
+    )
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
@@ -199,8 +203,12 @@ def _train_vit():
     cfg = registry.load_config(
         registry.smallest_run(
             "fedmae",
-            **{"model": "vit-micro", "fedmae.decoder-embed-dim": 32, "fedmae.decoder-depth": 1,
-               "fedmae.decoder-num-heads": 2},
+            **{
+                "model": "vit-micro",
+                "fedmae.decoder-embed-dim": 32,
+                "fedmae.decoder-depth": 1,
+                "fedmae.decoder-num-heads": 2,
+            },
         )
     )
     x, y, _, _ = _split()
@@ -221,8 +229,11 @@ def test_what_is_bit_exact_on_the_gpu():
     ``cudnn.deterministic`` (docs/gpu.md) the weights must be bit-identical; with the default flags
     they must be close, and whether they are bit-identical is what this GPU decides (written to
     FEDDERM_GPU_REPORT)."""
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
-             torch.backends.cudnn.benchmark)
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
     found = {}
     try:
         for name, fn in (("tiny-cnn supervised", _train_cnn), ("vit-micro MAE", _train_vit)):

@@ -179,3 +179,87 @@ def test_install_guard_unpacks_an_approved_bundle_once(monkeypatch, tmp_path):
     shutil.rmtree(first)  # the installed folder gone: Flower installs it again
     rc.install_from_fab(b"bundle one", skip_prompt=True)
     assert calls == [b"bundle one", b"bundle two", b"bundle one"]
+
+
+def _fake_bundle(folder: Path, body: str) -> Path:
+    """An installed app folder: pyproject naming ``app_main:app`` and a ``fedderm`` of its own."""
+    (folder / "fedderm").mkdir(parents=True)
+    (folder / "fedderm" / "__init__.py").write_text("BUNDLED = True\n")
+    (folder / "app_main.py").write_text(body)
+    (folder / "pyproject.toml").write_text(
+        '[tool.flwr.app.components]\nserverapp = "x:app"\nclientapp = "app_main:app"\n'
+    )
+    return folder
+
+
+_WARM_SCRIPT = """
+import sys
+from pathlib import Path
+from fedderm import launcher
+folder = Path(sys.argv[1])
+warm = launcher.WarmApp()
+ok = warm.load("ab" * 32, folder)
+mod = sys.modules.get("app_main")
+print("ok", ok)
+print("fedderm", getattr(sys.modules.get("fedderm"), "BUNDLED", False))
+print("modules", sorted(warm.modules))
+print("app", getattr(mod, "app", None))
+warm.drop()
+print("after", "app_main" in sys.modules, str(folder) in sys.path, warm.digest)
+"""
+
+
+def _warm(folder: Path) -> dict[str, str]:
+    res = subprocess.run(
+        [sys.executable, "-c", _WARM_SCRIPT, str(folder)], capture_output=True, text=True, cwd=APP_DIR
+    )
+    assert res.returncode == 0, res.stderr
+    return dict(line.split(" ", 1) for line in res.stdout.splitlines())
+
+
+def test_warm_app_imports_the_bundle_from_its_own_folder_and_drops_it(tmp_path):
+    """The parent imports the installed bundle's ClientApp module (and the bundle's own fedderm,
+    not the launcher's copy) once; dropping it removes its modules and its folder from sys.path."""
+    body = "import fedderm\nimport torch\nGRAY = torch.tensor([1.0])\napp = 'the app'\n"
+    out = _warm(_fake_bundle(tmp_path / "app", body))
+    assert out["ok"] == "True"
+    assert out["fedderm"] == "True"  # the bundle's fedderm, not the launcher's
+    assert out["modules"] == "['app_main', 'fedderm']"
+    assert out["app"] == "the app"
+    assert out["after"] == "False False None"
+
+
+def test_warm_app_keeps_a_bundle_cold_when_its_import_runs_torch_ops(tmp_path):
+    """A torch op in the parent before fork is unsafe: such a bundle is not kept imported."""
+    out = _warm(_fake_bundle(tmp_path / "app", "import torch\napp = torch.linalg.inv(torch.eye(3))\n"))
+    assert out["ok"] == "False" and out["app"] == "None"
+    assert out["after"] == "False False None"
+
+
+def test_importing_the_fedderm_client_app_runs_no_torch_op():
+    """What lets the launcher import fedderm's ClientApp once in its parent (fork safety)."""
+    script = (
+        "from fedderm import launcher\nimport sys\ncalls = launcher._TorchCalls()\n"
+        "with calls:\n    import client_app\nprint(sorted(set(calls.names)))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=APP_DIR)
+    assert res.returncode == 0, res.stderr
+    called = set(eval(res.stdout.strip().splitlines()[-1]))  # noqa: S307 - our own printed list
+    assert called <= launcher.IMPORT_SAFE_TORCH, called - launcher.IMPORT_SAFE_TORCH
+
+
+def test_executor_warms_only_an_approved_installed_bundle(monkeypatch, tmp_path):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
+    executor = launcher.ForkExecutor({"a" * 64}, "/etc/fedderm/approved.txt")
+    loaded = []
+    monkeypatch.setattr(executor.warm, "load", lambda digest, folder: loaded.append((digest, folder)) or True)
+    executor.warm_up("b" * 64)  # not on the allow-list
+    executor.warm_up("a" * 64)  # approved, but not installed yet (no marker)
+    assert loaded == []
+    folder = tmp_path / "home" / "apps" / "fedderm.fedderm.0.1.0.aaaaaaaa"
+    folder.mkdir(parents=True)
+    marker = launcher._installed_marker("a" * 64)
+    marker.parent.mkdir(parents=True)
+    marker.write_text(str(folder))
+    executor.warm_up("a" * 64)
+    assert loaded == [("a" * 64, folder)]

@@ -163,35 +163,65 @@ def test_replies_are_summed_in_partition_order_whatever_their_arrival(tmp_path):
     }  # ... not here
 
 
-def test_pack_content_is_lossless_and_cuts_the_objects_flower_moves():
-    """A deployed message's arrays travel as one Array: unpacked, every record, key, dtype,
-    shape and byte is what was packed, in the same order; Flower moves 4x fewer objects."""
-    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
-
+def _pack_sample() -> RecordDict:
     state = {f"l{i}.weight": torch.randn(8, 4) for i in range(10)}
     state["bn.num_batches_tracked"] = torch.tensor(3)
-    content = RecordDict(
+    return RecordDict(
         {
             "arrays": wire.to_record(state),
-            "config": ConfigRecord({"lr": 0.1}),
+            "config": ConfigRecord({"lr": 0.1, "name": "x", "flags": [True, False], "raw": b"\x00\x01"}),
             "extra": wire.to_record({"x": np.arange(5, dtype=np.int64)}),
             "empty": ArrayRecord(),
-            "metrics": MetricRecord({"loss": 0.5}),
+            "metrics": MetricRecord({"loss": 0.5, "n": 3}),
         }
     )
-    packed = wire.pack_content(content)
-    assert list(packed.array_records) == [wire.PACKED] and packed["config"] is content["config"]
-    assert len(get_all_nested_objects(packed)) * 4 <= len(get_all_nested_objects(content))
-    assert wire.pack_content(packed) is packed  # packing twice changes nothing
-    back = wire.unpack_content(packed)
+
+
+def _assert_same_content(back: RecordDict, content: RecordDict) -> None:
     assert list(back) == list(content)
+    assert list(back.array_records) == list(content.array_records)
+    assert list(back.config_records) == list(content.config_records)
+    assert list(back.metric_records) == list(content.metric_records)
     for name in content.array_records:
         assert list(back[name]) == list(content[name])
         for key, array in content[name].items():
             got = back[name][key]
             assert (got.dtype, tuple(got.shape), got.stype) == (array.dtype, tuple(array.shape), array.stype)
             assert bytes(got.data) == bytes(array.data)
+    for name in [*content.config_records, *content.metric_records]:
+        assert dict(back[name]) == dict(content[name])
+        assert [type(v) for v in back[name].values()] == [type(v) for v in content[name].values()]
+
+
+def test_pack_content_is_lossless_and_moves_three_objects_per_message():
+    """A deployed message travels as one ConfigRecord: unpacked, every record, key, dtype, shape,
+    byte and config/metric value is what was packed, in the same order; Flower moves the Message,
+    its RecordDict and that record (3 objects) instead of one per record, Array and chunk."""
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    content = _pack_sample()
+    packed = wire.pack_content(content)
+    assert list(packed) == [wire.PACKED] and wire.is_packed(packed)
+    assert len(get_all_nested_objects(packed)) == 2  # + the Message: 3 per message
+    assert len(get_all_nested_objects(content)) == 30
+    assert wire.pack_content(packed) is packed  # packing twice changes nothing
+    _assert_same_content(wire.unpack_content(packed), content)
     assert wire.unpack_content(content) is content  # not packed: left alone
+    metrics_only = RecordDict({"metrics": MetricRecord({"loss": 0.5})})
+    assert wire.pack_content(metrics_only) is metrics_only  # one record, no arrays: already minimal
+
+
+def test_pack_content_over_one_chunk_moves_the_arrays_as_one_chunked_array(monkeypatch):
+    """Above Flower's chunk size the joined bytes travel as one Array, which Flower chunks."""
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    content = _pack_sample()
+    size = sum(len(a.data) for name in content.array_records for a in content[name].values())
+    monkeypatch.setattr(wire, "_chunk_size", lambda: size - 1)
+    packed = wire.pack_content(content)
+    assert list(packed) == [wire.PACKED_ARRAY, wire.PACKED] and "blob" not in packed[wire.PACKED]
+    assert len(get_all_nested_objects(packed)) == 5  # RecordDict, 2 records, the Array, one chunk
+    _assert_same_content(wire.unpack_content(packed), content)
 
 
 def test_client_pack_mod_unpacks_for_the_handler_and_packs_the_reply():
@@ -208,5 +238,48 @@ def test_client_pack_mod_unpacks_for_the_handler_and_packs_the_reply():
         return Message(RecordDict({"arrays": msg.content["arrays"]}), reply_to=msg)
 
     reply = pack_mod(incoming, None, handler)
-    assert seen["keys"] == ["arrays"] and list(reply.content.array_records) == [wire.PACKED]
+    assert seen["keys"] == ["arrays"] and list(reply.content) == [wire.PACKED]
     assert bytes(wire.unpack_content(reply.content)["arrays"]["w"].data) == bytes(record["w"].data)
+
+
+def test_ray_moves_arrays_out_of_band_with_the_same_fields_and_bytes():
+    """wire.ray_out_of_band: through Ray's pickler an Array's bytes leave the pickle stream (a
+    pickle-5 out-of-band buffer Ray writes to its store in one copy) and come back identical."""
+    pytest.importorskip("ray")
+    import pickle
+
+    from ray import cloudpickle
+
+    state = _state(3)
+    big = np.arange(250_000, dtype=np.float32)  # 1 MB
+    content = RecordDict(
+        {"arrays": wire.to_record({**state, "big": big}), "config": ConfigRecord({"server-round": 2})}
+    )
+
+    def through_ray():
+        buffers = []
+        stream = cloudpickle.dumps(content, protocol=5, buffer_callback=buffers.append)
+        return stream, buffers, pickle.loads(stream, buffers=buffers)
+
+    saved = cloudpickle.CloudPickler.dispatch.pop(Array, None)  # a simulation earlier in this process
+    try:
+        in_band, no_buffers, _ = through_ray()
+        assert len(in_band) > big.nbytes and not no_buffers  # Ray's default: the bytes in the stream
+        assert wire.ray_out_of_band(only_in_ray=True) is False  # no Ray worker here: nothing registered
+        assert Array not in cloudpickle.CloudPickler.dispatch
+        assert wire.ray_out_of_band() is True
+        stream, buffers, back = through_ray()
+    finally:  # leave Ray's pickler as this test found it
+        if saved is None:
+            cloudpickle.CloudPickler.dispatch.pop(Array, None)
+        else:
+            cloudpickle.CloudPickler.dispatch[Array] = saved
+    total = sum(a.data.__len__() for a in content["arrays"].values())
+    assert len(stream) < 10_000 and sum(memoryview(b).nbytes for b in buffers) == total
+    assert list(back["arrays"].keys()) == list(content["arrays"].keys())
+    for key, array in content["arrays"].items():
+        got = back["arrays"][key]
+        assert (got.dtype, got.shape, got.stype) == (array.dtype, array.shape, array.stype), key
+        assert isinstance(got.data, bytes) and got.data == array.data, key
+        assert np.array_equal(wire.values(got), wire.values(array)), key
+    assert back["config"]["server-round"] == 2
