@@ -26,7 +26,8 @@ SHARED_HANDLERS = {**holdout.HANDLERS, **probe.HANDLERS}
 
 def dispatch(msg: Message, context: Context) -> Message:
     """Hand ``msg`` to ``clients/<method>.py``'s handler for its message type."""
-    cfg = session(context).cfg  # raises naming 'precision' when fp16 is asked for without CUDA
+    client = session(context)  # raises naming 'precision' when fp16 is asked for without CUDA
+    cfg = client.cfg
     handlers = {**SHARED_HANDLERS, **registry.get_method(cfg.method).client_module().HANDLERS}
     kind = msg.metadata.message_type
     if kind not in handlers:
@@ -34,7 +35,7 @@ def dispatch(msg: Message, context: Context) -> Message:
             f"method {cfg.method!r} has no client handler for message type {kind!r}; "
             f"it handles {sorted(handlers)}"
         )
-    with use_precision(cfg.precision), GpuPeak(session(context).device) as peak:
+    with use_precision(cfg.precision), GpuPeak(client.device) as peak:
         reply = handlers[kind](msg, context)  # every local loop of this message (fedderm.train.Amp)
     if peak.mib is not None and reply.has_content() and "metrics" in reply.content:
         reply.content["metrics"]["gpu-peak-mib"] = peak.mib  # summary.json ``gpu_peak_mib``

@@ -29,10 +29,11 @@ def _split():
     return x[perm[:cut]], y[perm[:cut]], x[perm[cut:]], y[perm[cut:]]
 
 
-def _fit(precision, x, y):
+def _fit(precision, x, y, device="cpu", epochs=6):
+    """tiny-cnn trained on the :func:`_split` data (also tests/test_gpu_device.py, on the GPU)."""
     torch.manual_seed(0)
     model = create_model("tiny-cnn", 5, 16)
-    kw = dict(epochs=6, batch_size=16, lr=3e-3, optimizer="adam", seed=0)
+    kw = dict(epochs=epochs, batch_size=16, lr=3e-3, optimizer="adam", seed=0, device=device)
     with use_precision(precision):  # how the ClientApp sets it for every loop of a message
         train_supervised(model, x, y, **kw)
     return model

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_gpu import _fit, _split  # the CPU test's data and model, trained here on the GPU
 
 import registry
-from fedderm.data.synthetic import generate
-from fedderm.models import create_model
-from fedderm.train import evaluate, train_epochs, train_supervised, use_precision
+from fedderm.train import evaluate, train_epochs
 
 # deterministic cuBLAS (torch.use_deterministic_algorithms) needs this before the first cuBLAS handle
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -144,23 +143,6 @@ def test_method_on_gpu_is_close_to_cpu(method, tmp_path):
             f"{method}: final weights {GPU} vs cpu, relative L2 {whole:.2e} (worst tensor {worst[0]} {worst[1]:.2e})"
         )
         assert whole <= WEIGHT_RTOL.get(method, RTOL), ("whole model", whole, "worst tensor", worst)
-
-
-def _split():
-    pool = generate(1, 40, 16, 0)
-    perm = torch.randperm(len(pool.labels), generator=torch.Generator().manual_seed(0))
-    cut = int(0.75 * len(perm))
-    x, y = pool.images, torch.as_tensor(pool.labels)
-    return x[perm[:cut]], y[perm[:cut]], x[perm[cut:]], y[perm[cut:]]
-
-
-def _fit(precision, x, y, device, epochs=6):
-    torch.manual_seed(0)
-    model = create_model("tiny-cnn", 5, 16)
-    kw = dict(epochs=epochs, batch_size=16, lr=3e-3, optimizer="adam", seed=0, device=device)
-    with use_precision(precision):
-        train_supervised(model, x, y, **kw)
-    return model
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
