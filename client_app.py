@@ -10,7 +10,7 @@ from clients.common import info, session
 from clients.state import state_mod
 from clients.transport import pack_mod, transport_mod
 from fedderm.train import GpuPeak, use_precision
-from wire import ray_out_of_band
+from wire import GPU_PEAK, ray_out_of_band
 
 # audit_mod wraps transport_mod: the audit log shows the arrays exactly as they leave the hospital
 # (pack_mod, outermost, only joins them into one Array for the trip: the same bytes)
@@ -38,7 +38,7 @@ def dispatch(msg: Message, context: Context) -> Message:
     with use_precision(cfg.precision), GpuPeak(client.device) as peak:
         reply = handlers[kind](msg, context)  # every local loop of this message (fedderm.train.Amp)
     if peak.mib is not None and reply.has_content() and "metrics" in reply.content:
-        reply.content["metrics"]["gpu-peak-mib"] = peak.mib  # summary.json ``gpu_peak_mib``
+        reply.content["metrics"][GPU_PEAK] = peak.mib  # summary.json ``gpu_peak_mib``
     return reply
 
 

@@ -37,6 +37,7 @@ FEATURES = "features"  # FedCLF reply record: this client's local feature bank Q
 REMOTE = "remote-features"  # FedCLF instruction record: Q_r, the other clients' features (de-identified)
 PSEUDO = "pseudo-images"  # SSL-FL-BT reply record: a centre's synthetic images (004 §III-C)
 LOCAL_RECORD = "local-arrays"  # FedMAE: the clients' excluded parameters, sent once, in the last round
+GPU_PEAK = "gpu-peak-mib"  # reply metric on CUDA: the client's peak GPU memory of that message (MiB)
 STAMP = "fedderm-state"  # every server message: run name, step, resume step (clients/state.py's store)
 PR_CURVE = "pr-curve"  # FL-BT family test reply: per-class precision-recall curves (004 §IV)
 PACKED = "fedderm-packed"  # deployment: a whole message as one ConfigRecord (see pack_content)

@@ -151,7 +151,7 @@ class Tracked:
         #: wall time of every round (train + val), for summary.json ``round_seconds``
         self.time_log: list[dict] = []
         #: peak CUDA memory of each client's handling of a message (MiB), for summary.json
-        #: ``gpu_peak_mib``; empty off CUDA (client_app.dispatch adds ``gpu-peak-mib``)
+        #: ``gpu_peak_mib``; empty off CUDA (client_app.dispatch adds ``wire.GPU_PEAK``)
         self.gpu_log: list[dict] = []
 
     # -- screening replies ---------------------------------------------------------------
@@ -259,8 +259,8 @@ class Tracked:
                 continue
             metrics = msg.content["metrics"]
             pid = str(metrics.pop("partition-id", self.reply_node(msg)))
-            if "gpu-peak-mib" in metrics:
-                peaks[pid] = float(metrics.pop("gpu-peak-mib"))
+            if wire.GPU_PEAK in metrics:
+                peaks[pid] = float(metrics.pop(wire.GPU_PEAK))
             per_client[pid] = dict(metrics)
         if peaks and server_round is not None:  # train replies: the round's peak
             self.record_gpu_peaks(server_round, peaks)

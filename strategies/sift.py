@@ -147,8 +147,8 @@ class SiftStrategy(Tracked, FedAvg):
             pair = {key: reply.content[key] for key in pair}
             metrics = dict(reply.content["metrics"])
             metrics.pop("partition-id", None)
-            if "gpu-peak-mib" in metrics:  # client_app.dispatch on CUDA (summary.json gpu_peak_mib)
-                peaks[str(pid)] = float(metrics.pop("gpu-peak-mib"))
+            if wire.GPU_PEAK in metrics:  # client_app.dispatch on CUDA (summary.json gpu_peak_mib)
+                peaks[str(pid)] = float(metrics.pop(wire.GPU_PEAK))
             per_client[str(pid)] = metrics
             visited.append(pid)
             log(
