@@ -30,6 +30,7 @@ from fedderm.mae import (
     vit_backbone_state,
 )
 from fedderm.models import create_model
+from fedderm.state_store import StateStore
 from strategies.fedmae import FedMAEStrategy, mae_backbone_state
 from wire import LOCAL_RECORD
 
@@ -488,3 +489,16 @@ def test_fedmae_pretrain_then_federated_finetune_end_to_end(tmp_path):
     # the fine-tuning started from the pre-trained encoder: round-0 classifier = mapped encoder
     start = mae_backbone_state(cfg, 5)(pretrained)
     assert set(start) == {k[len("backbone.") :] for k in final if k.startswith("backbone.")}
+    # the class token (the default fedmae.exclude) stayed on the clients (000 §IV-D): the copies in
+    # their state stores drifted apart, and the pre-trained model the fine-tuning starts from holds
+    # their mean weighted by training images, not either client's copy nor the initial value
+    n = {pid: c["num-examples"] for pid, c in pre[-1]["per_client"].items()}
+    own = {}
+    for pid in n:
+        store = StateStore(run_dir / "client-state" / f"client-{pid}")
+        own[pid] = store.open(max(store.steps())).tensors(mae_client.KEPT)
+    assert set(own["0"]) == {"cls_token"} == set(own["1"])
+    assert not torch.allclose(own["0"]["cls_token"], own["1"]["cls_token"], atol=1e-6)
+    expected = sum(n[pid] * own[pid]["cls_token"] for pid in n) / sum(n.values())
+    assert torch.allclose(pretrained["cls_token"], expected, atol=1e-6)
+    assert torch.equal(start["cls_token"], pretrained["cls_token"])
