@@ -16,7 +16,7 @@ loop of ``tests/loop_grid.py``: every message deep-copied, as serialisation woul
 the clients one after the other on one device.  ``--images-per-client`` counts every split of a
 client (train, val and test: 60/20/20).  Per stage the median wall time per round is printed
 (``summary.json``'s ``round_seconds``: the clients' work, evaluation and aggregation; pre-training
-rounds, which keep none: the time between the ends of rounds r − 1 and r, so from round 2 on), with the
+from round 2 on, its round 1 also holds the clients' start-up), with the
 peak memory allocated on the GPU during the row: the largest of the clients' per-message peaks
 (``torch.cuda.max_memory_allocated``, which ``client_app.dispatch`` resets at every message and
 reports as ``gpu_peak_mib``).  All clients share this process, so a peak also holds the other
@@ -89,7 +89,6 @@ def row_overrides(family: str, args, workdir: Path) -> dict:
 
 
 def run_row(family: str, args, workdir: Path) -> dict:
-    from fedderm.results import RunRecorder as Recorder
     from tests.loop_grid import run_app
 
     overrides = row_overrides(family, args, workdir)
@@ -97,44 +96,20 @@ def run_row(family: str, args, workdir: Path) -> dict:
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    seen: dict[tuple[str, int], float] = {}
-    peaks: list[float] = []
-    original = Recorder.update_extra
-
-    def update_extra(self, extra: dict) -> None:
-        """Every stage's round times: summary.json keeps those of the stage that wrote last."""
-        for entry in extra.get("round_seconds", []):
-            seen[(entry["stage"], entry["round"])] = entry["seconds"]
-        for entry in extra.get("gpu_peak_mib", []):  # each client message's peak (client_app.dispatch)
-            peaks.extend(entry["per_client"].values())
-        original(self, extra)
-
-    pretrain_ends: dict[int, float] = {}
-    log_round = Recorder.log_round
-
-    def timed_log_round(self, server_round, split, *a, **kw):
-        """Pre-training rounds keep no round time of their own: the time between the ends of two."""
-        if split == "pretrain":
-            pretrain_ends[server_round] = time.perf_counter()
-        return log_round(self, server_round, split, *a, **kw)
-
-    Recorder.update_extra, Recorder.log_round = update_extra, timed_log_round
     t = time.perf_counter()
-    try:
-        run_dir = run_app(overrides, num_clients=args.clients)
-    finally:
-        Recorder.update_extra, Recorder.log_round = original, log_round
-    for rnd in sorted(pretrain_ends):
-        if rnd - 1 in pretrain_ends:  # round 1 also holds the start-up: not timed
-            seen[("pretrain", rnd)] = pretrain_ends[rnd] - pretrain_ends[rnd - 1]
+    run_dir = run_app(overrides, num_clients=args.clients)
     wall = time.perf_counter() - t
     summary = json.loads((run_dir / "summary.json").read_text())
     if summary["status"] != "done":
         raise RuntimeError(f"row {family}: the run ended with status {summary['status']}: {summary['error']}")
     stages: dict[str, list[float]] = {}
-    for (stage, rnd), seconds in seen.items():
-        if rnd > 0:  # round 0 evaluates the initial model
-            stages.setdefault(stage, []).append(seconds)
+    for entry in summary.get("round_seconds", []):
+        stage, rnd = entry["stage"], entry["round"]
+        # round 0 evaluates the initial model; pre-training's round 1 also holds the start-up
+        if rnd > 0 and not (stage == "pretrain" and rnd == 1):
+            stages.setdefault(stage, []).append(entry["seconds"])
+    # each client message's peak (client_app.dispatch, summary.json gpu_peak_mib)
+    peaks = [p for entry in summary.get("gpu_peak_mib", []) for p in entry["per_client"].values()]
     return {
         "family": family,
         "method": overrides["method"],

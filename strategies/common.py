@@ -276,7 +276,7 @@ class Tracked:
         """Keep each client's peak CUDA memory of this round's messages (summary.json ``gpu_peak_mib``)."""
         ordered = dict(sorted(peaks.items(), key=lambda kv: client_sort_key(kv[0])))
         self.gpu_log.append({"stage": self.stage, "round": server_round, "per_client": ordered})
-        self.recorder.update_extra({"gpu_peak_mib": self.gpu_log})
+        self.recorder.update_extra({"gpu_peak_mib": self._with_other_stages("gpu_peak_mib", self.gpu_log)})
 
     # -- Flower strategy hooks ------------------------------------------------------------
     def configure_train(self, server_round, arrays, config, grid):
@@ -347,7 +347,7 @@ class Tracked:
         return arrays, self.train_metrics_aggr_fn(contents, self.weighted_by_key)
 
     def count_traffic(self, *, down: int = 0, up: int = 0, messages: int = 0) -> None:
-        """Add model traffic to the current round's count (logged and recorded by after_round)."""
+        """Add model traffic to the current round's count (logged and recorded by record_costs)."""
         if self.traffic is None:
             self.traffic = {"down": 0, "up": 0, "messages": 0}
         self.traffic["down"] += int(down)
@@ -419,7 +419,8 @@ class Tracked:
         else:
             log(WARNING, "round %d: no client returned val metrics", server_round)
         current, self.traffic = self.traffic, traffic
-        self.after_round(server_round, arrays, seconds=seconds)
+        self.record_costs(server_round, seconds)
+        self.after_round(server_round, arrays)
         self.traffic = current
 
     def record_evaluation(
@@ -432,14 +433,11 @@ class Tracked:
             server_round, self.split, per_client, train=_mean_train_loss(self.train_per_client)
         )
 
-    def after_round(self, server_round: int, arrays: ArrayRecord, seconds: float | None = None) -> None:
-        """Called with the global model after every round (and round 0): best-on-val, progress.
-        ``seconds``: the round's wall time (default: since :meth:`configure_train`)."""
-        score = self.last_mean.get(SELECTION_METRIC, float("nan"))
-        if score == score and score > self.best_score:
-            self.best_round, self.best_score = server_round, score
-            self.best_arrays = wire.copy_record(arrays)  # Arrays are immutable: no data copy
-        train = _mean_train_loss(self.train_per_client)
+    def record_costs(self, server_round: int, seconds: float | None = None) -> None:
+        """The round's wall time and model traffic into summary.json ``round_seconds`` and
+        ``bytes_per_round`` (every stage's rounds, pre-training included: :func:`run_rounds` calls it
+        for every round, whichever ``on_round`` it was given).  ``seconds``: the round's wall time
+        (default: since :meth:`configure_train`)."""
         if self.traffic is not None and server_round > 0:
             t = self.traffic
             log(
@@ -457,11 +455,30 @@ class Tracked:
             self.traffic_log.append(
                 {"stage": self.stage, "round": server_round, "bytes": t["down"] + t["up"], **t}
             )
-            self.recorder.update_extra({"bytes_per_round": self.traffic_log})
         self.traffic = None
         seconds = time.monotonic() - self._round_start if seconds is None else seconds
         self.time_log.append({"stage": self.stage, "round": server_round, "seconds": round(seconds, 3)})
-        self.recorder.update_extra({"round_seconds": self.time_log})
+        self.recorder.update_extra(
+            {
+                "bytes_per_round": self._with_other_stages("bytes_per_round", self.traffic_log),
+                "round_seconds": self._with_other_stages("round_seconds", self.time_log),
+            }
+        )
+
+    def _with_other_stages(self, key: str, mine: list[dict]) -> list[dict]:
+        """summary.json's ``key`` list: the earlier stages' entries (other strategies of this run, e.g.
+        pre-training before fine-tuning), then this stage's."""
+        earlier = [e for e in self.recorder.extra.get(key, []) if e.get("stage") != self.stage]
+        return earlier + list(mine)
+
+    def after_round(self, server_round: int, arrays: ArrayRecord) -> None:
+        """Called with the global model after every round (and round 0): best-on-val, progress."""
+        score = self.last_mean.get(SELECTION_METRIC, float("nan"))
+        if score == score and score > self.best_score:
+            self.best_round, self.best_score = server_round, score
+            self.best_arrays = wire.copy_record(arrays)  # Arrays are immutable: no data copy
+        train = _mean_train_loss(self.train_per_client)
+        seconds = self.time_log[-1]["seconds"] if self.time_log else float("nan")
         log(
             INFO,
             "%sround %d/%d · val %s %.3f · accuracy %.3f · train loss %s · best %.3f @ round %s · %.1f s",
@@ -546,6 +563,7 @@ def run_rounds(
             pending = (0, arrays, strategy._round_start, None)
         else:
             strategy.evaluate_round(grid, 0, arrays, "val", cfg.round_timeout)
+            strategy.record_costs(0)
             (on_round or strategy.after_round)(0, arrays)
     view = None
     for server_round in range(start, strategy.num_rounds + 1):
@@ -567,6 +585,7 @@ def run_rounds(
         else:
             if evaluate:
                 strategy.evaluate_round(view, server_round, arrays, "val", cfg.round_timeout)
+            strategy.record_costs(server_round)
             (on_round or strategy.after_round)(server_round, arrays)
         save_round(
             grid,
@@ -588,7 +607,8 @@ def run_rounds(
             view = NodeView(grid, wait_for_nodes(grid, cfg.min_clients, cfg.round_timeout))
         strategy.evaluate_round(view, done, done_arrays, "val", cfg.round_timeout)
         strategy.traffic = traffic
-        strategy.after_round(done, done_arrays, seconds=time.monotonic() - started)
+        strategy.record_costs(done, time.monotonic() - started)
+        strategy.after_round(done, done_arrays)
     return arrays
 
 

@@ -112,6 +112,8 @@ def test_resume_after_a_crash_is_bit_identical(method, tmp_path, monkeypatch, fl
     assert resumed == crashed
     (a, wa), (b, wb) = _results(full), _results(resumed)
     assert a["final"] == b["final"] and a["rounds"] == b["rounds"] and a["best_round"] == b["best_round"]
+    timed = [[(e["stage"], e["round"]) for e in s["round_seconds"]] for s in (a, b)]
+    assert timed[0] == timed[1] and len(timed[0]) == len(set(timed[0]))  # every round timed once
     assert wa.keys() == wb.keys() and (wa or method == "local")  # local: the models stay on the clients
     for name in wa:
         assert wa[name].keys() == wb[name].keys()
@@ -268,3 +270,30 @@ def test_one_state_write_per_train_message_and_no_copy_on_put(method, tmp_path, 
     run_app(settings, num_clients=2)
     assert len(writes) == 2 * 2  # rounds × clients
     assert copies == [False] * 4
+
+
+def test_summary_times_and_counts_the_rounds_of_every_stage(tmp_path, monkeypatch):
+    """summary.json ``round_seconds`` and ``bytes_per_round`` hold pre-training's rounds as well as
+    fine-tuning's (they once kept only the stage that wrote last)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    run_dir = run_app(
+        {
+            **TINY,
+            **MOCO,
+            "method": "fedclf",
+            "num-server-rounds": 2,
+            "finetune-rounds": 2,
+            "cache-dir": str(tmp_path / "cache"),
+            "output-dir": str(tmp_path / "out"),
+        }
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    timed = [(e["stage"], e["round"]) for e in summary["round_seconds"]]
+    assert timed == [("pretrain", 1), ("pretrain", 2), ("finetune", 0), ("finetune", 1), ("finetune", 2)]
+    assert all(e["seconds"] > 0 for e in summary["round_seconds"])
+    counted = {(e["stage"], e["round"]): e for e in summary["bytes_per_round"]}
+    assert list(counted) == [("pretrain", 1), ("pretrain", 2), ("finetune", 1), ("finetune", 2)]
+    # 2 clients, each sent the global model and replying with its own (+ features in pre-training)
+    assert all(e["messages"] == 4 and e["down"] > 0 and e["up"] > 0 for e in counted.values())
+    # pre-training sends MoCo (query and key encoders) and the relayed features: more than the classifier
+    assert counted[("pretrain", 1)]["down"] > counted[("finetune", 1)]["down"]
