@@ -106,6 +106,9 @@ def record_classes(recorder: RunRecorder, cfg, method, classes: list[str], infos
     meta = {"method": cfg.method, "model": cfg.model, "image_size": cfg.image_size, "network": method.network}
     if "flbt.proj-dim" in cfg.options:
         meta["proj_dim"] = int(cfg.option("flbt.proj-dim"))
+    if cfg.method == "sift":  # fedderm.inference rebuilds the text-guided classifier from these
+        meta.update(network="sift", sift_variant=cfg.option("sift.variant"))
+        meta["sift_temperature"] = float(cfg.option("sift.temperature"))
     recorder.set_classes(classes, counts, meta)
     log(INFO, "classes (label order): %s", ", ".join(f"{i}={name}" for i, name in enumerate(classes)))
     for pid, per_split in sorted(counts.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else kv[0]):

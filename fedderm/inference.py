@@ -84,6 +84,16 @@ def load_model(path: str | Path) -> Classifier:
         from .flbt import build_projected_net
 
         model = build_projected_net(meta["model"], len(classes), size, int(meta["proj_dim"]))
+    elif network == "sift":  # the text-guided head's P and W travel in the state dict
+        from .sift import sift_model_from_state
+
+        model = sift_model_from_state(
+            meta["model"],
+            state,
+            image_size=size,
+            temperature=float(meta["sift_temperature"]),
+            variant=str(meta["sift_variant"]),
+        )
     else:
         raise ValueError(
             f"{path}: method {meta.get('method')!r} saves no plain classifier "

@@ -341,6 +341,14 @@ def test_sim_runs_sift_ring_in_partition_order(tmp_path):
     assert summary["sift"]["embedding_dim"] == 384 and summary["sift"]["class_texts"] == CLASSES
     state = torch.load(run_dir / "model.pt")  # the long-term model, P and W included
     assert state[CLASS_EMBEDDINGS].shape == (5, 384) and state[PROJECTOR].shape == (128, 384)
+    from fedderm.inference import load_model  # the text-guided classifier, rebuilt from its file
+
+    clf = load_model(run_dir / "model-best.pt")
+    assert clf.classes == summary["classes"]["names"] and clf.meta["sift_variant"] == "full"
+    assert torch.equal(clf.model.class_embeddings, torch.load(run_dir / "model-best.pt")[CLASS_EMBEDDINGS])
+    size = clf.image_size
+    probs = clf.probabilities(torch.randint(0, 256, (4, 3, size, size), dtype=torch.uint8))
+    assert probs.shape == (4, 5) and torch.allclose(probs.sum(1), torch.ones(4))
 
 
 def test_sim_runs_scaffold(tmp_path):
