@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +31,9 @@ PROBE = ROOT / "bench" / "ringprobe"
 
 
 def measure(workdir: Path, launcher: str, hops: int, nodes: int, import_fedderm: bool) -> dict:
+    """The ring probe's hop times on a fresh loopback federation, with the load average (1 min)
+    before and after: on a shared machine the figures only compare at a similar load."""
+    load_before = os.getloadavg()[0]
     with Loopback(workdir, nodes, fast_superexec=False, per_class=4, launcher=launcher) as fed:
         fed.start()
         out = workdir / "ringprobe.json"
@@ -47,7 +51,7 @@ def measure(workdir: Path, launcher: str, hops: int, nodes: int, import_fedderm:
         )
         if status != "finished:completed" or not out.exists():
             raise RuntimeError(f"ring probe run {run_id} ended {status!r}; see {workdir / 'logs'}")
-        return json.loads(out.read_text())
+        return {**json.loads(out.read_text()), "load": (load_before, os.getloadavg()[0])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,12 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="fedderm-ring-"))
-    rows = []
+    rows, loads = [], []
     sides = {"flower": "flower-supernode", "warm": "fedderm launcher"}
     for launcher in args.launcher or ["flower", "warm"]:
         res = measure(root / launcher, launcher, args.hops, args.nodes, not args.no_fedderm_imports)
         for mode, m in res["modes"].items():
             rows.append((sides[launcher], mode, m))
+        loads.append(f"{sides[launcher]} {res['load'][0]:.1f} -> {res['load'][1]:.1f}")
     print(
         f"ring hop time on loopback, {args.nodes} SuperNodes, TLS + node auth, {args.hops} hops per setting, "
         f"ClientApp {'without' if args.no_fedderm_imports else 'with'} fedderm's imports"
@@ -97,8 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         "pickup: push -> ClientApp process started or forked (SuperNode idle poll, SuperExec poll); "
-        "startup: process start -> handler (imports); return: reply -> ServerApp has it (SuperNode "
+        "startup: process start -> handler (imports, the task input and message objects pulled from "
+        "the SuperNode, which may still be pulling them from the SuperLink); return: reply -> ServerApp has it (SuperNode "
         "reply push, ServerApp poll)"
+    )
+    print(
+        f"load average (1 min) before -> after, {os.cpu_count()} CPUs: {'; '.join(loads)} "
+        "(idle is < 1; at a load of several times the CPUs every figure is inflated)"
     )
     print(f"(logs under {root})")
     return 0

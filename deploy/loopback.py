@@ -15,7 +15,8 @@ What it does, in order (the output says each step):
  5. starts a SuperNode with the outsider's (unregistered) key and checks that it is refused;
  6. ``flwr run``s each method and checks its results folder (``summary.json``: every hospital
     has final test metrics, every round is there) and that Flower reports the run completed;
- 7. stops every process it started — by process group of the PIDs it started, also on failure.
+ 7. stops every process it started and every process those started (process group, descendants,
+    and an environment tag they inherit, so also one in a session of its own), also on failure.
 
 Every process gets its own ``FLWR_HOME`` under the work folder, ports are picked free, and
 nothing else on the machine is touched.  Exit code 0 iff every check passed.
@@ -34,6 +35,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -164,6 +167,8 @@ class Loopback:
         self.launcher = launcher
         self.allow_lists: dict[str, Path] = dict(allow_lists or {})
         self.procs: list[Proc] = []
+        # every process started here carries TAG_VAR=<tag>/<name>, and so do their children
+        self.tag = f"{os.getpid()}.{uuid.uuid4().hex[:12]}"
         self.port: int | None = None
         self.node_ids: dict[str, int] = {}
         self.secrets = None
@@ -202,7 +207,7 @@ class Loopback:
                 argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=self.env(home),
+                env={**self.env(home), TAG_VAR: f"{self.tag}/{name}"},
                 cwd=self.workdir,
                 start_new_session=True,
             )
@@ -216,7 +221,7 @@ class Loopback:
             [_bin("flwr"), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env={**self.env("cli"), "COLUMNS": "200"},
+            env={**self.env("cli"), "COLUMNS": "200", TAG_VAR: f"{self.tag}/flwr"},
             cwd=self.workdir,
             start_new_session=True,
             text=True,
@@ -226,7 +231,7 @@ class Loopback:
         try:
             out, _ = popen.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _stop_group(popen)
+            _stop_groups([popen])
             out, _ = popen.communicate()
             raise TimeoutError(
                 f"flwr {' '.join(args)} did not finish within {timeout:.0f} s:\n{out[-3000:]}"
@@ -237,10 +242,15 @@ class Loopback:
         return subprocess.CompletedProcess(popen.args, popen.returncode, out, "")
 
     def stop(self) -> None:
-        """Stop every process this object started, newest first: SIGTERM to its process group,
-        then SIGKILL what is left after 15 s."""
-        _stop_groups([proc.popen for proc in reversed(self.procs)])
+        """Stop every process this object started and every process those started (also one in
+        a session of its own, or orphaned): SIGTERM, then SIGKILL what is left after 15 s."""
+        _stop_groups([proc.popen for proc in reversed(self.procs)], tags=[f"{self.tag}/"])
         self.procs.clear()
+
+    def processes(self) -> dict[int, str]:
+        """pid -> command line of every live process this object started or that descends from
+        one (found by the TAG_VAR its children inherit, so an orphan too)."""
+        return {pid: _cmdline(pid) for pid in _family([], [f"{self.tag}/"])}
 
     def __enter__(self) -> Loopback:
         return self
@@ -382,7 +392,7 @@ class Loopback:
         with a new allow-list; waits until it is online again."""
         label = f"supernode-{name}"
         for proc in [p for p in self.procs if p.name == label]:
-            _stop_group(proc.popen)
+            _stop_groups([proc.popen], tags=[f"{self.tag}/{label}"])
             self.procs.remove(proc)
         if allow_list is not None:
             self.allow_lists[name] = Path(allow_list)
@@ -414,14 +424,13 @@ class Loopback:
         )
 
     def kill(self, name: str | None = None) -> None:
-        """SIGKILL (a crash, no clean-up) process ``name`` and everything in its process group;
-        every process this object started when ``name`` is None."""
-        for proc in [p for p in self.procs if name is None or p.name == name]:
-            try:
-                os.killpg(proc.popen.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.popen.wait(timeout=30)
+        """SIGKILL (a crash, no clean-up) process ``name`` and every process it started (its
+        group, its descendants, whatever carries its tag); every process this object started
+        when ``name`` is None."""
+        procs = [p for p in self.procs if name is None or p.name == name]
+        tags = [f"{self.tag}/" if name is None else f"{self.tag}/{name}"]
+        _stop_groups([p.popen for p in procs], grace=0, tags=tags)
+        for proc in procs:
             if proc in self.procs:  # a `flwr` call in another thread may have removed it already
                 self.procs.remove(proc)
 
@@ -458,7 +467,8 @@ class Loopback:
         except subprocess.TimeoutExpired:
             rc = None
         finally:
-            _stop_group(proc.popen)  # its SuperExec child outlives it for a while otherwise
+            # its SuperExec child outlives it for a while otherwise
+            _stop_groups([proc.popen], tags=[f"{self.tag}/{proc.name}"])
         log = proc.log.read_text(errors="replace")
         reason = next((line.strip() for line in log.splitlines() if "Failed to activate" in line), "")
         refused = rc not in (None, 0) and bool(reason) and not (self.online() - set(self.node_ids.values()))
@@ -550,34 +560,108 @@ def check_results(outcome: RunOutcome, num_clients: int, rounds: int) -> list[st
     return problems
 
 
-def _stop_group(popen: subprocess.Popen, grace: float = 15.0) -> None:
-    _stop_groups([popen], grace)
+#: The environment variable every process a :class:`Loopback` starts carries, ``<tag>/<name>``;
+#: their children inherit it.  It finds what left its parent's process group (Flower's SuperLink
+#: starts its SuperExec, and so the ServerApp, in a session of their own) even once orphaned.
+TAG_VAR = "FEDDERM_LOOPBACK"
 
 
-def _stop_groups(popens: list[subprocess.Popen], grace: float = 15.0) -> None:
-    """SIGTERM the process groups led by ``popens`` (each started with a new session, so its
-    group id is its PID), then SIGKILL whatever is left after ``grace`` s.  Only groups of
-    processes this module started are signalled."""
+def _stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, process group, start time in clock ticks) of ``pid``; None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
-    def signal_all(sig: int) -> list[int]:
-        alive = []
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def _has_tag(pid: int, tags: list[str]) -> bool:
+    """Whether ``pid``'s environment has ``TAG_VAR`` equal to a tag, or under a tag ending in /."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone, or another user's process
+        return False
+    prefix = f"{TAG_VAR}=".encode()
+    for entry in environ:
+        if entry.startswith(prefix):
+            value = entry[len(prefix) :].decode(errors="replace")
+            return any(value == t or (t.endswith("/") and value.startswith(t)) for t in tags)
+    return False
+
+
+def _family(popens: list[subprocess.Popen], tags: list[str], known=()) -> dict[int, int]:
+    """Every live process of ``popens``' process groups, descended from them or from ``known``,
+    or carrying one of ``tags``: pid -> start time (the pair names a process even if its pid is
+    reused later).  Found in /proc before any signal, while the parent links still hold."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and (st := _stat(int(entry.name))) and st[0] != "Z":
+            table[int(entry.name)] = st
+    leaders = {p.pid for p in popens}
+    roots = {pid for pid, st in table.items() if pid in leaders or st[2] in leaders or pid in known}
+    roots |= {pid for pid in table if tags and pid not in roots and _has_tag(pid, tags)}
+    children = defaultdict(list)
+    for pid, st in table.items():
+        children[st[1]].append(pid)
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return {pid: table[pid][3] for pid in found}
+
+
+def _signal(family: dict[int, int], sig: int) -> dict[int, int]:
+    """Send ``sig`` to every process of ``family`` still alive as itself; return those."""
+    alive = {}
+    for pid, started in family.items():
+        st = _stat(pid)
+        if st is None or st[0] == "Z" or st[3] != started:
+            continue
+        try:
+            os.kill(pid, sig)
+            alive[pid] = started
+        except (ProcessLookupError, PermissionError):
+            pass
+    return alive
+
+
+def _stop_groups(popens: list[subprocess.Popen], grace: float = 15.0, tags: list[str] = ()) -> None:
+    """Stop the processes ``popens`` (each started with a new session, so its group id is its
+    PID), every process in their groups, every descendant (also one that started a session of
+    its own) and every process carrying one of ``tags`` (:data:`TAG_VAR`, also an orphan):
+    SIGTERM, then SIGKILL whatever is left after ``grace`` s (``grace=0``: SIGKILL at once).
+    Only processes this module started, and their children, are signalled."""
+    tags = list(tags)
+    family = _family(popens, tags)  # before any signal: a dead parent's children are orphans
+
+    def send(sig: int) -> dict[int, int]:
+        nonlocal family
         for p in popens:
-            p.poll()  # reap the leader if it has exited
+            p.poll()  # reap a leader that has exited
             try:
-                os.killpg(p.pid, sig)
-                alive.append(p.pid)
-            except ProcessLookupError:
+                os.killpg(p.pid, sig)  # also what forked since the last scan
+            except (ProcessLookupError, PermissionError):
                 pass
-        return alive
+        family = {**family, **_family(popens, tags, known=family)}
+        return _signal(family, sig)
 
-    if not signal_all(signal.SIGTERM):
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not signal_all(0):
-            return
-        time.sleep(0.2)
-    signal_all(signal.SIGKILL)
+    if grace > 0 and send(signal.SIGTERM):
+        deadline = time.monotonic() + grace
+        while send(0) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    if send(signal.SIGKILL):
+        deadline = time.monotonic() + 10  # SIGKILL ends a process once it leaves the kernel
+        while send(0) and time.monotonic() < deadline:
+            time.sleep(0.1)
     for p in popens:
         try:
             p.wait(timeout=5)

@@ -263,7 +263,10 @@ class WarmApp:
     """The approved app bundle's ClientApp module, imported once in the launcher's parent.
 
     Flower's ``load_app`` reuses a module already in ``sys.modules``, so every forked child skips
-    the app's import (~1 s per message on a loaded 2-core machine).  Only a bundle that is on the
+    the app's import (~1 s per message on a loaded 2-core machine).  The modules the bundle's
+    ``pyproject.toml`` lists under ``[tool.fedderm] preload`` (``package.*``: every module of the
+    package) are imported right after it: what its handlers import only when a message comes
+    (fedderm: each method's ``clients/<method>.py``).  Only a bundle that is on the
     allow-list (or any, without one) and that Flower already installed and verified (the marker of
     :func:`_installed_marker`) is imported, from the folder Flower installed it in; an import that
     runs a torch op other than :data:`IMPORT_SAFE_TORCH` is undone (the parent must stay safe to
@@ -281,6 +284,9 @@ class WarmApp:
         try:
             config = tomllib.loads((folder / "pyproject.toml").read_text())
             module = config["tool"]["flwr"]["app"]["components"]["clientapp"].partition(":")[0]
+            preload = config["tool"].get("fedderm", {}).get("preload", [])
+            if not isinstance(preload, list) or not all(isinstance(m, str) for m in preload):
+                raise KeyError(f"tool.fedderm.preload must be a list of module names, not {preload!r}")
         except (OSError, KeyError, tomllib.TOMLDecodeError) as err:
             _log.warning(
                 "fedderm launcher: app bundle %s kept cold: no clientapp in %s (%s)",
@@ -297,6 +303,8 @@ class WarmApp:
         try:
             with calls:
                 importlib.import_module(module)
+                for name in preload:  # what the app's handlers import only when a message comes
+                    _import_preload(name)
         except Exception as err:  # noqa: BLE001 - the child imports it again and reports the error
             self.modules = self._bundled(set(sys.modules) - before)
             _log.warning(
@@ -326,9 +334,11 @@ class WarmApp:
         return True
 
     def _bundled(self, names: set[str]) -> set[str]:
-        """The modules among ``names`` that come from the bundle's folder (libraries it imported,
-        torch or timm, stay: they are what :func:`prewarm` imports anyway)."""
+        """The modules among ``names`` that are app code: from the bundle's folder, or from any
+        folder that is not the interpreter's library (e.g. an app module on ``PYTHONPATH``).
+        Libraries it imported (torch, timm) stay: what :func:`prewarm` imports anyway."""
         root = str(self.folder.resolve()) + os.sep
+        libraries = _library_roots()
         out = set()
         for name in names:
             module = sys.modules.get(name)
@@ -338,7 +348,9 @@ class WarmApp:
                 files = [file, *(list(paths) if paths is not None and not isinstance(paths, str) else [])]
             except TypeError:  # e.g. torch's _ClassNamespace
                 files = [file]
-            if any(isinstance(f, str) and str(Path(f).resolve()).startswith(root) for f in files):
+            # (torch registers objects with a made-up relative __file__, e.g. torch.ops: not app code)
+            files = [str(Path(f).resolve()) for f in files if isinstance(f, str) and os.path.isabs(f)]
+            if any(f.startswith(root) or not f.startswith(libraries) for f in files):
                 out.add(name)
         return out
 
@@ -348,6 +360,28 @@ class WarmApp:
         if self.folder is not None and str(self.folder) in sys.path:
             sys.path.remove(str(self.folder))
         self.digest, self.folder, self.modules = None, None, set()
+
+
+def _import_preload(name: str) -> None:
+    """Import module ``name``; ``package.*``: the package and each module directly in it."""
+    import pkgutil
+
+    if not name.endswith(".*"):
+        importlib.import_module(name)
+        return
+    package = importlib.import_module(name[:-2])
+    for info in pkgutil.iter_modules(getattr(package, "__path__", [])):
+        importlib.import_module(f"{package.__name__}.{info.name}")
+
+
+def _library_roots() -> tuple[str, ...]:
+    """The interpreter's standard library and site-packages folders (``os.sep``-terminated)."""
+    import site
+    import sysconfig
+
+    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    paths |= set(site.getsitepackages()) | {site.getusersitepackages()}
+    return tuple(str(Path(p).resolve()) + os.sep for p in paths if p)
 
 
 class ForkExecutor:

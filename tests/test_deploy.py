@@ -416,6 +416,56 @@ def test_stop_ends_the_whole_process_group(tmp_path):
     assert _group_members({proc.popen.pid}) == []
 
 
+_DETACH = """
+import subprocess, sys
+# a grandchild in a session of its own, as Flower's SuperLink starts its SuperExec (and ServerApp)
+child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+open(sys.argv[1], "w").write(str(child.pid))
+if sys.argv[2] == "stay":
+    child.wait()
+"""
+
+
+def _start_detaching(fed, tmp_path, name: str, mode: str) -> tuple[object, int]:
+    """Spawn (through ``fed``) a process that starts a grandchild outside its process group;
+    ``mode`` 'exit': the middle process exits at once, leaving the grandchild an orphan."""
+    pid_file = tmp_path / f"{name}.pid"
+    proc = fed.spawn(name, [sys.executable, "-c", _DETACH, str(pid_file), mode], home="x")
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline, f"{name} did not start its grandchild"
+        time.sleep(0.05)
+    return proc, int(pid_file.read_text())
+
+
+def test_stop_and_kill_end_descendants_that_left_the_group_and_orphans(tmp_path):
+    """Issue 18 must-show 4: a child in a session of its own (the SuperLink's SuperExec and
+    ServerApp) or already orphaned survives a process-group kill; stop() and kill() end it too,
+    and leave a process the test itself started (not through Loopback) alone."""
+    from deploy.loopback import Loopback
+
+    fed = Loopback(tmp_path, 1)
+    unrelated = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        staying, grandchild = _start_detaching(fed, tmp_path, "staying", "stay")
+        gone, orphan = _start_detaching(fed, tmp_path, "gone", "exit")
+        assert gone.popen.wait(timeout=30) == 0  # the orphan's parent has exited
+        other, other_child = _start_detaching(fed, tmp_path, "other", "stay")
+        assert all(_alive(p) for p in (staying.popen.pid, grandchild, orphan, other_child))
+        assert {grandchild, orphan, other_child} <= set(fed.processes())
+        fed.kill("staying")  # one name: its descendant goes, the others stay
+        assert not _alive(staying.popen.pid) and not _alive(grandchild)
+        assert _alive(orphan) and _alive(other_child) and _alive(unrelated.pid)
+        fed.stop()
+        assert not _alive(orphan) and not _alive(other_child) and not _alive(other.popen.pid)
+        assert fed.processes() == {} and fed.procs == []
+        assert _alive(unrelated.pid)  # not started by the Loopback: never signalled
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+        fed.stop()
+
+
 _SKIP_LOOPBACK = pytest.mark.skipif(
     os.environ.get("FEDDERM_SKIP_LOOPBACK") == "1",
     reason="FEDDERM_SKIP_LOOPBACK=1: the real-process loopback federation was skipped",
@@ -574,8 +624,11 @@ def test_loopback_fedclf_killed_and_resumed_is_bit_identical(loopback):
     cut_dir = fed.workdir / "results" / "fedclf-cut"
     thread, result = _flwr_run_in_thread(fed, fed.run_config("fedclf", extra, "fedclf-cut"), "run-fedclf-cut")
     _wait_for(lambda: any(cut_dir.glob("checkpoint*-round-2.pt")), "the round-2 checkpoint")
+    before = fed.processes()  # the ServerApp runs in a session of its own (the SuperLink's SuperExec)
+    assert any("flwr-serverapp" in cmd for cmd in before.values()), before
     fed.kill()  # the SuperLink, its ServerApp, every SuperNode and ClientApp, the flwr CLI
     thread.join(timeout=120)
+    assert not any(_alive(pid) for pid in before), {p: c for p, c in before.items() if _alive(p)}
     assert json.loads((cut_dir / "summary.json").read_text()).get("final") is None  # not finished
     fed.restart(database="superlink-restarted.db")
     resumed = fed.run("fedclf", {**extra, "resume": str(cut_dir)}, run_name="fedclf-cut")
@@ -594,15 +647,20 @@ def test_loopback_fedclf_killed_and_resumed_is_bit_identical(loopback):
 
 @_SKIP_LOOPBACK
 def test_loopback_stop_leaves_no_process(loopback):
-    """Last: stopping the federation ends every process it started (their SuperExecs and
-    ClientApps live in the same process groups)."""
+    """Last: stopping the federation ends every process it started and every process those
+    started: the SuperNodes' SuperExecs (same process groups) and the SuperLink's SuperExec
+    (a session of its own)."""
     fed = loopback
     groups = {p.popen.pid for p in fed.procs}
     running = {p.name for p in fed.procs if p.popen.poll() is None and p.name.startswith("super")}
     assert running == {"superlink", *(f"supernode-{h}" for h in fed.hospitals)}  # outsider already gone
     assert len(_group_members(groups)) > 4  # their SuperExecs live in the same groups
+    started = fed.processes()  # also the SuperLink's SuperExec, in a session of its own
+    assert any("flower-superexec" in cmd for cmd in started.values()), started
+    assert sum("fedderm.launcher superexec" in cmd for cmd in started.values()) >= len(fed.hospitals)
     fed.stop()
-    assert _group_members(groups) == [] and fed.procs == []
+    assert _group_members(groups) == [] and fed.procs == [] and fed.processes() == {}
+    assert not any(_alive(pid) for pid in started), {p: c for p, c in started.items() if _alive(p)}
 
 
 def _copy_app(src: Path, dst: Path) -> Path:

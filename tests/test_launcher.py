@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import os
 import shutil
 import subprocess
 import sys
@@ -181,13 +182,13 @@ def test_install_guard_unpacks_an_approved_bundle_once(monkeypatch, tmp_path):
     assert calls == [b"bundle one", b"bundle two", b"bundle one"]
 
 
-def _fake_bundle(folder: Path, body: str) -> Path:
+def _fake_bundle(folder: Path, body: str, extra_toml: str = "") -> Path:
     """An installed app folder: pyproject naming ``app_main:app`` and a ``fedderm`` of its own."""
     (folder / "fedderm").mkdir(parents=True)
     (folder / "fedderm" / "__init__.py").write_text("BUNDLED = True\n")
     (folder / "app_main.py").write_text(body)
     (folder / "pyproject.toml").write_text(
-        '[tool.flwr.app.components]\nserverapp = "x:app"\nclientapp = "app_main:app"\n'
+        '[tool.flwr.app.components]\nserverapp = "x:app"\nclientapp = "app_main:app"\n' + extra_toml
     )
     return folder
 
@@ -209,9 +210,16 @@ print("after", "app_main" in sys.modules, str(folder) in sys.path, warm.digest)
 """
 
 
-def _warm(folder: Path) -> dict[str, str]:
+def _warm(folder: Path, pythonpath: Path | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    if pythonpath is not None:  # an app module outside the bundle, as deploy/loopback.py sets it
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), env.get("PYTHONPATH", "")])
     res = subprocess.run(
-        [sys.executable, "-c", _WARM_SCRIPT, str(folder)], capture_output=True, text=True, cwd=APP_DIR
+        [sys.executable, "-c", _WARM_SCRIPT, str(folder)],
+        capture_output=True,
+        text=True,
+        cwd=APP_DIR,
+        env=env,
     )
     assert res.returncode == 0, res.stderr
     return dict(line.split(" ", 1) for line in res.stdout.splitlines())
@@ -236,11 +244,58 @@ def test_warm_app_keeps_a_bundle_cold_when_its_import_runs_torch_ops(tmp_path):
     assert out["after"] == "False False None"
 
 
+def test_warm_app_preloads_what_the_bundle_declares_and_drops_it_with_the_app(tmp_path):
+    """Issue 18: ``[tool.fedderm] preload`` modules (``pkg.*``: each module of the package, and a
+    module found on PYTHONPATH outside the bundle) are imported in the parent with the ClientApp,
+    and dropped with it (a later bundle never reuses them)."""
+    bundle = _fake_bundle(
+        tmp_path / "app", "app = 'the app'\n", '[tool.fedderm]\npreload = ["handlers.*", "outside"]\n'
+    )
+    (bundle / "handlers").mkdir()
+    (bundle / "handlers" / "__init__.py").write_text("")
+    for name in ("one", "two"):
+        (bundle / "handlers" / f"{name}.py").write_text("import torch\nZERO = torch.tensor(0)\n")
+    (tmp_path / "path").mkdir()
+    (tmp_path / "path" / "outside.py").write_text("import fedderm\n")
+    out = _warm(bundle, pythonpath=tmp_path / "path")
+    assert out["ok"] == "True"
+    assert out["modules"] == "['app_main', 'fedderm', 'handlers', 'handlers.one', 'handlers.two', 'outside']"
+    assert out["after"] == "False False None"
+
+
+@pytest.mark.parametrize(
+    "preload",
+    ['["handlers.*"]', '"handlers.one"', '["missing_module"]'],
+    ids=["torch-op", "not-a-list", "missing"],
+)
+def test_warm_app_keeps_a_bundle_cold_when_its_preload_is_unsafe_or_bad(tmp_path, preload):
+    bundle = _fake_bundle(tmp_path / "app", "app = 'the app'\n", f"[tool.fedderm]\npreload = {preload}\n")
+    (bundle / "handlers").mkdir()
+    (bundle / "handlers" / "__init__.py").write_text("")
+    (bundle / "handlers" / "one.py").write_text("import torch\nI = torch.linalg.inv(torch.eye(3))\n")
+    out = _warm(bundle)
+    assert out["ok"] == "False" and out["app"] == "None"
+    assert out["after"] == "False False None"
+
+
+def test_fedderm_preloads_every_methods_client_handlers():
+    """fedderm's bundle declares ``clients.*``: every module a method's ``client`` names is in it."""
+    import tomllib
+
+    import registry
+
+    preload = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["fedderm"]["preload"]
+    assert preload == ["clients.*"]
+    in_package = {f"clients.{p.stem}" for p in (APP_DIR / "clients").glob("*.py") if p.stem != "__init__"}
+    assert {m.client for m in registry.METHODS.values()} <= in_package
+
+
 def test_importing_the_fedderm_client_app_runs_no_torch_op():
     """What lets the launcher import fedderm's ClientApp once in its parent (fork safety)."""
     script = (
         "from fedderm import launcher\nimport sys\ncalls = launcher._TorchCalls()\n"
-        "with calls:\n    import client_app\nprint(sorted(set(calls.names)))\n"
+        "with calls:\n    import client_app\n    launcher._import_preload('clients.*')\n"
+        "print(sorted(set(calls.names)))\n"
     )
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=APP_DIR)
     assert res.returncode == 0, res.stderr
