@@ -1,16 +1,16 @@
 """fedderm ClientApp: routes each message by (method, message type) through the registry."""
 
-from flwr.app import Context, Message
+from flwr.app import Context, Message, MetricRecord
 from flwr.clientapp import ClientApp
 
 import registry
 from clients import holdout, probe
 from clients.audit import audit_mod
-from clients.common import info, session
+from clients.common import evaluate_split, info, session
 from clients.state import state_mod
 from clients.transport import pack_mod, transport_mod
 from fedderm.train import GpuPeak, use_precision
-from wire import GPU_PEAK, ray_out_of_band
+from wire import GPU_PEAK, VAL_METRICS, VAL_ROUND, ray_out_of_band
 
 # audit_mod wraps transport_mod: the audit log shows the arrays exactly as they leave the hospital
 # (pack_mod, outermost, only joins them into one Array for the trip: the same bytes)
@@ -35,10 +35,16 @@ def dispatch(msg: Message, context: Context) -> Message:
             f"method {cfg.method!r} has no client handler for message type {kind!r}; "
             f"it handles {sorted(handlers)}"
         )
+    # val-in-train: the val evaluation of the model this train message carries (the previous round's
+    # global model), before training on it: what an evaluate message with split "val" would return
+    ride = kind == "train" and "config" in msg.content.config_records and VAL_ROUND in msg.content["config"]
     with use_precision(cfg.precision), GpuPeak(client.device) as peak:
+        val = evaluate_split(client, msg.content["arrays"], "val") if ride else None
         reply = handlers[kind](msg, context)  # every local loop of this message (fedderm.train.Amp)
     if peak.mib is not None and reply.has_content() and "metrics" in reply.content:
         reply.content["metrics"][GPU_PEAK] = peak.mib  # summary.json ``gpu_peak_mib``
+    if val is not None and reply.has_content():
+        reply.content[VAL_METRICS] = MetricRecord(val)
     return reply
 
 

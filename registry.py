@@ -356,6 +356,7 @@ METHODS: dict[str, Method] = {
             "Supervised FedAvg (McMahan et al. 2017), weighted by the clients' labelled images.",
             options=DP_OPTIONS,
             check=check_dp,
+            sends=("arrays", "metrics", "val-metrics"),  # val-metrics: wire.VAL_METRICS (val-in-train)
         ),
         Method(
             "fedprox",
@@ -364,6 +365,7 @@ METHODS: dict[str, Method] = {
             "Supervised FedProx (Li et al. 2020): FedAvg plus the client-side proximal term "
             "(proximal-mu/2)·‖w − w_global‖².",
             options=DP_OPTIONS,
+            sends=("arrays", "metrics", "val-metrics"),
         ),
         # -- FedCLF and its baselines (issue 3) --
         Method(

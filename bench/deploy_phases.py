@@ -3,13 +3,14 @@
     FLWR_LOG_LEVEL=DEBUG python -m deploy.loopback --method fedavg --rounds 3 --keep --workdir /tmp/lb
     python -m bench.deploy_phases /tmp/lb
 
-For every train/evaluate message a SuperNode handled (``logs/supernode-*.log``, Flower's DEBUG
-timestamps) it takes the median of: header received -> the ClientApp loads the app (objects pulled
-SuperLink -> SuperNode -> ClientApp, the ClientApp process started or forked), app loaded -> reply
-handed to the SuperNode (app import + the handler's work), and the SuperNode's reply push to the
-SuperLink; and from the ServerApp's log (``logs/run-fedavg.log``) the median exchange, from
-``configure_*`` to ``aggregate_*``.  What the exchange has beyond the slowest node's three phases
-is the ServerApp's push and its pull of the replies.
+Every exchange of the ServerApp's log (``logs/run-<name>.log``: ``configure_<kind>`` to
+``aggregate_<kind>``) is matched with the messages the SuperNodes received during it
+(``logs/supernode-*.log``, Flower's DEBUG timestamps), and each message split into phases:
+the ServerApp's push until the SuperNode has the header, the SuperNode's pull of the message's
+objects from the SuperLink, the ClientApp (forked or started) getting the message and loading the
+app, the handler's work, the reply back to the SuperNode, the SuperNode's push to the SuperLink,
+and, per exchange, the last reply's arrival until the ServerApp has pulled all.  Printed: the
+median of each phase per exchange kind (train, evaluate).
 """
 
 from __future__ import annotations
@@ -34,13 +35,18 @@ def _lines(path: Path) -> list[tuple[float, str]]:
 
 
 def node_messages(log: Path) -> list[dict]:
-    """One dict of timestamps per message a SuperNode received and answered."""
+    """One dict of timestamps per message a SuperNode received and answered: ``recv`` (header
+    pulled from the SuperLink), ``pulled`` (all its objects pulled: "Received successfully"),
+    ``load`` (the ClientApp has the message and loads the app), ``push`` (the reply handed to the
+    SuperNode), ``send``/``sent`` (the SuperNode's push of the reply to the SuperLink)."""
     out, cur = [], None
     for t, line in _lines(log):
         if "Receiving:" in line:
             cur = {"kind": line.split("Receiving:")[1].split()[0], "recv": t}
         elif cur is None:
             continue
+        elif "Received successfully" in line and "pulled" not in cur:
+            cur["pulled"] = t
         elif "Loading ClientApp" in line:
             cur["load"] = t
         elif "Runtime.PushMessages" in line and "load" in cur and "push" not in cur:
@@ -54,14 +60,59 @@ def node_messages(log: Path) -> list[dict]:
     return out
 
 
-def exchanges(run_log: Path) -> list[float]:
+def exchange_spans(run_log: Path) -> list[tuple[str, float, float]]:
+    """(kind, start, end) of every exchange in the ServerApp's log: ``configure_<kind>`` (the
+    messages are built and pushed next) to ``aggregate_<kind>`` (every reply pulled)."""
     out, start = [], None
     for t, line in _lines(run_log):
         if "configure_" in line and "Sampled" in line:
-            start = t
+            start = (line.split("configure_")[1].split(":")[0].split()[0], t)
         elif "aggregate_" in line and "Received" in line and start is not None:
-            out.append(t - start)
+            out.append((start[0], start[1], t))
             start = None
+    return out
+
+
+def exchanges(run_log: Path) -> list[float]:
+    return [end - start for _, start, end in exchange_spans(run_log)]
+
+
+#: (label, seconds of one message or exchange); ``m``: a message, ``x``: its exchange's span and messages
+PHASES = (
+    ("server push -> header at the SuperNode", lambda m, x: m["recv"] - x[1]),
+    ("SuperNode pulls the objects (SuperLink)", lambda m, x: m["pulled"] - m["recv"]),
+    ("ClientApp forked, gets message, loads", lambda m, x: m["load"] - m["pulled"]),
+    ("handler (train, evaluate; val ride)", lambda m, x: m["push"] - m["load"]),
+    ("reply pushed to the SuperNode", lambda m, x: m["send"] - m["push"]),
+    ("SuperNode pushes reply to the SuperLink", lambda m, x: m["sent"] - m["send"]),
+    ("last reply at SuperLink -> ServerApp has all", lambda m, x: x[2] - x[3]),
+)
+
+
+def phases(work: Path) -> dict[str, dict]:
+    """Per exchange kind (``train``, ``evaluate``): its count, the median of every phase over its
+    messages and the median exchange."""
+    msgs = [m for f in sorted((work / "logs").glob("supernode-hospital-*.log")) for m in node_messages(f)]
+    msgs = [m for m in msgs if {"pulled", "load", "push", "send"} <= set(m)]
+    spans = [x for run in sorted((work / "logs").glob("run-*.log")) for x in exchange_spans(run)]
+    out: dict[str, dict] = {}
+    for kind in sorted({k for k, _, _ in spans}, key=lambda k: (k != "train", k)):
+        rows, totals = {label: [] for label, _ in PHASES}, []
+        for span in (x for x in spans if x[0] == kind):
+            mine = [m for m in msgs if span[1] <= m["recv"] <= span[2] and m["kind"] == kind]
+            if not mine:
+                continue
+            x = (*span, max(m["sent"] for m in mine))
+            totals.append(span[2] - span[1])
+            for label, f in PHASES:
+                rows[label] += [f(m, x) for m in mine]
+        if totals:
+            out[kind] = {
+                "exchanges": len(totals),
+                "messages": len(rows[PHASES[0][0]]),
+                "phases": {label: statistics.median(v) for label, v in rows.items()},
+                "exchange": statistics.median(totals),
+            }
     return out
 
 
@@ -70,21 +121,18 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1 or not (Path(argv[0]) / "logs").is_dir():
         raise SystemExit("usage: python -m bench.deploy_phases WORKDIR (a loopback --keep folder with logs/)")
     work = Path(argv[0])
-    msgs = [m for f in sorted((work / "logs").glob("supernode-hospital-*.log")) for m in node_messages(f)]
-    msgs = [m for m in msgs if m["kind"] in ("train", "evaluate") and {"load", "push"} <= set(m)]
-    runs = sorted((work / "logs").glob("run-*.log"))
-    if not msgs or not runs:
+    table = phases(work)
+    if not table:
         raise SystemExit(f"{work}/logs: no DEBUG timestamps (run the loopback with FLWR_LOG_LEVEL=DEBUG)")
-
-    def med(f) -> float:
-        return statistics.median(f(m) for m in msgs)
-
-    ex = [e for run in runs for e in exchanges(run)]
-    print(f"{work}: {len(msgs)} train/evaluate messages, {len(ex)} exchanges (medians)")
-    print(f"  header in -> ClientApp loads the app      {med(lambda m: m['load'] - m['recv']):6.2f} s")
-    print(f"  app loaded -> reply at the SuperNode      {med(lambda m: m['push'] - m['load']):6.2f} s")
-    print(f"  SuperNode reply push to the SuperLink     {med(lambda m: m['sent'] - m['send']):6.2f} s")
-    print(f"  exchange (configure_* -> aggregate_*)     {statistics.median(ex):6.2f} s")
+    kinds = list(table)
+    n_msgs = sum(t["messages"] for t in table.values())
+    n_ex = sum(t["exchanges"] for t in table.values())
+    print(f"{work}: {n_msgs} train/evaluate messages, {n_ex} exchanges (medians, seconds)")
+    print(f"  {'':<46}" + "".join(f"{k:>10}" for k in kinds))
+    for label, _ in PHASES:
+        print(f"  {label:<46}" + "".join(f"{table[k]['phases'][label]:>10.2f}" for k in kinds))
+    print(f"  {'exchange (configure_* -> aggregate_*)':<46}" + "".join(f"{table[k]['exchange']:>10.2f}" for k in kinds))
+    print(f"  {'exchanges':<46}" + "".join(f"{table[k]['exchanges']:>10d}" for k in kinds))
     return 0
 
 

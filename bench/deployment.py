@@ -57,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
         default="both",
         help="which SuperNode launcher to measure (default both, one federation each)",
     )
+    parser.add_argument(
+        "--superlink-database",
+        default="superlink.db",
+        help="the SuperLink's --database: a file in the work folder (default, as docs/deploy.md "
+        "recommends) or :flwr-in-memory: (Flower's default: messages' objects kept in memory, not SQLite)",
+    )
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="fedderm-deploy-bench-"))
@@ -87,6 +93,7 @@ def measure(model: str, args, root: Path) -> str | None:
             image_size=args.image_size,
             launcher=launcher,
         ) as fed:
+            fed.database = args.superlink_database
             start = time.monotonic()
             fed.start()
             setup = time.monotonic() - start
@@ -121,7 +128,8 @@ def measure(model: str, args, root: Path) -> str | None:
 
     lines = [
         f"{args.method}, {args.nodes} clients, {args.rounds} rounds, {model} {args.image_size} px, "
-        f"{args.per_class} images per class per client; TLS + SuperNode authentication on loopback",
+        f"{args.per_class} images per class per client; TLS + SuperNode authentication on loopback; "
+        f"SuperLink --database {args.superlink_database}",
         f"{'':<36} {'median round':>13} {'mean round':>11} {'x simulation':>13} {'run wall':>9}",
     ]
     sim_median = statistics.median(simulated)

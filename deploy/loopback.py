@@ -140,6 +140,10 @@ class RunOutcome:
 class Loopback:
     """Start, use and stop a TLS + node-auth federation on 127.0.0.1 (a context manager)."""
 
+    #: the SuperLink's ``--database``: a file under the work folder, or Flower's ``:flwr-in-memory:``
+    #: (its default: link state and object store in the process's memory, nothing kept on restart)
+    database = "superlink.db"
+
     def __init__(
         self,
         workdir: str | Path,
@@ -273,7 +277,8 @@ class Loopback:
             f"EC key pairs under {self.secrets.out}"
         )
 
-    def start_superlink(self, timeout: float = 60, database: str = "superlink.db") -> None:
+    def start_superlink(self, timeout: float = 60, database: str | None = None) -> None:
+        database = database or self.database
         s = self.secrets
         self.port = free_port()
         self.spawn(
@@ -289,7 +294,7 @@ class Loopback:
                 "--enable-supernode-auth",
                 "--disable-runtime-dependency-installation",
                 "--database",
-                str(self.workdir / database),
+                database if database.startswith(":") else str(self.workdir / database),
                 "--host",
                 "127.0.0.1",
                 "--port",

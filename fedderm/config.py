@@ -102,6 +102,7 @@ class Config:
     round_timeout: float = 3600.0
     targets: str = "0.55,0.65,0.75,0.85"
     transport_dtype: str = "float32"
+    val_in_train: bool = True
     tensorboard: bool = True
     probe_every: int = 0
     # method-specific keys ("<method>.<key>"), validated against the registry's declarations
@@ -350,6 +351,8 @@ KEY_DOCS: dict[str, str] = {
     "whose mean val balanced accuracy reaches each (002 Table 2)",
     "transport-dtype": "`float16` sends every floating-point array as float16 (half the traffic); "
     "the server keeps and averages float32; integer buffers travel unchanged",
+    "val-in-train": "`true`: FedAvg/FedProx evaluate round r's global model on val inside round r+1's train "
+    "message (one exchange per round instead of two; the same metrics); `false`: a separate evaluate message",
     "tensorboard": "`true`: the server writes TensorBoard event files into the run folder (scalars per round, "
     "per client and mean; the final table as text); `tensorboard --logdir <output-dir>`",
     "probe-every": "`k` > 0: every k pre-training rounds (and after the last) every client scores the current "

@@ -178,6 +178,12 @@ class Tracked:
                 return node
         return msg.metadata.src_node_id
 
+    #: ``True`` (FedAvg, FedProx): with ``val-in-train`` the val evaluation of round r's global model
+    #: rides in round r+1's train message (:func:`run_rounds`).  Only for methods whose evaluate
+    #: handler is ``clients.common.evaluate_split`` of the model the message carries, which is what
+    #: ``client_app.dispatch`` runs on a train message's model before training on it.
+    val_rides_train = False
+
     #: True for strategies whose clients send back only part of the model (FedBN keeps its
     #: BatchNorm layers, FedMAE its excluded parameters): replies may hold a subset of the keys.
     partial_replies = False
@@ -382,6 +388,41 @@ class Tracked:
             self.last_mean = self.record_evaluation(server_round, self.evaluated)
         return self.last_mean
 
+    def take_val(self, replies: list[Message]) -> dict[str, dict[str, float]]:
+        """The per-client val metrics that rode in train ``replies`` (``wire.VAL_METRICS``), taken
+        out of them (Flower's FedAvg checks want one MetricRecord per train reply)."""
+        per_client = {}
+        for msg in replies:
+            if msg.has_error() or wire.VAL_METRICS not in msg.content:
+                continue
+            metrics = dict(msg.content[wire.VAL_METRICS])
+            del msg.content[wire.VAL_METRICS]
+            metrics.pop(wire.GPU_PEAK, None)
+            per_client[str(metrics.pop("partition-id", self.reply_node(msg)))] = metrics
+        return dict(sorted(per_client.items(), key=lambda kv: client_sort_key(kv[0])))
+
+    def finish_ridden(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        per_client: dict[str, dict[str, float]],
+        seconds: float,
+        traffic: dict[str, int] | None,
+    ) -> None:
+        """Round ``server_round``'s val evaluation came back in the next round's train replies:
+        record it and close the round as :meth:`evaluate_round` + :meth:`after_round` would have
+        (its own ``traffic``, ``seconds`` = its start to the next round's start)."""
+        self.split = "val"
+        if per_client:
+            self.evaluated = per_client
+            self.last_mean = self.record_evaluation(server_round, per_client)
+        else:
+            log(WARNING, "round %d: no client returned val metrics", server_round)
+        current, self.traffic = self.traffic, traffic
+        self.record_costs(server_round, seconds)
+        self.after_round(server_round, arrays)
+        self.traffic = current
+
     def record_evaluation(
         self, server_round: int, per_client: dict[str, dict[str, float]]
     ) -> dict[str, float]:
@@ -392,10 +433,11 @@ class Tracked:
             server_round, self.split, per_client, train=_mean_train_loss(self.train_per_client)
         )
 
-    def record_costs(self, server_round: int) -> None:
+    def record_costs(self, server_round: int, seconds: float | None = None) -> None:
         """The round's wall time and model traffic into summary.json ``round_seconds`` and
         ``bytes_per_round`` (every stage's rounds, pre-training included: :func:`run_rounds` calls it
-        for every round, whichever ``on_round`` it was given)."""
+        for every round, whichever ``on_round`` it was given).  ``seconds``: the round's wall time
+        (default: since :meth:`configure_train`)."""
         if self.traffic is not None and server_round > 0:
             t = self.traffic
             log(
@@ -414,7 +456,7 @@ class Tracked:
                 {"stage": self.stage, "round": server_round, "bytes": t["down"] + t["up"], **t}
             )
         self.traffic = None
-        seconds = time.monotonic() - self._round_start
+        seconds = time.monotonic() - self._round_start if seconds is None else seconds
         self.time_log.append({"stage": self.stage, "round": server_round, "seconds": round(seconds, 3)})
         self.recorder.update_extra(
             {
@@ -461,6 +503,8 @@ class Tracked:
             "last_mean": dict(self.last_mean),
             "traffic_log": list(self.traffic_log),
             "time_log": list(self.time_log),
+            # the last round's train metrics: its val row (rounds.csv train_loss) when its val is pending
+            "train_per_client": dict(self.train_per_client),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -469,6 +513,7 @@ class Tracked:
         self.last_mean = dict(state["last_mean"])
         self.traffic_log = list(state.get("traffic_log", []))
         self.time_log = list(state.get("time_log", []))
+        self.train_per_client = dict(state.get("train_per_client", {}))
 
 
 def _mean_train_loss(per_client: dict[str, dict[str, float]]) -> dict[str, float] | None:
@@ -490,8 +535,18 @@ def run_rounds(
     Every round waits (at most ``round-timeout``) for ``min-clients`` connected clients, goes on
     with the replies that arrive in time, and ends with a checkpoint.  With ``resume`` set, the
     loop restarts after the newest checkpoint of this stage instead of round 1.
+
+    With ``val-in-train`` and a strategy whose :attr:`Tracked.val_rides_train` is set, round r's
+    val evaluation (round 0's too) rides in round r+1's train message: each client evaluates the
+    model it receives, which is round r's global model, before training on it, so a round is one
+    exchange instead of two with the same metrics; only the last round's val is a message of its
+    own.  Round r's checkpoint then holds its val as pending (``val-pending``): a resumed run
+    evaluates it in its first train message.
     """
     cfg, recorder = strategy.cfg, strategy.recorder
+    ride = evaluate and on_round is None and strategy.val_rides_train and cfg.val_in_train
+    #: (round, its global model, its start, its traffic) of the round whose val rides in the next train
+    pending: tuple[int, ArrayRecord, float, dict | None] | None = None
     start = 1
     ckpt = latest_checkpoint(recorder.run_dir, strategy.stage) if cfg.resume else None
     if ckpt is not None:
@@ -500,22 +555,38 @@ def run_rounds(
         recorder.restore(ckpt["recorder"])
         start = ckpt["round"] + 1
         log(INFO, "resuming %s after round %d from %s", strategy.stage, ckpt["round"], recorder.run_dir)
+        if ckpt.get("val-pending") and evaluate:
+            pending = (ckpt["round"], arrays, time.monotonic(), ckpt.get("pending-traffic"))
     elif evaluate:
         strategy._round_start = time.monotonic()
-        strategy.evaluate_round(grid, 0, arrays, "val", cfg.round_timeout)
-        strategy.record_costs(0)
-        (on_round or strategy.after_round)(0, arrays)
+        if ride:
+            pending = (0, arrays, strategy._round_start, None)
+        else:
+            strategy.evaluate_round(grid, 0, arrays, "val", cfg.round_timeout)
+            strategy.record_costs(0)
+            (on_round or strategy.after_round)(0, arrays)
+    view = None
     for server_round in range(start, strategy.num_rounds + 1):
         view = NodeView(grid, wait_for_nodes(grid, cfg.min_clients, cfg.round_timeout))
-        msgs = strategy.configure_train(server_round, arrays, ConfigRecord(), view)
+        config = ConfigRecord({wire.VAL_ROUND: pending[0]} if pending is not None else {})
+        msgs = strategy.configure_train(server_round, arrays, config, view)
         replies = strategy.in_order(send_and_receive(grid, msgs, cfg.round_timeout))
+        if pending is not None:
+            done, done_arrays, started, traffic = pending
+            val = strategy.take_val(replies)
+            strategy.finish_ridden(done, done_arrays, val, strategy._round_start - started, traffic)
+            pending = None
         new, _ = strategy.aggregate_train(server_round, replies)
         if new is not None:
             arrays = new
-        if evaluate:
-            strategy.evaluate_round(view, server_round, arrays, "val", cfg.round_timeout)
-        strategy.record_costs(server_round)
-        (on_round or strategy.after_round)(server_round, arrays)
+        if ride:
+            pending = (server_round, arrays, strategy._round_start, strategy.traffic)
+            strategy.traffic = None
+        else:
+            if evaluate:
+                strategy.evaluate_round(view, server_round, arrays, "val", cfg.round_timeout)
+            strategy.record_costs(server_round)
+            (on_round or strategy.after_round)(server_round, arrays)
         save_round(
             grid,
             recorder,
@@ -525,9 +596,19 @@ def run_rounds(
                 "arrays": wire.to_state_dict(arrays),
                 "strategy": strategy.state_dict(),
                 "recorder": recorder.state(),
+                "val-pending": ride,
+                "pending-traffic": pending[3] if pending is not None else None,  # its bytes_per_round entry
             },
             keep=cfg.keep_checkpoints,
         )
+    if pending is not None:  # the last round's val: no train message follows, an evaluate message of its own
+        done, done_arrays, started, traffic = pending
+        if view is None:
+            view = NodeView(grid, wait_for_nodes(grid, cfg.min_clients, cfg.round_timeout))
+        strategy.evaluate_round(view, done, done_arrays, "val", cfg.round_timeout)
+        strategy.traffic = traffic
+        strategy.record_costs(done, time.monotonic() - started)
+        strategy.after_round(done, done_arrays)
     return arrays
 
 

@@ -9,6 +9,8 @@ from .dp import ServerSideFixedClipping
 class FedAvgStrategy(Tracked, FedAvg):
     """Flower's FedAvg with fedderm's per-client results and best-on-val tracking."""
 
+    val_rides_train = True  # val-in-train: its clients evaluate with clients.common.evaluate_split
+
 
 class PrivateFedAvgStrategy(ServerSideFixedClipping, FedAvgStrategy):
     """FedAvg with server-side fixed clipping + Gaussian noise (``dp.mode = "server"``)."""

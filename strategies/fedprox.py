@@ -10,6 +10,8 @@ from .dp import ServerSideFixedClipping
 class FedProxStrategy(Tracked, FedProx):
     """Flower's FedProx with fedderm's per-client results and best-on-val tracking."""
 
+    val_rides_train = True  # val-in-train: its clients evaluate with clients.common.evaluate_split
+
 
 class PrivateFedProxStrategy(ServerSideFixedClipping, FedProxStrategy):
     """FedProx with server-side fixed clipping + Gaussian noise (``dp.mode = "server"``)."""
