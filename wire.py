@@ -40,7 +40,9 @@ LOCAL_RECORD = "local-arrays"  # FedMAE: the clients' excluded parameters, sent 
 GPU_PEAK = "gpu-peak-mib"  # reply metric on CUDA: the client's peak GPU memory of that message (MiB)
 STAMP = "fedderm-state"  # every server message: run name, step, resume step (clients/state.py's store)
 VAL_METRICS = "val-metrics"  # train reply (val-in-train): val metrics of the model the message carried
-VAL_ROUND = "val-round"  # train config (val-in-train): evaluate the received model on val first, for this round
+VAL_ROUND = (
+    "val-round"  # train config (val-in-train): evaluate the received model on val first, for this round
+)
 PR_CURVE = "pr-curve"  # FL-BT family test reply: per-class precision-recall curves (004 §IV)
 PACKED = "fedderm-packed"  # deployment: a whole message as one ConfigRecord (see pack_content)
 PACKED_ARRAY = "fedderm-packed-array"  # ... its arrays' bytes as one Array when over one chunk

@@ -131,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {'':<46}" + "".join(f"{k:>10}" for k in kinds))
     for label, _ in PHASES:
         print(f"  {label:<46}" + "".join(f"{table[k]['phases'][label]:>10.2f}" for k in kinds))
-    print(f"  {'exchange (configure_* -> aggregate_*)':<46}" + "".join(f"{table[k]['exchange']:>10.2f}" for k in kinds))
+    print(
+        f"  {'exchange (configure_* -> aggregate_*)':<46}"
+        + "".join(f"{table[k]['exchange']:>10.2f}" for k in kinds)
+    )
     print(f"  {'exchanges':<46}" + "".join(f"{table[k]['exchanges']:>10d}" for k in kinds))
     return 0
 

@@ -46,8 +46,7 @@ def fedavg(models: list) -> torch.nn.Module:
     states = [m.state_dict() for m in models]
     first = states[0]
     mean = {
-        k: sum(s[k] for s in states) / len(states) if v.is_floating_point() else v
-        for k, v in first.items()
+        k: sum(s[k] for s in states) / len(states) if v.is_floating_point() else v for k, v in first.items()
     }
     out = copy.deepcopy(models[0])
     out.load_state_dict(mean)
@@ -95,7 +94,12 @@ def run(args) -> dict:
             for name, enc in encoders[i].items():
                 for v in args.views:
                     out[(name, i, sigma, v)] = audit(
-                        copy.deepcopy(enc), members, held_out, relayed, views=v, batch_size=256,
+                        copy.deepcopy(enc),
+                        members,
+                        held_out,
+                        relayed,
+                        views=v,
+                        batch_size=256,
                         seed=args.seed,
                     )
         out[("sizes", i)] = (len(members), len(held_out))

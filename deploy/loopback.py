@@ -281,10 +281,14 @@ class Loopback:
         database = database or self.database
         s = self.secrets
         self.port = free_port()
+        # fedderm's launcher: Flower's SuperLink with the messages' objects in memory (warm launcher)
+        command = [_bin("flower-superlink")]
+        if self.launcher != "flower":
+            command = [sys.executable, "-m", "fedderm.launcher", "superlink"]
         self.spawn(
             "superlink",
             [
-                _bin("flower-superlink"),
+                *command,
                 "--ssl-ca-certfile",
                 str(s.superlink_ca),
                 "--ssl-certfile",

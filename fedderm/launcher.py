@@ -54,6 +54,10 @@ _INTERNALS = (
     ("flwr.supercore.inflatable.inflatable_utils", "pull_and_inflate_object_from_tree"),
     ("flwr.supercore.exit.exit_handler", "registered_exit_handlers"),
     ("flwr.supercore.constant", "TaskType"),
+    ("flwr.superlink.main", "get_objectstore_linkstate_factories"),
+    ("flwr.superlink.config_loader", "LinkStateFactory"),
+    ("flwr.superlink.cli.flower_superlink", "flower_superlink"),
+    ("flwr.supercore.object_store", "ObjectStoreFactory"),
 )
 
 
@@ -574,11 +578,51 @@ def app_hash_main(argv: list[str]) -> None:
     print(app_hash(app_dir))
 
 
+# ---------------------------------------------------------------------------------------------
+# the SuperLink: messages' objects in memory, its link state in --database
+
+
+def objects_in_memory() -> None:
+    """Make ``flower-superlink --database FILE`` keep the messages' objects (the model arrays) in
+    Flower's in-memory object store and only its link state (nodes, runs, message headers) in the
+    SQLite FILE.  Flower keeps both in FILE: every ResNet-18 message (43 MB) is then written to and
+    read back from SQLite (docs/deploy.md, "ResNet-18: where a round goes").  Objects are transient
+    (deleted once delivered); what a restarted SuperLink needs (registered SuperNodes, runs) stays
+    in FILE.  ``:flwr-in-memory:`` and non-SQLite URLs are left to Flower."""
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink import config_loader
+    from flwr.superlink import main as superlink_main
+
+    flower_factories = config_loader.get_objectstore_linkstate_factories
+
+    def factories(database: str, federation_manager):
+        if database.startswith(":flwr-in-memory:") or "://" in database:
+            return flower_factories(database, federation_manager)
+        objects = ObjectStoreFactory()  # Flower's in-memory store
+        return objects, config_loader.LinkStateFactory(database, federation_manager, objects)
+
+    superlink_main.get_objectstore_linkstate_factories = factories
+
+
+def superlink_main_(argv: list[str]) -> None:
+    """``fedderm-superlink``: ``flower-superlink`` (same options) with :func:`objects_in_memory`."""
+    from flwr.superlink.cli.flower_superlink import flower_superlink
+
+    objects_in_memory()
+    sys.argv = ["flower-superlink", *argv]
+    flower_superlink()
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"superexec": superexec_main, "supernode": supernode_main, "app-hash": app_hash_main}
+    commands = {
+        "superexec": superexec_main,
+        "supernode": supernode_main,
+        "superlink": superlink_main_,
+        "app-hash": app_hash_main,
+    }
     if not argv or argv[0] not in commands:
-        raise SystemExit("usage: python -m fedderm.launcher {superexec|supernode|app-hash} ...")
+        raise SystemExit("usage: python -m fedderm.launcher {superexec|supernode|superlink|app-hash} ...")
     missing = check_flower_internals()
     if missing and argv[0] != "app-hash":
         import flwr
@@ -596,6 +640,10 @@ def supernode_entry() -> None:
 
 def superexec_entry() -> None:
     main(["superexec", *sys.argv[1:]])
+
+
+def superlink_entry() -> None:
+    main(["superlink", *sys.argv[1:]])
 
 
 def app_hash_entry() -> None:

@@ -318,3 +318,27 @@ def test_executor_warms_only_an_approved_installed_bundle(monkeypatch, tmp_path)
     marker.write_text(str(folder))
     executor.warm_up("a" * 64)
     assert loaded == [("a" * 64, folder)]
+
+
+def test_superlink_keeps_objects_in_memory_and_its_link_state_in_the_database_file(tmp_path, monkeypatch):
+    """``fedderm-superlink --database FILE``: the messages' objects (model arrays) in Flower's
+    in-memory store, nodes and runs in FILE; ``:flwr-in-memory:`` stays Flower's."""
+    from flwr.supercore.object_store.in_memory_object_store import InMemoryObjectStore
+    from flwr.superlink import config_loader
+    from flwr.superlink import main as superlink_main
+    from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
+
+    flower, _ = config_loader.get_objectstore_linkstate_factories(str(tmp_path / "flower.db"), None)
+    assert not isinstance(flower.store(), InMemoryObjectStore)  # Flower's: objects in the SQLite file
+
+    monkeypatch.setattr(superlink_main, "get_objectstore_linkstate_factories", None)
+    launcher.objects_in_memory()
+    factories = superlink_main.get_objectstore_linkstate_factories
+    db = tmp_path / "superlink.db"
+    objects, links = factories(str(db), NoOpFederationManager())
+    assert isinstance(objects.store(), InMemoryObjectStore)
+    assert links.objectstore_factory is objects
+    links.state()  # the link state opens (and creates) the SQLite file
+    assert db.is_file()
+    objects, _ = factories(":flwr-in-memory:", NoOpFederationManager())
+    assert isinstance(objects.store(), InMemoryObjectStore) and not (tmp_path / ":flwr-in-memory:").exists()
