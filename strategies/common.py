@@ -257,13 +257,15 @@ class Tracked:
             self.recorder.update_extra({"missing_clients": record})
 
     def _per_client(
-        self, replies: list[Message], server_round: int | None = None
+        self, replies: list[Message], server_round: int | None = None, record: str = "metrics"
     ) -> dict[str, dict[str, float]]:
+        """partition id -> the metrics of each reply's MetricRecord ``record`` (``partition-id`` and
+        the GPU peak taken out; the peaks recorded for ``server_round``), in client order."""
         per_client, peaks = {}, {}
         for msg in replies:
             if msg.has_error():
                 continue
-            metrics = msg.content["metrics"]
+            metrics = msg.content[record]
             pid = str(metrics.pop("partition-id", self.reply_node(msg)))
             if wire.GPU_PEAK in metrics:
                 peaks[pid] = float(metrics.pop(wire.GPU_PEAK))
@@ -391,15 +393,11 @@ class Tracked:
     def take_val(self, replies: list[Message]) -> dict[str, dict[str, float]]:
         """The per-client val metrics that rode in train ``replies`` (``wire.VAL_METRICS``), taken
         out of them (Flower's FedAvg checks want one MetricRecord per train reply)."""
-        per_client = {}
-        for msg in replies:
-            if msg.has_error() or wire.VAL_METRICS not in msg.content:
-                continue
-            metrics = dict(msg.content[wire.VAL_METRICS])
+        ridden = [msg for msg in replies if not msg.has_error() and wire.VAL_METRICS in msg.content]
+        per_client = self._per_client(ridden, record=wire.VAL_METRICS)
+        for msg in ridden:
             del msg.content[wire.VAL_METRICS]
-            metrics.pop(wire.GPU_PEAK, None)
-            per_client[str(metrics.pop("partition-id", self.reply_node(msg)))] = metrics
-        return dict(sorted(per_client.items(), key=lambda kv: client_sort_key(kv[0])))
+        return per_client
 
     def finish_ridden(
         self,
@@ -418,6 +416,14 @@ class Tracked:
             self.last_mean = self.record_evaluation(server_round, per_client)
         else:
             log(WARNING, "round %d: no client returned val metrics", server_round)
+        self.close_round(server_round, arrays, seconds, traffic)
+
+    def close_round(
+        self, server_round: int, arrays: ArrayRecord, seconds: float, traffic: dict[str, int] | None
+    ) -> None:
+        """Record a round whose val came after the next round had started (``val-in-train``): its
+        own ``traffic`` and ``seconds``, then :meth:`after_round`; the current round's traffic count
+        is left as it was."""
         current, self.traffic = self.traffic, traffic
         self.record_costs(server_round, seconds)
         self.after_round(server_round, arrays)
@@ -606,9 +612,7 @@ def run_rounds(
         if view is None:
             view = NodeView(grid, wait_for_nodes(grid, cfg.min_clients, cfg.round_timeout))
         strategy.evaluate_round(view, done, done_arrays, "val", cfg.round_timeout)
-        strategy.traffic = traffic
-        strategy.record_costs(done, time.monotonic() - started)
-        strategy.after_round(done, done_arrays)
+        strategy.close_round(done, done_arrays, time.monotonic() - started, traffic)
     return arrays
 
 

@@ -16,6 +16,18 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
+#: the smallest run config these tests drive through :func:`run_app` (tiny CNN, 16 px, 3 rounds)
+TINY_RUN = {
+    "model": "tiny-cnn",
+    "image-size": 16,
+    "synthetic-per-class": 6,
+    "local-epochs": 1,
+    "batch-size": 8,
+    "optimizer": "sgd",
+    "lr": 0.03,
+    "num-server-rounds": 3,
+}
+
 _RUN_IDS = itertools.count(5_000_000)
 _NODE_IDS = itertools.count(80_001, 1000)
 

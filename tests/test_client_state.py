@@ -10,24 +10,13 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord
 from flwr.clientapp import ClientApp
-from loop_grid import run_app
+from loop_grid import TINY_RUN, run_app
 
 import client_app as real
 import strategies.common as common
 from fedderm.state_store import StateStore
 
-TINY = {
-    "model": "tiny-cnn",
-    "image-size": 16,
-    "synthetic-per-class": 6,
-    "local-epochs": 1,
-    "batch-size": 8,
-    "optimizer": "sgd",
-    "lr": 0.03,
-    "finetune-rounds": 1,
-    "finetune-epochs": 1,
-    "num-server-rounds": 3,
-}
+TINY = {**TINY_RUN, "finetune-rounds": 1, "finetune-epochs": 1}
 MOCO = {"fedclf.queue-size": 24}
 #: every method whose clients keep state between rounds (and SiFT, whose state is the server's)
 METHODS = {

@@ -9,21 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from loop_grid import LoopGrid, run_app
+from loop_grid import TINY_RUN, LoopGrid, run_app
 
 import strategies.common as common
 import wire
-
-TINY = {
-    "model": "tiny-cnn",
-    "image-size": 16,
-    "synthetic-per-class": 6,
-    "local-epochs": 1,
-    "batch-size": 8,
-    "optimizer": "sgd",
-    "lr": 0.03,
-    "num-server-rounds": 3,
-}
 
 
 class Killed(RuntimeError):
@@ -66,7 +55,7 @@ def _same(a: tuple, b: tuple) -> None:
 
 @pytest.mark.parametrize("method", ["fedavg", "fedprox"])
 def test_val_in_train_records_the_same_metrics_with_one_exchange_per_round(method, tmp_path, sent):
-    base = {**TINY, "method": method, "cache-dir": str(tmp_path / "c"), "output-dir": str(tmp_path / "o")}
+    base = {**TINY_RUN, "method": method, "cache-dir": str(tmp_path / "c"), "output-dir": str(tmp_path / "o")}
     if method == "fedprox":
         base["proximal-mu"] = 0.1
     separate = _results(run_app({**base, "val-in-train": False, "run-name": "separate"}))
@@ -74,7 +63,7 @@ def test_val_in_train_records_the_same_metrics_with_one_exchange_per_round(metho
     sent.clear()
     ridden = _results(run_app({**base, "val-in-train": True, "run-name": "ridden"}))
     _same(separate, ridden)
-    rounds = TINY["num-server-rounds"]
+    rounds = TINY_RUN["num-server-rounds"]
     assert len(separate[0]["rounds"]) == rounds + 1  # val of rounds 0..R
     assert kinds_separate.count("evaluate") == 2 * (rounds + 2)  # 2 clients: val 0..R + test
     assert kinds_separate.count("train") == 2 * rounds
@@ -88,7 +77,12 @@ def test_resume_with_a_pending_val_is_identical(tmp_path, monkeypatch, sent):
     """Killed before the round-3 checkpoint: round 2's checkpoint holds its val as pending, the
     resumed run evaluates it in its first train message; the same results as a run without a stop."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    base = {**TINY, "method": "fedavg", "cache-dir": str(tmp_path / "c"), "output-dir": str(tmp_path / "o")}
+    base = {
+        **TINY_RUN,
+        "method": "fedavg",
+        "cache-dir": str(tmp_path / "c"),
+        "output-dir": str(tmp_path / "o"),
+    }
     full = _results(run_app({**base, "run-name": "full"}))
     save = common.save_checkpoint
     pending = []
