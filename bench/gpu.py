@@ -26,6 +26,7 @@ clients' state that stays on the GPU between messages.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import sys
@@ -89,8 +90,13 @@ def row_overrides(family: str, args, workdir: Path) -> dict:
 
 
 def run_row(family: str, args, workdir: Path) -> dict:
+    from clients.common import forget_sessions
     from tests.loop_grid import run_app
 
+    forget_sessions()  # the previous row's clients (data and models on the GPU) are not this row's
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     overrides = row_overrides(family, args, workdir)
     cuda = torch.device(args.device).type == "cuda"
     if cuda:

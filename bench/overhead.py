@@ -13,7 +13,10 @@ the new global model on its val split (the same metrics fedderm computes); round
 initial model and a final wave evaluates on test, as fedderm's plan does.  The data are the very
 tensors fedderm's clients get (``fedderm.data.load_client_data``, embedded synthetic source).
 
-B (fedderm): ``sim.simulate`` with the same settings (``--num-supernodes 4``, 1 CPU per client).
+B (fedderm): ``sim.simulate`` with the same settings (``--num-supernodes 4``, 1 CPU per client)
+and A's message layout: ``val-in-train=false``, each round's validation its own message (fedderm's
+default rides round r's validation in round r+1's train message, one exchange fewer per round, and
+then round 0 cannot be timed apart from round 1; ``bench.deployment`` measures that default).
 
 The two alternate (A B A B ...), each in a fresh process; medians over the repeats are printed:
 start-up (launch -> first evaluation message), round 0 (evaluation of the initial model), time
@@ -75,6 +78,7 @@ class Settings:
             "optimizer": "adam",
             "lr": 1e-3,
             "lr-schedule": "cosine",
+            "val-in-train": False,  # A's layout: validation is its own message (module docstring)
             "cache-dir": str(Path(self.workdir) / "cache"),
             "output-dir": str(Path(self.workdir) / "runs"),
             **METHOD_KEYS.get(self.method, {}),

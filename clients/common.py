@@ -209,6 +209,13 @@ def session(context: Context) -> ClientSession:
     return _SESSIONS[key]
 
 
+def forget_sessions() -> None:
+    """Drop every client session and shared classifier of this process (their data and models, on
+    the GPU too): for in-process benchmarks that run one federation after another."""
+    _SESSIONS.clear()
+    _CLASSIFIERS.clear()
+
+
 def reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None, **extra) -> Message:
     """A reply with ``arrays`` (optional), ``metrics`` (tagged with the partition id) and extras."""
     content = RecordDict({"metrics": MetricRecord(metrics), **extra})
