@@ -85,6 +85,7 @@ FEDCLF_OPTIONS = {
     # leakage audit (issue 20, fedderm/leakage.py): membership attack on the relay, ROC-AUC per round
     "fedclf.leakage-audit": False,
     "fedclf.leakage-views": 0,  # augmented views per candidate (min distance over them); 0 = plain image
+    "fedclf.leakage-non-members": 0,  # held-out images audited per client (seeded sample); 0 = all
 }
 
 
@@ -158,6 +159,12 @@ def check_fedclf(cfg: Config) -> None:
         isinstance(views, int) and not isinstance(views, bool) and views >= 0,
         "fedclf.leakage-views",
         "must be an integer >= 0",
+    )
+    non_members = cfg.option("fedclf.leakage-non-members")
+    need(
+        isinstance(non_members, int) and not isinstance(non_members, bool) and non_members >= 0,
+        "fedclf.leakage-non-members",
+        "must be an integer >= 0 (0 = every held-out image)",
     )
 
 

@@ -52,6 +52,7 @@ class MocoOptions:
     relay_noise: float = 0.0
     leakage_audit: bool = False
     leakage_views: int = 0
+    leakage_non_members: int = 0
 
     @classmethod
     def from_config(cls, cfg, feature_sharing: bool | None = None) -> MocoOptions:
@@ -69,6 +70,7 @@ class MocoOptions:
             relay_noise=cfg.option("fedclf.relay-noise-multiplier"),
             leakage_audit=bool(cfg.option("fedclf.leakage-audit")),
             leakage_views=int(cfg.option("fedclf.leakage-views")),
+            leakage_non_members=int(cfg.option("fedclf.leakage-non-members")),
         )
 
 
@@ -125,13 +127,15 @@ def leakage_metrics(
     remote: torch.Tensor | None,
     server_round: int,
     views: int = 0,
+    non_members: int = 0,
 ) -> dict:
     """``fedclf.leakage-audit`` (:mod:`fedderm.leakage`): the attack an honest-but-curious hospital
     could run this round, against this client.  Relayed features: this client's previous upload
     (relayed to the others this round) among the other clients' (Q_r, what it received itself);
     encoder: the global model just received; members: the training images of the upload's rows;
-    non-members: this client's held-out (val and test) images.  ``leakage-auc``, or nothing before
-    the first upload."""
+    non-members: this client's held-out (val and test) images, or with ``non_members`` > 0
+    (``fedclf.leakage-non-members``) a seeded sample of that many of them, the same every round.
+    ``leakage-auc``, or nothing before the first upload."""
     kept = client_state(context).tensors(RELAYED)
     if kept is None:
         return {}
@@ -143,6 +147,9 @@ def leakage_metrics(
             f"run-config key 'fedclf.leakage-audit': client {s.partition_id} has no held-out (val or "
             "test) images to serve as the audit's non-members"
         )
+    if 0 < non_members < len(held_out):
+        pick = torch.randperm(len(held_out), generator=torch.Generator().manual_seed(s.seed(0, salt=19)))
+        held_out = held_out[pick[:non_members]]
     relayed = kept["features"] if remote is None else torch.cat([kept["features"], remote])
     auc = audit(
         copy.deepcopy(model),
@@ -197,7 +204,9 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     if opts.feature_sharing and REMOTE in msg.content:
         remote = torch.from_numpy(values(msg.content[REMOTE]["features"]).astype(np.float32))
     audited = (
-        leakage_metrics(context, s, model, remote, server_round, opts.leakage_views)
+        leakage_metrics(
+            context, s, model, remote, server_round, opts.leakage_views, opts.leakage_non_members
+        )
         if opts.leakage_audit and opts.feature_sharing and not local
         else {}
     )

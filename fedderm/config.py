@@ -376,6 +376,8 @@ KEY_DOCS: dict[str, str] = {
     "its ROC-AUC per client in rounds.csv split `leakage-audit`",
     "fedclf.leakage-views": "the audit's augmented views per candidate image (smallest distance over the "
     "plain image and them); `0`: the plain image only",
+    "fedclf.leakage-non-members": "the audit's non-members per client: a seeded sample of this many of the "
+    "client's held-out (val + test) images, the same every round; `0`: all of them",
     "dp.mode": "model-update privacy of `fedavg`/`fedprox`: `off` | `server` (every update clipped to "
     "`dp.clip-norm`, Gaussian noise on the mean; docs/privacy.md)",
     "dp.clip-norm": 'C: L2 bound of every client\'s model update w_i − w_global (`dp.mode = "server"`)',
