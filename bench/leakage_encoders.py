@@ -1,9 +1,9 @@
 """Which encoder should the relay's membership attack use? (issue 20, docs/privacy.md "Which encoder").
 
 A direct FedCLF loop (the same ``fedderm.moco`` functions as ``clients/fedclf.py``, FedAvg of the
-replies, no Flower) on scikit-learn's bundled digits, 2 clients with ``--n-train`` training images
-and 400 held-out images each.  The upload of round ``--rounds`` (0: the initial upload, encoded by
-the global model itself) is attacked (:func:`fedderm.leakage.audit`) with
+replies, no Flower) on scikit-learn's bundled digits, 2 clients with ``--n-train`` training
+images and ``--held-out`` (400) held-out images each.  The upload of round ``--rounds`` (0: the
+initial upload, encoded by the global model itself) is attacked (:func:`fedderm.leakage.audit`) with
 
 - ``received``: the global model the client started the round from (for round 0: the very encoder
   that made the keys);
@@ -12,6 +12,8 @@ the global model itself) is attacked (:func:`fedderm.leakage.audit`) with
 
     python -m bench.leakage_encoders --rounds 0 --n-train 200 --epochs 1 --views 0,8,32
     python -m bench.leakage_encoders --rounds 3 --n-train 128 --epochs 5 --views 0,8
+    python -m bench.leakage_encoders --rounds 2 --n-train 90 --k 512 --epochs 6 --views 32 --sigmas 0 \
+        --encoders next --audit-batch 64 --held-out 809 --tint      # as a FedCLF run audits
 
 Prints one line per (encoder, client, σ, views) and the null standard deviation of the AUC.
 """
@@ -56,10 +58,14 @@ def fedavg(models: list) -> torch.nn.Module:
 def run(args) -> dict:
     torch.manual_seed(args.seed)
     images = digits16()
+    if args.tint:  # dataset="digits" with 2 sites: each image in its site's colour cast (fedderm.data.digits)
+        from fedderm.data.digits import load_digits_pool
+
+        images = load_digits_pool(16, sites=2, seed=0).images
     order = torch.randperm(len(images), generator=torch.Generator().manual_seed(args.seed))
     half = len(images) // 2
     sites = (images[order[:half]], images[order[half:]])
-    data = [(c[: args.n_train], c[args.n_train : args.n_train + 400]) for c in sites]
+    data = [(c[: args.n_train], c[args.n_train : args.n_train + args.held_out]) for c in sites]
     glob = build_moco("tiny-cnn", 16)
     banks = []
     for i, (train, _) in enumerate(data):
@@ -81,7 +87,10 @@ def run(args) -> dict:
             )  # fmt: skip
             replies.append(model)
         nxt = fedavg(replies)
-        encoders = [{"received": glob, "own": replies[i], "next": nxt} for i in range(len(data))]
+        encoders = [
+            {k: v for k, v in zip(("received", "own", "next"), (glob, replies[i], nxt)) if k in args.encoders}
+            for i in range(len(data))
+        ]
         glob = nxt
     out = {}
     for i, (train, held_out) in enumerate(data):
@@ -99,7 +108,7 @@ def run(args) -> dict:
                         held_out,
                         relayed,
                         views=v,
-                        batch_size=256,
+                        batch_size=args.audit_batch,
                         seed=args.seed,
                     )
         out[("sizes", i)] = (len(members), len(held_out))
@@ -116,9 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--views", default="0,8", help="fedclf.leakage-views values, comma-separated")
     p.add_argument("--sigmas", default="0,8", help="relay noise multipliers (clip 1), comma-separated")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--encoders", default="received,own,next", help="which encoders attack, comma-separated")
+    p.add_argument("--audit-batch", type=int, default=256, help="the audit's batch (BatchNorm statistics)")
+    p.add_argument("--held-out", type=int, default=400, help="held-out images (non-members) per client")
+    p.add_argument("--tint", action="store_true", help="the images of dataset=digits, 2 sites (colour casts)")
     args = p.parse_args(argv)
     args.views = [int(v) for v in args.views.split(",")]
     args.sigmas = [float(s) for s in args.sigmas.split(",")]
+    args.encoders = args.encoders.split(",")
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     out = run(args)
