@@ -59,7 +59,7 @@ _INTERNALS = (
     ("flwr.superlink.cli.flower_superlink", "flower_superlink"),
     ("flwr.supercore.object_store", "ObjectStoreFactory"),
     ("flwr.supercore.superexec.run_superexec", "time"),
-    ("flwr.supernode.start_client_internal", "_pull_and_store_message"),
+    ("flwr.supernode.start_client_internal", "pull_objects"),
     ("flwr.supercore.constant", "SQLITE_PRAGMAS"),
 )
 #: what Flower's SQLite link state sets on every connection (``SQLITE_PRAGMAS``): the WAL journal and
@@ -130,12 +130,13 @@ WOKEN_TASK_POLL = 1.0
 
 class _WakeableTime:
     """The ``time`` module of Flower's SuperExec loop, whose ``sleep`` ends as soon as the SuperNode
-    writes to the pipe ``fd`` (:func:`wake_superexec`: a message was received, its task created).
+    writes to the pipe ``fd`` (:func:`wake_superexec`: a message's header came, its task exists).
 
     The SuperExec then asks for tasks once per wake-up (and every :data:`WOKEN_TASK_POLL` s as a
-    fallback) instead of every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` s: a task is started as soon
-    as its message is complete, and an idle SuperExec does not poll its SuperNode 10-20 times a
-    second.  When the SuperNode is gone (end of file), ``sleep`` sleeps."""
+    fallback) instead of every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` s: a task's ClientApp is
+    forked as soon as the task exists (while the SuperNode still pulls the message's objects, as
+    with polling), and an idle SuperExec does not ask its SuperNode 10-20 times a second.  When
+    the SuperNode is gone (end of file), ``sleep`` sleeps."""
 
     def __init__(self, fd: int, fallback: float = WOKEN_TASK_POLL):
         self.fd, self.fallback = fd, fallback
@@ -175,17 +176,16 @@ def wake_superexec() -> None:
             _WAKE_FDS.remove(fd)
 
 
-def _waking_pull(pull_and_store):
-    """Flower's ``_pull_and_store_message`` followed by :func:`wake_superexec` when it stored a
-    message (every object pulled: the ClientApp forked next finds all of it at the SuperNode)."""
+def _waking_object_pull(pull_objects):
+    """Flower's ``pull_objects`` as the SuperNode's message loop calls it (right after it created
+    the message's task), preceded by :func:`wake_superexec`: the ClientApp is forked while the
+    SuperNode pulls the message's objects from the SuperLink."""
 
-    def pull_and_store_message(*args, **kwargs):
-        run_id = pull_and_store(*args, **kwargs)
-        if run_id is not None:
-            wake_superexec()
-        return run_id
+    def wake_then_pull_objects(*args, **kwargs):
+        wake_superexec()
+        return pull_objects(*args, **kwargs)
 
-    return pull_and_store_message
+    return wake_then_pull_objects
 
 
 class _ClampedTime:
@@ -662,7 +662,7 @@ def supernode_main(argv: list[str]) -> None:
 
     sci.time = _ClampedTime(interval)
     sci.subprocess = _SuperExecPopen(extra)
-    sci._pull_and_store_message = _waking_pull(sci._pull_and_store_message)
+    sci.pull_objects = _waking_object_pull(sci.pull_objects)
     sys.argv = ["fedderm-supernode", *argv]
     cli.flower_supernode()
 

@@ -171,10 +171,8 @@ def test_superexec_sleep_ends_when_the_supernode_wakes_it(monkeypatch):
     start = time.monotonic()
     clock.sleep(0.01)  # nothing to do: sleeps the fallback, not Flower's interval
     assert 0.25 < time.monotonic() - start < 2
-    pulls = iter([None, 123])
-    pull = launcher._waking_pull(lambda **kw: next(pulls))
-    assert pull(state="s") is None  # no message: no wake-up
-    assert pull(state="s") == 123  # a message stored: the SuperExec is woken
+    pull = launcher._waking_object_pull(lambda ids, pull_object_fn: {i: b"x" for i in ids})
+    assert pull(["a"], pull_object_fn=None) == {"a": b"x"}  # a task exists: the SuperExec is woken
     launcher.wake_superexec()  # two wake-ups pending: one sleep consumes both
     start = time.monotonic()
     clock.sleep(5)
