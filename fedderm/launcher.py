@@ -16,7 +16,8 @@ token, and changes three things, each through the narrowest hook the installed F
   check sits outside the app, so the shipped app cannot skip it.
 * ``fedderm-supernode`` (``python -m fedderm.launcher supernode``) is ``flower-supernode`` with
   its idle sleeps clamped to ``FEDDERM_POLL_INTERVAL`` (default 0.05 s) and its SuperExec
-  started as ``fedderm-superexec``.
+  started as ``fedderm-superexec``, which it wakes through a pipe when a message's task exists
+  (:class:`_WakeableTime`) instead of being asked for tasks 20 times a second.
 
 Only Flower internals verified for the versions in :data:`VERIFIED_FLOWER` are touched;
 :func:`check_flower_internals` names any that moved (tests/test_launcher.py runs it).
