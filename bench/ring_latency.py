@@ -33,7 +33,12 @@ PROBE = ROOT / "bench" / "ringprobe"
 
 
 def measure(
-    workdir: Path, launcher: str, hops: int, nodes: int, import_fedderm: bool, modes: str = "flower,fast,fedderm"
+    workdir: Path,
+    launcher: str,
+    hops: int,
+    nodes: int,
+    import_fedderm: bool,
+    modes: str = "flower,fast,fedderm",
 ) -> dict:
     """The ring probe's hop times on a fresh loopback federation, with the load average (1 min)
     before and after: on a shared machine the figures only compare at a similar load."""

@@ -87,7 +87,9 @@ def check_flower_internals() -> list[str]:
         except (ImportError, AttributeError):
             pass
     try:
-        pragmas = {k: str(v).upper() for k, v in importlib.import_module("flwr.supercore.constant").SQLITE_PRAGMAS}
+        pragmas = {
+            k: str(v).upper() for k, v in importlib.import_module("flwr.supercore.constant").SQLITE_PRAGMAS
+        }
         for key, value in _SQLITE_PRAGMAS:
             if pragmas.get(key) != value:
                 missing.append(f"flwr.supercore.constant.SQLITE_PRAGMAS ({key}={value})")

@@ -7,7 +7,6 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 
 
-
 def fedderm_packing(msg: Message, context: Context, call_next) -> Message:
     """fedderm's ``clients.transport.pack_mod`` for a message the ServerApp packed (mode
     ``fedderm``: :class:`strategies.fastpoll.FastPollGrid`, one ConfigRecord per message);
