@@ -22,7 +22,7 @@ from strategies.fastpoll import FastPollGrid
 from strategies.holdout import HoldoutGrid, finetune_holdout, holdout_nodes
 from strategies.nodes import SentTo, wait_for_nodes
 from strategies.screening import short_reason
-from wire import to_record
+from wire import ray_out_of_band, to_record
 
 app = ServerApp()
 HANDSHAKE_TIMEOUT = 1800.0
@@ -260,6 +260,9 @@ def run_plan(grid: Grid, cfg, method, recorder: RunRecorder) -> Path:
     infos = meet_clients(
         grid, wait_for_nodes(grid, cfg.min_clients + held_out, cfg.round_timeout), cfg, handshake_timeout
     )
+    # `flwr run` simulation: this process is also Ray's driver (up now that the clients answered), which
+    # sends every message to the ClientApp actors: Arrays out of band, as sim.py does (wire.py)
+    ray_out_of_band(only_in_ray=True)
     recorder.node_partitions = {nid: int(info["partition-id"]) for nid, info in infos.items()}
     held = holdout_nodes(cfg, infos)
     skipped = {

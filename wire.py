@@ -291,7 +291,8 @@ def ray_out_of_band(*, only_in_ray: bool = False) -> bool:
     back with one copy: the same fields and bytes.  Measured at ResNet-18 (44.7 MB) on 2 loaded
     cores, a message to an actor took 0.023 s instead of 0.108 s, model and control variates
     0.049 s instead of 0.227 s (docs/benchmarks.md).  The process that sends registers: the
-    simulation's driver (:func:`sim.simulate`) and every ClientApp actor (``client_app``).
+    simulation's driver (:func:`sim.simulate`; with ``flwr run`` the ServerApp, in the driver, after
+    its handshake) and every ClientApp actor (``client_app``).
 
     ``only_in_ray``: register only in a process where Ray is already initialised (a Ray worker),
     never importing Ray (a deployment's ClientApp).  Returns whether it registered."""

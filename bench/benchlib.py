@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+from fedderm import procs
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -59,24 +61,9 @@ def print_machine(info: dict | None = None) -> dict:
     return info
 
 
-def _children_map() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read().decode(errors="replace")
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        kids.setdefault(ppid, []).append(int(entry))
-    return kids
-
-
 def tree_rss(pid: int) -> int:
     """Bytes resident in ``pid`` and every descendant process (0 once it is gone)."""
-    kids, todo, total = _children_map(), [pid], 0
+    kids, todo, total = procs.children(), [pid], 0
     seen = set()
     while todo:
         p = todo.pop()

@@ -9,9 +9,11 @@ Starts the TLS + node-auth loopback federation of deploy/loopback.py twice:
   * fedderm's warm launcher (``python -m fedderm.launcher supernode``): forked pre-warmed
     ClientApps, every idle wait ``FEDDERM_POLL_INTERVAL`` (0.05 s);
 and in each runs bench/ringprobe, which passes an array around the ring one node at a time with
-Flower's ``Grid.send_and_receive`` (3 s between pulls) and with fedderm's
-``strategies.fastpoll.send_and_receive_fast`` (0.1 s, object pulls as fedderm's ServerApp).
-Prints the hop times of the four settings.
+Flower's ``Grid.send_and_receive`` (3 s between pulls), with fedderm's
+``strategies.fastpoll.send_and_receive_fast`` (0.1 s, object pulls as fedderm's ServerApp), and
+through fedderm's ``FastPollGrid`` (the same, each message packed into one ConfigRecord: how
+fedderm's ServerApp sends every deployed message, a ring hop of SiFT included).
+Prints the hop times of every setting.
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ from deploy.loopback import Loopback  # noqa: E402
 PROBE = ROOT / "bench" / "ringprobe"
 
 
-def measure(workdir: Path, launcher: str, hops: int, nodes: int, import_fedderm: bool) -> dict:
+def measure(
+    workdir: Path,
+    launcher: str,
+    hops: int,
+    nodes: int,
+    import_fedderm: bool,
+    modes: str = "flower,fast,fedderm",
+) -> dict:
     """The ring probe's hop times on a fresh loopback federation, with the load average (1 min)
     before and after: on a shared machine the figures only compare at a similar load."""
     load_before = os.getloadavg()[0]
@@ -42,7 +51,7 @@ def measure(workdir: Path, launcher: str, hops: int, nodes: int, import_fedderm:
             {
                 "hops": hops,
                 "min-nodes": nodes,
-                "modes": "flower,fast",
+                "modes": modes,
                 "import-fedderm": import_fedderm,
                 "out": str(out),
             },
@@ -89,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{'SuperNode side':<22} {'ServerApp side':<36} {'median':>7} {'mean':>7} {'min':>6} {'max':>6}"
         f" | mean of: {'pickup':>7} {'startup':>8} {'work':>6} {'return':>7}"
     )
-    names = {"flower": "Grid.send_and_receive (3 s pulls)", "fast": "send_and_receive_fast (0.1 s)"}
+    names = {
+        "flower": "Grid.send_and_receive (3 s pulls)",
+        "fast": "send_and_receive_fast (0.1 s)",
+        "fedderm": "FastPollGrid (0.1 s, packed)",
+    }
     for side, mode, m in rows:
         p = m.get("parts_mean_s", {})
         print(

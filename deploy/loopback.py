@@ -36,13 +36,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 APP_DIR = Path(__file__).resolve().parents[1]
 
 from deploy.make_certs import make_certs  # noqa: E402
+from fedderm import procs  # noqa: E402
 
 # The methods the loopback federation runs, with their extra run config.  Methods not (yet) in
 # this build's registry are skipped with a note, so a new method is one line here.
@@ -250,7 +250,7 @@ class Loopback:
     def processes(self) -> dict[int, str]:
         """pid -> command line of every live process this object started or that descends from
         one (found by the TAG_VAR its children inherit, so an orphan too)."""
-        return {pid: _cmdline(pid) for pid in _family([], [f"{self.tag}/"])}
+        return {pid: procs.cmdline(pid) for pid in _family([], [f"{self.tag}/"])}
 
     def __enter__(self) -> Loopback:
         return self
@@ -570,65 +570,30 @@ def check_results(outcome: RunOutcome, num_clients: int, rounds: int) -> list[st
 TAG_VAR = "FEDDERM_LOOPBACK"
 
 
-def _stat(pid: int) -> tuple[str, int, int, int] | None:
-    """(state, ppid, process group, start time in clock ticks) of ``pid``; None if it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "?"
-
-
 def _has_tag(pid: int, tags: list[str]) -> bool:
     """Whether ``pid``'s environment has ``TAG_VAR`` equal to a tag, or under a tag ending in /."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:  # gone, or another user's process
-        return False
-    prefix = f"{TAG_VAR}=".encode()
-    for entry in environ:
-        if entry.startswith(prefix):
-            value = entry[len(prefix) :].decode(errors="replace")
-            return any(value == t or (t.endswith("/") and value.startswith(t)) for t in tags)
-    return False
+    value = procs.environ_value(pid, TAG_VAR)
+    return value is not None and any(value == t or (t.endswith("/") and value.startswith(t)) for t in tags)
 
 
 def _family(popens: list[subprocess.Popen], tags: list[str], known=()) -> dict[int, int]:
     """Every live process of ``popens``' process groups, descended from them or from ``known``,
     or carrying one of ``tags``: pid -> start time (the pair names a process even if its pid is
     reused later).  Found in /proc before any signal, while the parent links still hold."""
-    table = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and (st := _stat(int(entry.name))) and st[0] != "Z":
-            table[int(entry.name)] = st
+    table = procs.table()
     leaders = {p.pid for p in popens}
-    roots = {pid for pid, st in table.items() if pid in leaders or st[2] in leaders or pid in known}
+    roots = {pid for pid, st in table.items() if pid in leaders or st.pgrp in leaders or pid in known}
     roots |= {pid for pid in table if tags and pid not in roots and _has_tag(pid, tags)}
-    children = defaultdict(list)
-    for pid, st in table.items():
-        children[st[1]].append(pid)
-    found, todo = set(), list(roots)
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, ()))
-    return {pid: table[pid][3] for pid in found}
+    found = roots | set(procs.descendants(roots, table))
+    return {pid: table[pid].start for pid in found}
 
 
 def _signal(family: dict[int, int], sig: int) -> dict[int, int]:
     """Send ``sig`` to every process of ``family`` still alive as itself; return those."""
     alive = {}
     for pid, started in family.items():
-        st = _stat(pid)
-        if st is None or st[0] == "Z" or st[3] != started:
+        st = procs.stat(pid)
+        if st is None or st.state == "Z" or st.start != started:
             continue
         try:
             os.kill(pid, sig)

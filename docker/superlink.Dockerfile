@@ -1,8 +1,11 @@
-# fedderm superlink image: Flower's official superlink image plus fedderm's dependencies.
+# fedderm superlink image: Flower's official superlink image plus fedderm's dependencies and
+# `fedderm-superlink` (flower-superlink with the messages' objects in memory and only the link
+# state in --database: docs/deploy.md).
 # Build from the repository root:  docker build -f docker/superlink.Dockerfile -t fedderm-superlink .
 # Why: the ServerApp runs inside this container (isolation subprocess): it needs
 # fedderm's dependencies (torch, ...), and writes results to /app/fedderm-results.
-# The app code itself is not in the image: `flwr run` ships it (the FAB) with every run.
+# The app code itself is not in the image: `flwr run` ships it (the FAB) with every run; the image
+# installs only the `fedderm` core package, for fedderm-superlink.
 #
 # FLWR_TAG: an Ubuntu variant (PyTorch has no wheels for the Alpine default tags); its flwr must
 # satisfy pyproject.toml's range (checked below).  BASE_IMAGE: Flower's image by default; a host
@@ -21,11 +24,16 @@ RUN python /app/build/requirements.py /app/build/pyproject.toml > /app/build/req
     && python -m pip install --no-cache-dir ${PIP_ARGS} -r /app/build/requirements.txt \
     && python /app/build/requirements.py --check /app/build/pyproject.toml
 
-RUN rm -rf /app/build && mkdir -p /app/state /app/fedderm-results
+# fedderm's core package (fedderm-superlink), without dependencies: they are all installed above
+COPY --chown=app:app README.md /app/build/
+COPY --chown=app:app fedderm /app/build/fedderm
+RUN python -m pip install --no-cache-dir --no-deps ${PIP_ARGS} /app/build \
+    && rm -rf /app/build && mkdir -p /app/state /app/fedderm-results \
+    && command -v fedderm-superlink
 
 # Apps run with the dependencies installed above, never a `uv sync` at run time.
 ENV FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 \
     FLWR_TELEMETRY_ENABLED=0 \
     FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1
 
-ENTRYPOINT ["flower-superlink"]
+ENTRYPOINT ["fedderm-superlink"]

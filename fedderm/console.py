@@ -15,6 +15,8 @@ import sys
 import warnings
 from collections.abc import Callable
 
+from . import procs
+
 #: Flower log lines that repeat every round or say nothing a user acts on (dropped without --verbose)
 NOISE = re.compile(
     "|".join(
@@ -71,29 +73,10 @@ def setup(verbose: bool = False, stream=None) -> None:
     logging.getLogger("ray").setLevel(logging.ERROR)
 
 
-def _descendants(pid: int) -> list[int]:
-    """The processes below ``pid`` (Linux ``/proc``; elsewhere none)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def stop_children() -> None:
     """SIGKILL every process this one started (Ray's GCS, raylet, agents, workers), so that none
     outlives an interrupted run."""
-    for pid in _descendants(os.getpid()):
+    for pid in procs.descendants(os.getpid()):
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:

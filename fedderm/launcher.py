@@ -16,7 +16,8 @@ token, and changes three things, each through the narrowest hook the installed F
   check sits outside the app, so the shipped app cannot skip it.
 * ``fedderm-supernode`` (``python -m fedderm.launcher supernode``) is ``flower-supernode`` with
   its idle sleeps clamped to ``FEDDERM_POLL_INTERVAL`` (default 0.05 s) and its SuperExec
-  started as ``fedderm-superexec``.
+  started as ``fedderm-superexec``, which it wakes through a pipe when a message's task exists
+  (:class:`_WakeableTime`) instead of being asked for tasks 20 times a second.
 
 Only Flower internals verified for the versions in :data:`VERIFIED_FLOWER` are touched;
 :func:`check_flower_internals` names any that moved (tests/test_launcher.py runs it).
@@ -58,7 +59,13 @@ _INTERNALS = (
     ("flwr.superlink.config_loader", "LinkStateFactory"),
     ("flwr.superlink.cli.flower_superlink", "flower_superlink"),
     ("flwr.supercore.object_store", "ObjectStoreFactory"),
+    ("flwr.supercore.superexec.run_superexec", "time"),
+    ("flwr.supernode.start_client_internal", "pull_objects"),
+    ("flwr.supercore.constant", "SQLITE_PRAGMAS"),
 )
+#: what Flower's SQLite link state sets on every connection (``SQLITE_PRAGMAS``): the WAL journal and
+#: ``synchronous=NORMAL`` (no fsync per commit; docs/deploy.md "The SuperLink's database file")
+_SQLITE_PRAGMAS = (("journal_mode", "WAL"), ("synchronous", "NORMAL"))
 
 
 def check_flower_internals() -> list[str]:
@@ -79,6 +86,15 @@ def check_flower_internals() -> list[str]:
                 )
         except (ImportError, AttributeError):
             pass
+    try:
+        pragmas = {
+            k: str(v).upper() for k, v in importlib.import_module("flwr.supercore.constant").SQLITE_PRAGMAS
+        }
+        for key, value in _SQLITE_PRAGMAS:
+            if pragmas.get(key) != value:
+                missing.append(f"flwr.supercore.constant.SQLITE_PRAGMAS ({key}={value})")
+    except (ImportError, AttributeError, TypeError, ValueError):
+        pass
     return missing
 
 
@@ -109,6 +125,70 @@ def fast_object_pulls(interval: float | None = None) -> None:
     for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
         fn.__kwdefaults__["initial_backoff"] = interval
         fn.__kwdefaults__["backoff_cap"] = 4 * interval
+
+
+#: the SuperExec's task poll when the SuperNode wakes it (:class:`_WakeableTime`): only a fallback
+WOKEN_TASK_POLL = 1.0
+
+
+class _WakeableTime:
+    """The ``time`` module of Flower's SuperExec loop, whose ``sleep`` ends as soon as the SuperNode
+    writes to the pipe ``fd`` (:func:`wake_superexec`: a message's header came, its task exists).
+
+    The SuperExec then asks for tasks once per wake-up (and every :data:`WOKEN_TASK_POLL` s as a
+    fallback) instead of every ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` s: a task's ClientApp is
+    forked as soon as the task exists (while the SuperNode still pulls the message's objects, as
+    with polling), and an idle SuperExec does not ask its SuperNode 10-20 times a second.  When
+    the SuperNode is gone (end of file), ``sleep`` sleeps."""
+
+    def __init__(self, fd: int, fallback: float = WOKEN_TASK_POLL):
+        self.fd, self.fallback = fd, fallback
+
+    def sleep(self, seconds: float) -> None:
+        import select
+
+        if self.fd < 0:
+            _time.sleep(seconds)
+            return
+        ready, _, _ = select.select([self.fd], [], [], max(seconds, self.fallback))
+        if ready:
+            try:
+                data = os.read(self.fd, 4096)  # every pending wake-up: one AcquireTask serves them
+            except BlockingIOError:
+                data = b"x"
+            if not data:  # the SuperNode closed its end
+                os.close(self.fd)
+                self.fd = -1
+
+    def __getattr__(self, name):
+        return getattr(_time, name)
+
+
+#: write ends of the pipes to the SuperExecs this SuperNode started (:class:`_SuperExecPopen`)
+_WAKE_FDS: list[int] = []
+
+
+def wake_superexec() -> None:
+    """Tell this SuperNode's SuperExec that a task is waiting (a byte on its wake-up pipe)."""
+    for fd in list(_WAKE_FDS):
+        try:
+            os.write(fd, b"x")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups the SuperExec has not read yet: it will ask anyway
+        except OSError:  # the SuperExec is gone
+            _WAKE_FDS.remove(fd)
+
+
+def _waking_object_pull(pull_objects):
+    """Flower's ``pull_objects`` as the SuperNode's message loop calls it (right after it created
+    the message's task), preceded by :func:`wake_superexec`: the ClientApp is forked while the
+    SuperNode pulls the message's objects from the SuperLink."""
+
+    def wake_then_pull_objects(*args, **kwargs):
+        wake_superexec()
+        return pull_objects(*args, **kwargs)
+
+    return wake_then_pull_objects
 
 
 class _ClampedTime:
@@ -519,6 +599,7 @@ def superexec_main(argv: list[str]) -> None:
     """``fedderm-superexec``: ``flower-superexec`` arguments plus ``--allow-list FILE``."""
     argv = list(argv)
     allowed, source = _allow_list_from(argv)
+    wake_fd = _pop_option(argv, "--wake-fd")
     interval = poll_interval()
     os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", str(max(interval, 0.01)))
     fast_object_pulls(interval)
@@ -528,6 +609,8 @@ def superexec_main(argv: list[str]) -> None:
     rs = importlib.import_module("flwr.supercore.superexec.run_superexec")
 
     rs.get_executor = lambda *a, **k: ForkExecutor(allowed, source)
+    if wake_fd is not None:
+        rs.time = _WakeableTime(int(wake_fd))
     if allowed is not None:
         _log.warning("fedderm launcher: only app bundles on %s (%d hashes) will run", source, len(allowed))
     sys.argv = ["fedderm-superexec", *argv]
@@ -543,9 +626,25 @@ class _SuperExecPopen:
         self._subprocess, self.extra = subprocess, extra
 
     def Popen(self, command, *args, **kwargs):  # noqa: N802 - mirrors subprocess.Popen
-        if command and command[0] == "flower-superexec":
-            command = [sys.executable, "-m", "fedderm.launcher", "superexec", *command[1:], *self.extra]
-        return self._subprocess.Popen(command, *args, **kwargs)
+        if not command or command[0] != "flower-superexec":
+            return self._subprocess.Popen(command, *args, **kwargs)
+        # a pipe on which the SuperNode wakes its SuperExec when a task waits (_WakeableTime)
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        command = [
+            sys.executable, "-m", "fedderm.launcher", "superexec", *command[1:], *self.extra,
+            "--wake-fd", str(read_fd),
+        ]  # fmt: skip
+        kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), read_fd)
+        try:
+            popen = self._subprocess.Popen(command, *args, **kwargs)
+        except BaseException:
+            os.close(write_fd)
+            raise
+        finally:
+            os.close(read_fd)
+        _WAKE_FDS.append(write_fd)
+        return popen
 
     def __getattr__(self, name):
         return getattr(self._subprocess, name)
@@ -566,6 +665,7 @@ def supernode_main(argv: list[str]) -> None:
 
     sci.time = _ClampedTime(interval)
     sci.subprocess = _SuperExecPopen(extra)
+    sci.pull_objects = _waking_object_pull(sci.pull_objects)
     sys.argv = ["fedderm-supernode", *argv]
     cli.flower_supernode()
 

@@ -20,6 +20,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid
 
 from deploy.make_certs import make_certs
+from fedderm import procs
 from fedderm.node import NodeConfigError, parse_node_config
 from strategies.fastpoll import FastPollGrid, send_and_receive_fast
 
@@ -377,26 +378,13 @@ def test_compose_files_validate_with_the_compose_cli():
 
 # -- processes ------------------------------------------------------------------------------
 def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    st = procs.stat(pid)
+    return st is not None and st.state != "Z"
 
 
 def _group_members(pgids: set[int]) -> list[str]:
     """Live processes whose process group is one of ``pgids`` (what Loopback started)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z" and int(fields[2]) in pgids:
-                cmdline = (entry / "cmdline").read_bytes().replace(bytes(1), b" ")[:200]
-                found.append(f"{entry.name}: {cmdline!r}")
-    return found
+    return [f"{pid}: {procs.cmdline(pid, 200)!r}" for pid, st in procs.table().items() if st.pgrp in pgids]
 
 
 def test_stop_ends_the_whole_process_group(tmp_path):

@@ -136,15 +136,17 @@ def test_no_allow_list_approves_everything(monkeypatch):
     assert installed == [b"any"]
 
 
-def test_superexec_popen_is_redirected_to_the_launcher():
+def test_superexec_popen_is_redirected_to_the_launcher_with_a_wake_up_pipe(monkeypatch):
+    monkeypatch.setattr(launcher, "_WAKE_FDS", [])
     popen = launcher._SuperExecPopen(["--allow-list", "/x"])
     seen = []
     popen._subprocess = type(
-        "S", (), {"Popen": staticmethod(lambda cmd, *a, **k: seen.append(cmd)), "PIPE": -1}
+        "S", (), {"Popen": staticmethod(lambda cmd, *a, **k: seen.append((cmd, k))), "PIPE": -1}
     )()
     popen.Popen(["flower-superexec", "--insecure", "--runtime-api-address", "127.0.0.1:1"])
     popen.Popen(["other", "x"])
-    assert seen[0] == [
+    command, kwargs = seen[0]
+    assert command[:-2] == [
         sys.executable,
         "-m",
         "fedderm.launcher",
@@ -155,7 +157,37 @@ def test_superexec_popen_is_redirected_to_the_launcher():
         "--allow-list",
         "/x",
     ]
-    assert seen[1] == ["other", "x"] and popen.PIPE == -1
+    assert command[-2] == "--wake-fd" and kwargs["pass_fds"] == (int(command[-1]),)
+    assert seen[1] == (["other", "x"], {}) and popen.PIPE == -1
+    (write_fd,) = launcher._WAKE_FDS
+    os.close(write_fd)  # (the read end was closed after the start, as in the SuperNode)
+
+
+def test_superexec_sleep_ends_when_the_supernode_wakes_it(monkeypatch):
+    """The SuperExec's task poll sleeps until the SuperNode stored a message (or the fallback)."""
+    read_fd, write_fd = os.pipe()
+    monkeypatch.setattr(launcher, "_WAKE_FDS", [write_fd])
+    clock = launcher._WakeableTime(read_fd, fallback=0.3)
+    start = time.monotonic()
+    clock.sleep(0.01)  # nothing to do: sleeps the fallback, not Flower's interval
+    assert 0.25 < time.monotonic() - start < 2
+    pull = launcher._waking_object_pull(lambda ids, pull_object_fn: {i: b"x" for i in ids})
+    assert pull(["a"], pull_object_fn=None) == {"a": b"x"}  # a task exists: the SuperExec is woken
+    launcher.wake_superexec()  # two wake-ups pending: one sleep consumes both
+    start = time.monotonic()
+    clock.sleep(5)
+    assert time.monotonic() - start < 0.2
+    start = time.monotonic()
+    clock.sleep(0.01)
+    assert time.monotonic() - start > 0.25  # both consumed
+    os.close(write_fd)  # the SuperNode is gone: plain sleeps from now on
+    clock.sleep(0.01)
+    assert clock.fd == -1
+    start = time.monotonic()
+    clock.sleep(0.05)
+    assert 0.04 < time.monotonic() - start < 0.25
+    launcher.wake_superexec()  # writing to a closed pipe drops it
+    assert launcher._WAKE_FDS == []
 
 
 def test_install_guard_unpacks_an_approved_bundle_once(monkeypatch, tmp_path):
@@ -342,3 +374,32 @@ def test_superlink_keeps_objects_in_memory_and_its_link_state_in_the_database_fi
     assert db.is_file()
     objects, _ = factories(":flwr-in-memory:", NoOpFederationManager())
     assert isinstance(objects.store(), InMemoryObjectStore) and not (tmp_path / ":flwr-in-memory:").exists()
+
+
+def test_superlink_database_file_is_in_wal_mode_and_keeps_registrations_across_a_restart(tmp_path):
+    """``fedderm-superlink --database FILE``: Flower's SQLite link state opens FILE with the WAL
+    journal and ``synchronous=NORMAL`` (read back from the file and the connection), and a node
+    registered before a restart is there after it (a new link state on the same FILE)."""
+    import sqlite3
+
+    from flwr.superlink import main as superlink_main
+    from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
+
+    saved = superlink_main.get_objectstore_linkstate_factories
+    try:
+        launcher.objects_in_memory()
+        factories = superlink_main.get_objectstore_linkstate_factories
+        db = tmp_path / "superlink.db"
+        _, links = factories(str(db), NoOpFederationManager())
+        state = links.state()
+        node_id = state.create_node("owner-aid", "owner-name", b"public-key-a", 30.0)
+        with state._engine.connect() as conn:  # the link state's own connection: Flower's pragmas
+            assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        state._engine.dispose()  # the SuperLink stops
+        with sqlite3.connect(db) as conn:  # WAL is a property of the file: any reader sees it
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        _, restarted = superlink_main.get_objectstore_linkstate_factories(str(db), NoOpFederationManager())
+        assert restarted.state().get_node_id_by_public_key(b"public-key-a") == node_id
+    finally:
+        superlink_main.get_objectstore_linkstate_factories = saved

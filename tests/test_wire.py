@@ -283,3 +283,26 @@ def test_ray_moves_arrays_out_of_band_with_the_same_fields_and_bytes():
         assert isinstance(got.data, bytes) and got.data == array.data, key
         assert np.array_equal(wire.values(got), wire.values(array)), key
     assert back["config"]["server-round"] == 2
+
+
+def test_the_server_app_registers_the_out_of_band_serializer_where_ray_runs(monkeypatch, tmp_path):
+    """A `flwr run` simulation's ServerApp runs in Ray's driver process (it sends the messages to the
+    ClientApp actors): after the handshake it registers wire.ray_out_of_band, as sim.py does; in a
+    process without Ray (a deployment's ServerApp) nothing is registered."""
+    ray = pytest.importorskip("ray")
+    from loop_grid import TINY_RUN, run_app
+    from ray import cloudpickle
+
+    saved = cloudpickle.CloudPickler.dispatch.pop(Array, None)  # a simulation earlier in this process
+    try:
+        overrides = {**TINY_RUN, "num-server-rounds": 1, "output-dir": str(tmp_path / "a")}
+        run_app(overrides)
+        assert Array not in cloudpickle.CloudPickler.dispatch  # Ray not initialised here
+        monkeypatch.setattr(ray, "is_initialized", lambda: True)
+        run_app({**overrides, "output-dir": str(tmp_path / "b")})
+        assert cloudpickle.CloudPickler.dispatch.get(Array) is not None
+    finally:
+        if saved is None:
+            cloudpickle.CloudPickler.dispatch.pop(Array, None)
+        else:
+            cloudpickle.CloudPickler.dispatch[Array] = saved

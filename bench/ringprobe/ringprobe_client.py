@@ -6,7 +6,19 @@ import time
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-app = ClientApp()
+
+def fedderm_packing(msg: Message, context: Context, call_next) -> Message:
+    """fedderm's ``clients.transport.pack_mod`` for a message the ServerApp packed (mode
+    ``fedderm``: :class:`strategies.fastpoll.FastPollGrid`, one ConfigRecord per message);
+    anything else passes as it is, without importing fedderm."""
+    if msg.has_content() and "fedderm-packed" in msg.content.config_records:
+        from clients.transport import pack_mod
+
+        return pack_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+app = ClientApp(mods=[fedderm_packing])
 
 
 def process_start_time() -> float:

@@ -7,7 +7,11 @@ hop splits into ``pickup`` (push -> ClientApp process started: SuperNode + Super
 ``startup`` (process start -> handler: Python/Flower/torch imports), ``work`` (the handler) and
 ``return`` (reply -> ServerApp has it: SuperNode reply push + ServerApp polling).  Each mode in
 ``modes`` does ``hops`` hops: ``flower`` with Flower's ``Grid.send_and_receive`` (HttpGrid pulls
-every 3 s), ``fast`` with fedderm's ``strategies.fastpoll.send_and_receive_fast`` (0.1 s).
+every 3 s), ``fast`` with fedderm's ``strategies.fastpoll.send_and_receive_fast`` (0.1 s), and
+``fedderm`` through fedderm's own :class:`strategies.fastpoll.FastPollGrid`, as fedderm's
+ServerApp sends every deployed message: ``send_and_receive_fast`` with each message packed into
+one ConfigRecord (3 objects per message instead of 6 here; the ClientApp unpacks it with
+fedderm's ``pack_mod`` and packs its reply the same way).
 """
 
 import json
@@ -34,7 +38,13 @@ def _exchange(mode: str):
         fast_object_pulls()  # as fedderm's ServerApp does in a deployment
 
         return send_and_receive_fast
-    raise ValueError(f"unknown mode {mode!r}: use flower or fast")
+    if mode == "fedderm":
+        from fedderm.launcher import fast_object_pulls
+        from strategies.fastpoll import FastPollGrid
+
+        fast_object_pulls()
+        return lambda grid, msgs, timeout: FastPollGrid(grid).send_and_receive(msgs, timeout=timeout)
+    raise ValueError(f"unknown mode {mode!r}: use flower, fast or fedderm")
 
 
 @app.main()
