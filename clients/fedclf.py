@@ -204,9 +204,7 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     if opts.feature_sharing and REMOTE in msg.content:
         remote = torch.from_numpy(values(msg.content[REMOTE]["features"]).astype(np.float32))
     audited = (
-        leakage_metrics(
-            context, s, model, remote, server_round, opts.leakage_views, opts.leakage_non_members
-        )
+        leakage_metrics(context, s, model, remote, server_round, opts.leakage_views, opts.leakage_non_members)
         if opts.leakage_audit and opts.feature_sharing and not local
         else {}
     )
