@@ -36,7 +36,13 @@ step() {  # step NAME SECONDS LOGFILE COMMAND...
 }
 
 {
-    echo "fedderm GPU session, mode $MODE, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null)"
+    # the commit only where the files are that commit's (a copied working tree may carry a stale .git)
+    if commit=$(git rev-parse --short HEAD 2>/dev/null) && git diff --quiet HEAD 2>/dev/null; then
+        where="commit $commit"
+    else
+        where="commit unknown (no .git, or the files differ from its HEAD ${commit:-}: name the commit yourself)"
+    fi
+    echo "fedderm GPU session, mode $MODE, $(date -u +%FT%TZ), $where"
     python -c "import torch; print('torch', torch.__version__, '· CUDA', torch.version.cuda, '· available', torch.cuda.is_available())"
 } >>"$SESSION" 2>&1
 
