@@ -26,8 +26,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python bench/ring_latency.py` as well as `python -m bench.ring_latency`
-    sys.path.insert(0, str(ROOT))
 
 from deploy.loopback import Loopback  # noqa: E402
 
