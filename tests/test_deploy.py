@@ -268,7 +268,8 @@ def test_docker_images_install_exactly_the_declared_dependencies():
             assert req == dep.replace("[simulation]", "")
         else:
             assert req == dep
-    entrypoints = {"superlink": "flower-superlink", "supernode": "fedderm-supernode"}  # the warm launcher
+    # fedderm's own entry points: objects in the SuperLink's memory; the warm launcher at the hospitals
+    entrypoints = {"superlink": "fedderm-superlink", "supernode": "fedderm-supernode"}
     for role in ("superlink", "supernode"):
         text = (ROOT / "docker" / f"{role}.Dockerfile").read_text()
         # Flower's official image is the default base; docker/test.sh passes a locally made one
@@ -277,6 +278,9 @@ def test_docker_images_install_exactly_the_declared_dependencies():
         assert "requirements.py /app/build/pyproject.toml > /app/build/requirements.txt" in text
         assert "-r /app/build/requirements.txt" in text and "requirements.py --check" in text
         assert f'ENTRYPOINT ["{entrypoints[role]}"]' in text
+        # the entry point is fedderm's core package, installed without dependencies (all above)
+        assert "COPY --chown=app:app fedderm /app/build/fedderm" in text
+        assert "pip install --no-cache-dir --no-deps ${PIP_ARGS} /app/build" in text
     assert set((ROOT / ".dockerignore").read_text().split()) >= {
         "*",
         "!pyproject.toml",
