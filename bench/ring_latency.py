@@ -27,6 +27,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+if __name__ == "__main__" and not __package__:
+    # run as a file (python bench/ring_latency.py): run it again as the module from this checkout,
+    # the folder and arguments unchanged (deploy/ is a folder of the checkout, not an installed package)
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    os.execve(
+        sys.executable,
+        [sys.executable, "-m", "bench.ring_latency", *sys.argv[1:]],
+        {**os.environ, "PYTHONPATH": pythonpath},
+    )
+
 from deploy.loopback import Loopback  # noqa: E402
 
 PROBE = ROOT / "bench" / "ringprobe"

@@ -191,8 +191,10 @@ class Loopback:
                 "MKL_NUM_THREADS": "1",
             }
         )
-        if self.fast_superexec:
-            # Flower's SuperExec checks for new work every 1 s by default (0.01-60 s allowed)
+        if self.fast_superexec and home != "superlink":
+            # Flower's SuperExec checks for new work every 1 s by default (0.01-60 s allowed); the
+            # SuperLink's own SuperExec only starts a run's ServerApp: its 1 s poll (10 requests a
+            # second less at the SuperLink) delays a run's start by at most 1 s
             env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = "0.1"
         (self.workdir / "homes" / home).mkdir(parents=True, exist_ok=True)
         return env

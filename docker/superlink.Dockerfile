@@ -31,9 +31,9 @@ RUN python -m pip install --no-cache-dir --no-deps ${PIP_ARGS} /app/build \
     && rm -rf /app/build && mkdir -p /app/state /app/fedderm-results \
     && command -v fedderm-superlink
 
-# Apps run with the dependencies installed above, never a `uv sync` at run time.
+# Apps run with the dependencies installed above, never a `uv sync` at run time.  The SuperLink's
+# SuperExec keeps Flower's 1 s task poll: it only starts a run's ServerApp.
 ENV FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 \
-    FLWR_TELEMETRY_ENABLED=0 \
-    FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1
+    FLWR_TELEMETRY_ENABLED=0
 
 ENTRYPOINT ["fedderm-superlink"]

@@ -62,6 +62,7 @@ _INTERNALS = (
     ("flwr.supercore.superexec.run_superexec", "time"),
     ("flwr.supernode.start_client_internal", "pull_objects"),
     ("flwr.supercore.constant", "SQLITE_PRAGMAS"),
+    ("flwr.common.constant", "SUPERLINK_NODE_ID"),
 )
 #: what Flower's SQLite link state sets on every connection (``SQLITE_PRAGMAS``): the WAL journal and
 #: ``synchronous=NORMAL`` (no fsync per commit; docs/deploy.md "The SuperLink's database file")
@@ -77,6 +78,13 @@ def check_flower_internals() -> list[str]:
                 missing.append(f"{module}.{attr}")
         except ImportError:
             missing.append(f"{module} (module)")
+    try:  # what HeldPulls wraps on the SuperLink's link state
+        linkstate = importlib.import_module("flwr.server.superlink.linkstate").LinkState
+        for method in ("get_message_ins", "store_message_ins", "store_message_and_object_tree"):
+            if not callable(getattr(linkstate, method, None)):
+                missing.append(f"flwr.server.superlink.linkstate.LinkState.{method}")
+    except (ImportError, AttributeError):
+        missing.append("flwr.server.superlink.linkstate.LinkState")
     for fn_name in ("pull_objects", "pull_and_inflate_object_from_tree"):
         try:
             fn = getattr(importlib.import_module("flwr.supercore.inflatable.inflatable_utils"), fn_name)
@@ -704,11 +712,134 @@ def objects_in_memory() -> None:
     superlink_main.get_objectstore_linkstate_factories = factories
 
 
+#: how long the SuperLink holds a SuperNode's pull when no message is waiting (``FEDDERM_PULL_HOLD``)
+DEFAULT_PULL_HOLD = 1.0
+#: at most this many pulls held at once: each holds one of the SuperLink's 40 request threads
+MAX_HELD_PULLS = 16
+
+
+def pull_hold() -> float:
+    """``FEDDERM_PULL_HOLD`` in seconds (default 1; 0 answers every pull at once, as Flower)."""
+    raw = os.environ.get("FEDDERM_PULL_HOLD", "")
+    try:
+        value = float(raw) if raw else DEFAULT_PULL_HOLD
+    except ValueError:
+        raise SystemExit(f"fedderm-superlink: FEDDERM_PULL_HOLD={raw!r} is not a number of seconds") from None
+    if not 0 <= value <= 10:
+        raise SystemExit(f"fedderm-superlink: FEDDERM_PULL_HOLD={value} must be in [0, 10] seconds")
+    return value
+
+
+class HeldPulls:
+    """Long polling of the Fleet API's PullMessages, inside the SuperLink's link state.
+
+    An idle SuperNode asks for a message every ``FEDDERM_POLL_INTERVAL`` (0.05 s): 20 TLS requests
+    a second per hospital, each authenticated and answered from SQLite, which on two cores took
+    ~40 % of a core at the SuperLink while nothing happened (docs/deploy.md).  Here a pull that
+    finds nothing waits up to ``hold`` seconds for a message to be stored (any node's: the pull
+    then asks again) before it answers "nothing", so an idle SuperNode asks about once per
+    ``hold`` and a new message is delivered as soon as it is stored.  The SuperNode is unchanged
+    (Flower's SuperNode, too, gets its messages sooner).  At most ``max_held`` pulls wait at once
+    (each holds a request thread); beyond that a pull answers at once, as in Flower.
+    """
+
+    def __init__(self, hold: float, max_held: int = MAX_HELD_PULLS):
+        import threading
+
+        self.hold = hold
+        self.stored = 0  # messages stored so far (a counter, so that no wake-up is lost)
+        self._cond = threading.Condition()
+        self._slots = threading.BoundedSemaphore(max_held)
+
+    def wrap(self, state):
+        """Hold ``state``'s pulls of a SuperNode's messages; returns ``state``."""
+        from flwr.common.constant import SUPERLINK_NODE_ID
+
+        get_message_ins, store_message_ins = state.get_message_ins, state.store_message_ins
+        store_with_tree = state.store_message_and_object_tree
+
+        def stored() -> None:
+            with self._cond:
+                self.stored += 1
+                self._cond.notify_all()
+
+        def store(message):
+            message_id = store_message_ins(message)
+            if message_id is not None:
+                stored()
+            return message_id
+
+        def store_and_tree(message, object_tree, session_id):
+            # the ServerApp's push: its transaction is committed when this returns (the wake-up
+            # from store_message_ins inside it may come before the row is visible)
+            result = store_with_tree(message, object_tree, session_id)
+            if result[0] and not message.metadata.reply_to_message_id:
+                stored()
+            return result
+
+        def get(node_id, limit, *, run_id=None):
+            with self._cond:
+                seen = self.stored
+            messages = get_message_ins(node_id, limit, run_id=run_id)
+            # the ServerApp's own pulls (SUPERLINK_NODE_ID, a run_id) are answered at once
+            if messages or node_id == SUPERLINK_NODE_ID or run_id is not None or self.hold <= 0:
+                return messages
+            if not self._slots.acquire(blocking=False):
+                return messages
+            try:
+                deadline = _time.monotonic() + self.hold
+                while not messages:
+                    with self._cond:
+                        while self.stored == seen:
+                            left = deadline - _time.monotonic()
+                            if left <= 0:
+                                return messages
+                            self._cond.wait(left)
+                        seen = self.stored
+                    messages = get_message_ins(node_id, limit, run_id=run_id)
+                return messages
+            finally:
+                self._slots.release()
+
+        state.store_message_ins, state.get_message_ins = store, get
+        state.store_message_and_object_tree = store_and_tree
+        return state
+
+
+def hold_pulls(hold: float | None = None) -> None:
+    """Make the SuperLink's link state (file or ``:flwr-in-memory:``) hold idle pulls (:class:`HeldPulls`)."""
+    hold = pull_hold() if hold is None else hold
+    if hold <= 0:
+        return
+    from flwr.superlink import main as superlink_main
+
+    held = HeldPulls(hold)
+    factories = superlink_main.get_objectstore_linkstate_factories
+
+    def held_factories(database: str, federation_manager):
+        objects, links = factories(database, federation_manager)
+        make_state = links.state
+        wrapped = []
+
+        def state():
+            instance = make_state()
+            if not wrapped:  # Flower's factory makes one instance and returns it every time
+                wrapped.append(held.wrap(instance))
+            return instance
+
+        links.state = state
+        return objects, links
+
+    superlink_main.get_objectstore_linkstate_factories = held_factories
+
+
 def superlink_main_(argv: list[str]) -> None:
-    """``fedderm-superlink``: ``flower-superlink`` (same options) with :func:`objects_in_memory`."""
+    """``fedderm-superlink``: ``flower-superlink`` (same options) with :func:`objects_in_memory`
+    and :func:`hold_pulls`."""
     from flwr.superlink.cli.flower_superlink import flower_superlink
 
     objects_in_memory()
+    hold_pulls()
     sys.argv = ["flower-superlink", *argv]
     flower_superlink()
 

@@ -403,3 +403,144 @@ def test_superlink_database_file_is_in_wal_mode_and_keeps_registrations_across_a
         assert restarted.state().get_node_id_by_public_key(b"public-key-a") == node_id
     finally:
         superlink_main.get_objectstore_linkstate_factories = saved
+
+
+class _FakeLinkState:
+    """The three link-state methods HeldPulls wraps: instructions per node, stored by the ServerApp."""
+
+    def __init__(self):
+        import threading
+
+        self.waiting: dict[int, list[str]] = {}
+        self.lock = threading.Lock()
+        self.queries = 0
+
+    def get_message_ins(self, node_id, limit, *, run_id=None):
+        with self.lock:
+            self.queries += 1
+            return [self.waiting.pop(node_id)] if node_id in self.waiting else []
+
+    def store_message_ins(self, message):
+        node_id, text = message
+        with self.lock:
+            self.waiting[node_id] = text
+        return text
+
+    def store_message_and_object_tree(self, message, object_tree, session_id):
+        return self.store_message_ins((message.node_id, message.text)) is not None, []
+
+
+def _held(hold: float, max_held: int = 16) -> _FakeLinkState:
+    return launcher.HeldPulls(hold, max_held).wrap(_FakeLinkState())
+
+
+def _pull_in_thread(state, node_id: int) -> tuple:
+    import threading
+
+    result: dict = {}
+
+    def pull():
+        start = time.monotonic()
+        result["messages"] = state.get_message_ins(node_id=node_id, limit=1)
+        result["seconds"] = time.monotonic() - start
+
+    thread = threading.Thread(target=pull)
+    thread.start()
+    return thread, result
+
+
+def test_held_pull_answers_nothing_after_the_hold_and_a_waiting_message_at_once():
+    state = _held(1.5)
+    start = time.monotonic()
+    assert state.get_message_ins(node_id=7, limit=1) == []
+    assert 1.45 <= time.monotonic() - start < 5.0
+    state.store_message_ins((7, "train"))
+    start = time.monotonic()
+    assert state.get_message_ins(node_id=7, limit=1) == ["train"]
+    assert time.monotonic() - start < 1.0
+
+
+@pytest.mark.parametrize("push", ["store_message_ins", "store_message_and_object_tree"])
+def test_held_pull_gets_a_message_stored_while_it_waits(push):
+    """A SuperNode's pull waiting at the SuperLink gets the ServerApp's message as soon as it is
+    stored (either of Flower's two ways of storing one), not at the end of the hold."""
+    from types import SimpleNamespace
+
+    state = _held(5.0)
+    thread, result = _pull_in_thread(state, 7)
+    time.sleep(0.3)
+    if push == "store_message_ins":
+        state.store_message_ins((7, "train"))
+    else:
+        message = SimpleNamespace(node_id=7, text="train", metadata=SimpleNamespace(reply_to_message_id=""))
+        state.store_message_and_object_tree(message, None, "session")
+    thread.join(10)
+    assert result["messages"] == ["train"]
+    assert 0.25 <= result["seconds"] < 4.0
+
+
+def test_held_pull_keeps_waiting_when_another_nodes_message_is_stored():
+    state = _held(1.5)
+    thread, result = _pull_in_thread(state, 7)
+    time.sleep(0.2)
+    state.store_message_ins((8, "for another hospital"))
+    thread.join(10)
+    assert result["messages"] == [] and result["seconds"] >= 1.45
+    assert state.get_message_ins(node_id=8, limit=1) == ["for another hospital"]
+
+
+def test_server_pulls_and_pulls_beyond_the_cap_are_answered_at_once():
+    from flwr.common.constant import SUPERLINK_NODE_ID
+
+    state = _held(3.0, max_held=1)
+    start = time.monotonic()
+    assert state.get_message_ins(node_id=SUPERLINK_NODE_ID, limit=None, run_id=5) == []
+    assert state.get_message_ins(node_id=7, limit=1, run_id=5) == []  # the ServerApp's, by run
+    assert time.monotonic() - start < 1.5
+    thread, result = _pull_in_thread(state, 7)  # takes the only slot
+    time.sleep(0.2)
+    start = time.monotonic()
+    assert state.get_message_ins(node_id=9, limit=1) == []
+    assert time.monotonic() - start < 1.5
+    state.store_message_ins((7, "train"))
+    thread.join(10)
+    assert result["messages"] == ["train"]
+
+
+def test_pull_hold_from_environment(monkeypatch):
+    monkeypatch.delenv("FEDDERM_PULL_HOLD", raising=False)
+    assert launcher.pull_hold() == launcher.DEFAULT_PULL_HOLD
+    monkeypatch.setenv("FEDDERM_PULL_HOLD", "0")
+    assert launcher.pull_hold() == 0
+    for bad in ("soon", "-1", "60"):
+        monkeypatch.setenv("FEDDERM_PULL_HOLD", bad)
+        with pytest.raises(SystemExit, match="FEDDERM_PULL_HOLD"):
+            launcher.pull_hold()
+
+
+def test_superlink_link_state_holds_idle_pulls(tmp_path, monkeypatch):
+    """``fedderm-superlink``'s factories (file and ``:flwr-in-memory:``) hand Flower's real link
+    state out with its pulls held: a SuperNode's pull with nothing waiting answers after the hold,
+    the ServerApp's at once; the same instance every time."""
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.superlink import main as superlink_main
+    from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
+
+    monkeypatch.setattr(
+        superlink_main,
+        "get_objectstore_linkstate_factories",
+        superlink_main.get_objectstore_linkstate_factories,
+    )
+    launcher.objects_in_memory()
+    launcher.hold_pulls(2.0)
+    factories = superlink_main.get_objectstore_linkstate_factories
+    for database in (str(tmp_path / "superlink.db"), ":flwr-in-memory:"):
+        _, links = factories(database, NoOpFederationManager())
+        state = links.state()
+        assert links.state() is state
+        start = time.monotonic()
+        assert state.get_message_ins(node_id=1234, limit=1) == []
+        assert 1.95 <= time.monotonic() - start < 6.0, database
+        start = time.monotonic()
+        assert state.get_message_ins(node_id=SUPERLINK_NODE_ID, limit=None, run_id=1) == []
+        assert time.monotonic() - start < 1.5, database

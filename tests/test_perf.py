@@ -85,3 +85,25 @@ def test_the_apps_start_without_scikit_learn():
         .splitlines()[-1]
     )
     assert out == "[]"
+
+
+def test_ring_latency_bench_runs_as_the_file_the_issue_names(tmp_path):
+    """``python bench/ring_latency.py`` (not only ``python -m bench.ring_latency``) finds the
+    checkout's ``deploy`` and ``bench`` packages from any folder, without PYTHONPATH."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "ring_latency.py"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run(
+        [sys.executable, str(script), "--help"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "--launcher" in out.stdout and "ring" in out.stdout.lower()
