@@ -106,18 +106,22 @@ def check_flower_internals() -> list[str]:
     return missing
 
 
+def _env_seconds(name: str, default: float, low: float, high: float, who: str) -> float:
+    """The environment variable ``name`` as seconds in ``[low, high]`` (``default`` when unset);
+    anything else stops ``who`` with one line naming the variable."""
+    raw = os.environ.get(name, "")
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        raise SystemExit(f"{who}: {name}={raw!r} is not a number of seconds") from None
+    if not low <= value <= high:
+        raise SystemExit(f"{who}: {name}={value} must be in [{low:g}, {high:g}] seconds")
+    return value
+
+
 def poll_interval() -> float:
     """``FEDDERM_POLL_INTERVAL`` in seconds (default 0.05), the cap on every idle wait patched here."""
-    raw = os.environ.get("FEDDERM_POLL_INTERVAL", "")
-    try:
-        value = float(raw) if raw else DEFAULT_POLL_INTERVAL
-    except ValueError:
-        raise SystemExit(
-            f"fedderm launcher: FEDDERM_POLL_INTERVAL={raw!r} is not a number of seconds"
-        ) from None
-    if not 0.001 <= value <= 10:
-        raise SystemExit(f"fedderm launcher: FEDDERM_POLL_INTERVAL={value} must be in [0.001, 10] seconds")
-    return value
+    return _env_seconds("FEDDERM_POLL_INTERVAL", DEFAULT_POLL_INTERVAL, 0.001, 10, "fedderm launcher")
 
 
 def fast_object_pulls(interval: float | None = None) -> None:
@@ -720,14 +724,7 @@ MAX_HELD_PULLS = 16
 
 def pull_hold() -> float:
     """``FEDDERM_PULL_HOLD`` in seconds (default 1; 0 answers every pull at once, as Flower)."""
-    raw = os.environ.get("FEDDERM_PULL_HOLD", "")
-    try:
-        value = float(raw) if raw else DEFAULT_PULL_HOLD
-    except ValueError:
-        raise SystemExit(f"fedderm-superlink: FEDDERM_PULL_HOLD={raw!r} is not a number of seconds") from None
-    if not 0 <= value <= 10:
-        raise SystemExit(f"fedderm-superlink: FEDDERM_PULL_HOLD={value} must be in [0, 10] seconds")
-    return value
+    return _env_seconds("FEDDERM_PULL_HOLD", DEFAULT_PULL_HOLD, 0, 10, "fedderm-superlink")
 
 
 class HeldPulls:

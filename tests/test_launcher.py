@@ -56,15 +56,24 @@ def test_clamped_time_caps_sleep_and_delegates_the_rest():
     assert clamped.monotonic() >= start and clamped.time() > 0
 
 
-def test_poll_interval_from_environment(monkeypatch):
-    monkeypatch.delenv("FEDDERM_POLL_INTERVAL", raising=False)
-    assert launcher.poll_interval() == launcher.DEFAULT_POLL_INTERVAL
-    monkeypatch.setenv("FEDDERM_POLL_INTERVAL", "0.2")
-    assert launcher.poll_interval() == 0.2
-    for bad in ("fast", "0", "100"):
-        monkeypatch.setenv("FEDDERM_POLL_INTERVAL", bad)
-        with pytest.raises(SystemExit, match="FEDDERM_POLL_INTERVAL"):
-            launcher.poll_interval()
+@pytest.mark.parametrize(
+    ("name", "read", "default", "good", "bads"),
+    [
+        ("FEDDERM_POLL_INTERVAL", "poll_interval", "DEFAULT_POLL_INTERVAL", 0.2, ("fast", "0", "100")),
+        ("FEDDERM_PULL_HOLD", "pull_hold", "DEFAULT_PULL_HOLD", 0, ("soon", "-1", "60")),
+    ],
+)
+def test_seconds_from_environment(monkeypatch, name, read, default, good, bads):
+    """Unset: the default; a value in range: that value; anything else: one line naming the key."""
+    read = getattr(launcher, read)
+    monkeypatch.delenv(name, raising=False)
+    assert read() == getattr(launcher, default)
+    monkeypatch.setenv(name, str(good))
+    assert read() == good
+    for bad in bads:
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(SystemExit, match=f"{name}="):
+            read()
 
 
 def test_allow_list_parsing_and_errors_name_the_file_and_line(tmp_path):
@@ -505,17 +514,6 @@ def test_server_pulls_and_pulls_beyond_the_cap_are_answered_at_once():
     state.store_message_ins((7, "train"))
     thread.join(10)
     assert result["messages"] == ["train"]
-
-
-def test_pull_hold_from_environment(monkeypatch):
-    monkeypatch.delenv("FEDDERM_PULL_HOLD", raising=False)
-    assert launcher.pull_hold() == launcher.DEFAULT_PULL_HOLD
-    monkeypatch.setenv("FEDDERM_PULL_HOLD", "0")
-    assert launcher.pull_hold() == 0
-    for bad in ("soon", "-1", "60"):
-        monkeypatch.setenv("FEDDERM_PULL_HOLD", bad)
-        with pytest.raises(SystemExit, match="FEDDERM_PULL_HOLD"):
-            launcher.pull_hold()
 
 
 def test_superlink_link_state_holds_idle_pulls(tmp_path, monkeypatch):
