@@ -30,6 +30,7 @@ import importlib
 import logging
 import os
 import sys
+import threading
 import time as _time
 from pathlib import Path
 
@@ -741,8 +742,6 @@ class HeldPulls:
     """
 
     def __init__(self, hold: float, max_held: int = MAX_HELD_PULLS):
-        import threading
-
         self.hold = hold
         self.stored = 0  # messages stored so far (a counter, so that no wake-up is lost)
         self._cond = threading.Condition()

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -418,8 +419,6 @@ class _FakeLinkState:
     """The three link-state methods HeldPulls wraps: instructions per node, stored by the ServerApp."""
 
     def __init__(self):
-        import threading
-
         self.waiting: dict[int, list[str]] = {}
         self.lock = threading.Lock()
         self.queries = 0
@@ -444,8 +443,6 @@ def _held(hold: float, max_held: int = 16) -> _FakeLinkState:
 
 
 def _pull_in_thread(state, node_id: int) -> tuple:
-    import threading
-
     result: dict = {}
 
     def pull():
