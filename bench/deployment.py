@@ -10,8 +10,8 @@ folder.  The simulation is ``sim.simulate`` with the same run config, the same n
 and the same amount of data (the embedded synthetic generator, one site per client, as the
 loopback's folders).  Both write ``round_seconds`` (wall time of each round: train + val) to
 ``summary.json``; this prints the median round time of each, their ratio (the cost of real
-processes and messaging: ClientApp processes, polling, HTTP + TLS per object, the SuperLink's
-SQLite store; see docs/deploy.md), and the whole run's wall time including start-up.  The
+processes and messaging: ClientApp processes, polling, HTTP + TLS per object through the
+SuperLink; see docs/deploy.md), and the whole run's wall time including start-up.  The
 simulation row comes from the same invocation: on a shared machine only the ratio compares.
 """
 
@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         "--superlink-database",
         default="superlink.db",
         help="the SuperLink's --database: a file in the work folder (default, as docs/deploy.md "
-        "recommends) or :flwr-in-memory: (Flower's default: messages' objects kept in memory, not SQLite)",
+        "recommends: fedderm-superlink keeps the registered SuperNodes in it) or :flwr-in-memory: "
+        "(Flower's default: nothing kept across a restart)",
     )
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)

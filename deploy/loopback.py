@@ -283,7 +283,7 @@ class Loopback:
         database = database or self.database
         s = self.secrets
         self.port = free_port()
-        # fedderm's launcher: Flower's SuperLink with the messages' objects in memory (warm launcher)
+        # fedderm-superlink: link state and objects in memory, registrations in --database (warm launcher)
         command = [_bin("flower-superlink")]
         if self.launcher != "flower":
             command = [sys.executable, "-m", "fedderm.launcher", "superlink"]
@@ -440,14 +440,17 @@ class Loopback:
             if proc in self.procs:  # a `flwr` call in another thread may have removed it already
                 self.procs.remove(proc)
 
-    def restart(self, database: str) -> None:
-        """After :meth:`kill`: a new SuperLink (on a new port, with a new ``database``), the
-        hospitals registered again and their SuperNodes started with the same node config
-        (data, ``state-dir``), as a site would bring its machines back after a power cut."""
-        self.node_ids = {}
+    def restart(self, database: str | None = None) -> None:
+        """After :meth:`kill`: a new SuperLink (on a new port) and the SuperNodes started with
+        the same node config (data, ``state-dir``), as a site would bring its machines back after
+        a power cut.  ``database`` None: the SuperLink's file as before, whose registrations carry
+        over (the hospitals do not register again, their node ids stay); a new file: the
+        hospitals are registered again."""
         self.start_superlink(database=database)
-        for name in self.hospitals:
-            self.register(name)
+        if database is not None:
+            self.node_ids = {}
+            for name in self.hospitals:
+                self.register(name)
         self.start_supernodes()
 
     def online(self) -> set[int]:

@@ -62,12 +62,17 @@ _INTERNALS = (
     ("flwr.supercore.object_store", "ObjectStoreFactory"),
     ("flwr.supercore.superexec.run_superexec", "time"),
     ("flwr.supernode.start_client_internal", "pull_objects"),
-    ("flwr.supercore.constant", "SQLITE_PRAGMAS"),
+    ("flwr.server.superlink.linkstate.in_memory_linkstate", "InMemoryLinkState"),
+    ("flwr.server.superlink.linkstate.linkstate_factory", "LinkStateFactory"),
+    ("flwr.server.superlink.linkstate.sql_linkstate", "SqlLinkState"),
+    ("flwr.superlink.federation.noop_federation_manager", "NoOpFederationManager"),
+    ("flwr.proto.node_pb2", "NodeInfo"),
+    ("flwr.supercore.constant", "NodeStatus"),
     ("flwr.common.constant", "SUPERLINK_NODE_ID"),
 )
-#: what Flower's SQLite link state sets on every connection (``SQLITE_PRAGMAS``): the WAL journal and
-#: ``synchronous=NORMAL`` (no fsync per commit; docs/deploy.md "The SuperLink's database file")
-_SQLITE_PRAGMAS = (("journal_mode", "WAL"), ("synchronous", "NORMAL"))
+#: what fedderm.node_registry reads and writes on Flower's in-memory link state and its factory
+_LINKSTATE_ATTRIBUTES = ("nodes", "node_public_key_to_node_id", "owner_to_node_ids", "lock")
+_FACTORY_ATTRIBUTES = ("database", "federation_manager", "objectstore_factory", "state_instance", "_state_lock")
 
 
 def check_flower_internals() -> list[str]:
@@ -95,15 +100,19 @@ def check_flower_internals() -> list[str]:
                 )
         except (ImportError, AttributeError):
             pass
-    try:
-        pragmas = {
-            k: str(v).upper() for k, v in importlib.import_module("flwr.supercore.constant").SQLITE_PRAGMAS
-        }
-        for key, value in _SQLITE_PRAGMAS:
-            if pragmas.get(key) != value:
-                missing.append(f"flwr.supercore.constant.SQLITE_PRAGMAS ({key}={value})")
-    except (ImportError, AttributeError, TypeError, ValueError):
-        pass
+    try:  # instance attributes fedderm.node_registry relies on
+        from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+        from flwr.server.superlink.linkstate.linkstate_factory import LinkStateFactory
+        from flwr.supercore.object_store import ObjectStoreFactory
+        from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
+
+        objects = ObjectStoreFactory()
+        state = InMemoryLinkState(NoOpFederationManager(), objects.store())
+        factory = LinkStateFactory(":flwr-in-memory:", NoOpFederationManager(), objects)
+        missing += [f"InMemoryLinkState().{a}" for a in _LINKSTATE_ATTRIBUTES if not hasattr(state, a)]
+        missing += [f"LinkStateFactory().{a}" for a in _FACTORY_ATTRIBUTES if not hasattr(factory, a)]
+    except (ImportError, AttributeError, TypeError):
+        pass  # the module-level entries above name what is gone
     return missing
 
 
@@ -692,19 +701,21 @@ def app_hash_main(argv: list[str]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# the SuperLink: messages' objects in memory, its link state in --database
+# the SuperLink: link state and objects in memory, the registered SuperNodes in --database
 
 
-def objects_in_memory() -> None:
-    """Make ``flower-superlink --database FILE`` keep the messages' objects (the model arrays) in
-    Flower's in-memory object store and only its link state (nodes, runs, message headers) in the
-    SQLite FILE.  Flower keeps both in FILE: every ResNet-18 message (43 MB) is then written to and
-    read back from SQLite (docs/deploy.md, "ResNet-18: where a round goes").  Objects are transient
-    (deleted once delivered); what a restarted SuperLink needs (registered SuperNodes, runs) stays
-    in FILE.  ``:flwr-in-memory:`` and non-SQLite URLs are left to Flower."""
+def link_state_in_memory() -> None:
+    """Make ``flower-superlink --database FILE`` keep its link state (runs, message headers, node
+    liveness) and the messages' objects (the model arrays) in memory, and only the registered
+    SuperNodes in the SQLite FILE (:class:`fedderm.node_registry.RegisteredNodesLinkState`).
+    Flower keeps all of it in FILE: every ResNet-18 message (43 MB) is written to and read back
+    from SQLite, and every request's link-state queries go through SQLAlchemy (docs/deploy.md,
+    "ResNet-18: where a round goes").  ``:flwr-in-memory:`` and non-SQLite URLs are left to Flower."""
     from flwr.supercore.object_store import ObjectStoreFactory
     from flwr.superlink import config_loader
     from flwr.superlink import main as superlink_main
+
+    from fedderm.node_registry import RegisteredNodesLinkStateFactory
 
     flower_factories = config_loader.get_objectstore_linkstate_factories
 
@@ -712,7 +723,7 @@ def objects_in_memory() -> None:
         if database.startswith(":flwr-in-memory:") or "://" in database:
             return flower_factories(database, federation_manager)
         objects = ObjectStoreFactory()  # Flower's in-memory store
-        return objects, config_loader.LinkStateFactory(database, federation_manager, objects)
+        return objects, RegisteredNodesLinkStateFactory(database, federation_manager, objects)
 
     superlink_main.get_objectstore_linkstate_factories = factories
 
@@ -830,11 +841,11 @@ def hold_pulls(hold: float | None = None) -> None:
 
 
 def superlink_main_(argv: list[str]) -> None:
-    """``fedderm-superlink``: ``flower-superlink`` (same options) with :func:`objects_in_memory`
+    """``fedderm-superlink``: ``flower-superlink`` (same options) with :func:`link_state_in_memory`
     and :func:`hold_pulls`."""
     from flwr.superlink.cli.flower_superlink import flower_superlink
 
-    objects_in_memory()
+    link_state_in_memory()
     hold_pulls()
     sys.argv = ["flower-superlink", *argv]
     flower_superlink()

@@ -603,8 +603,9 @@ def test_loopback_supernode_killed_mid_round_rejoins(loopback):
 @_SKIP_LOOPBACK
 def test_loopback_fedclf_killed_and_resumed_is_bit_identical(loopback):
     """Issue 17: FedCLF on the loopback federation; the SuperLink and every SuperNode are
-    SIGKILLed after round 2's checkpoint, the federation is started again and the run continued
-    with ``resume``: the same final metrics, rounds and weights as an uninterrupted run."""
+    SIGKILLed after round 2's checkpoint, the federation is started again (the SuperLink on its
+    database file: the hospitals' registrations are kept, nobody registers again) and the run
+    continued with ``resume``: the same final metrics, rounds and weights as an uninterrupted run."""
     import json
 
     import torch
@@ -622,7 +623,9 @@ def test_loopback_fedclf_killed_and_resumed_is_bit_identical(loopback):
     thread.join(timeout=120)
     assert not any(_alive(pid) for pid in before), {p: c for p, c in before.items() if _alive(p)}
     assert json.loads((cut_dir / "summary.json").read_text()).get("final") is None  # not finished
-    fed.restart(database="superlink-restarted.db")
+    registered = dict(fed.node_ids)
+    fed.restart()  # the same --database: the hospitals' registrations carry over, none registers again
+    assert fed.node_ids == registered and fed.online() == set(registered.values())
     resumed = fed.run("fedclf", {**extra, "resume": str(cut_dir)}, run_name="fedclf-cut")
     assert resumed.ok, "\n".join(resumed.problems)
     a, b = (json.loads((d / "summary.json").read_text()) for d in (full.run_dir, cut_dir))

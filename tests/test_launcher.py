@@ -362,57 +362,120 @@ def test_executor_warms_only_an_approved_installed_bundle(monkeypatch, tmp_path)
     assert loaded == [("a" * 64, folder)]
 
 
-def test_superlink_keeps_objects_in_memory_and_its_link_state_in_the_database_file(tmp_path, monkeypatch):
+def test_superlink_keeps_link_state_and_objects_in_memory_and_registrations_in_the_database_file(
+    tmp_path, monkeypatch
+):
     """``fedderm-superlink --database FILE``: the messages' objects (model arrays) in Flower's
-    in-memory store, nodes and runs in FILE; ``:flwr-in-memory:`` stays Flower's."""
+    in-memory store, the link state Flower's in-memory one with its registrations kept in FILE;
+    ``:flwr-in-memory:`` stays Flower's."""
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
     from flwr.supercore.object_store.in_memory_object_store import InMemoryObjectStore
     from flwr.superlink import config_loader
     from flwr.superlink import main as superlink_main
     from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
 
+    from fedderm.node_registry import RegisteredNodesLinkState
+
     flower, _ = config_loader.get_objectstore_linkstate_factories(str(tmp_path / "flower.db"), None)
     assert not isinstance(flower.store(), InMemoryObjectStore)  # Flower's: objects in the SQLite file
 
     monkeypatch.setattr(superlink_main, "get_objectstore_linkstate_factories", None)
-    launcher.objects_in_memory()
+    launcher.link_state_in_memory()
     factories = superlink_main.get_objectstore_linkstate_factories
     db = tmp_path / "superlink.db"
     objects, links = factories(str(db), NoOpFederationManager())
     assert isinstance(objects.store(), InMemoryObjectStore)
     assert links.objectstore_factory is objects
-    links.state()  # the link state opens (and creates) the SQLite file
+    state = links.state()
+    assert isinstance(state, RegisteredNodesLinkState) and links.state() is state
+    assert state.object_store is objects.store()
     assert db.is_file()
-    objects, _ = factories(":flwr-in-memory:", NoOpFederationManager())
+    objects, links = factories(":flwr-in-memory:", NoOpFederationManager())
     assert isinstance(objects.store(), InMemoryObjectStore) and not (tmp_path / ":flwr-in-memory:").exists()
+    assert type(links.state()) is InMemoryLinkState
 
 
-def test_superlink_database_file_is_in_wal_mode_and_keeps_registrations_across_a_restart(tmp_path):
-    """``fedderm-superlink --database FILE``: Flower's SQLite link state opens FILE with the WAL
-    journal and ``synchronous=NORMAL`` (read back from the file and the connection), and a node
-    registered before a restart is there after it (a new link state on the same FILE)."""
-    import sqlite3
-
-    from flwr.superlink import main as superlink_main
+def _registry(db, objects=None):
+    from flwr.supercore.object_store import ObjectStoreFactory
     from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
 
-    saved = superlink_main.get_objectstore_linkstate_factories
-    try:
-        launcher.objects_in_memory()
-        factories = superlink_main.get_objectstore_linkstate_factories
-        db = tmp_path / "superlink.db"
-        _, links = factories(str(db), NoOpFederationManager())
-        state = links.state()
-        node_id = state.create_node("owner-aid", "owner-name", b"public-key-a", 30.0)
-        with state._engine.connect() as conn:  # the link state's own connection: Flower's pragmas
-            assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
-            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
-        state._engine.dispose()  # the SuperLink stops
-        with sqlite3.connect(db) as conn:  # WAL is a property of the file: any reader sees it
-            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        _, restarted = superlink_main.get_objectstore_linkstate_factories(str(db), NoOpFederationManager())
-        assert restarted.state().get_node_id_by_public_key(b"public-key-a") == node_id
-    finally:
-        superlink_main.get_objectstore_linkstate_factories = saved
+    from fedderm.node_registry import RegisteredNodesLinkStateFactory
+
+    objects = objects or ObjectStoreFactory()
+    return RegisteredNodesLinkStateFactory(str(db), NoOpFederationManager(), objects).state()
+
+
+def test_registered_supernodes_survive_a_superlink_restart_and_unregistered_ones_stay_so(tmp_path):
+    """Registrations in FILE: after a restart (a new link state on the same FILE) a registered
+    node has its node id, owner and key back and can come online again (status registered, not
+    the online it had); an unregistered one stays unregistered and its key unusable, as in Flower."""
+    from flwr.supercore.constant import NodeStatus
+
+    db = tmp_path / "superlink.db"
+    state = _registry(db)
+    kept = state.create_node("owner-aid", "owner-name", b"public-key-a", 30.0)
+    gone = state.create_node("owner-aid", "owner-name", b"public-key-b", 30.0)
+    assert state.activate_node(kept, 30.0)
+    state.delete_node("owner-aid", gone)
+    assert state.get_node_id_by_public_key(b"public-key-b") is None
+
+    restarted = _registry(db)
+    assert restarted.get_node_id_by_public_key(b"public-key-a") == kept
+    assert restarted.get_node_id_by_public_key(b"public-key-b") is None
+    (info,) = restarted.get_node_info(node_ids=[kept])
+    assert (info.owner_aid, info.owner_name, info.public_key) == ("owner-aid", "owner-name", b"public-key-a")
+    assert info.status == NodeStatus.REGISTERED
+    assert restarted.get_node_info(node_ids=[gone])[0].status == NodeStatus.UNREGISTERED
+    assert restarted.activate_node(kept, 30.0)
+    assert restarted.get_node_info(node_ids=[kept])[0].status == NodeStatus.ONLINE
+    with pytest.raises(ValueError, match="Public key already in use"):
+        restarted.create_node("owner-aid", "owner-name", b"public-key-b", 30.0)
+    assert not restarted.run_ids  # runs are not kept: in memory only
+
+
+def test_registration_that_cannot_be_written_is_refused_and_not_kept_in_memory(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "superlink.db"
+    state = _registry(db)
+    node = state.create_node("owner-aid", "owner-name", b"public-key-a", 30.0)
+    with sqlite3.connect(db) as conn:  # the file turns read-only under the SuperLink
+        conn.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON fedderm_registered_nodes BEGIN "
+            "SELECT RAISE(ABORT, 'disk refused'); END"
+        )
+    with pytest.raises(sqlite3.DatabaseError, match="disk refused"):
+        state.create_node("owner-aid", "owner-name", b"public-key-b", 30.0)
+    assert state.get_node_id_by_public_key(b"public-key-b") is None
+    assert [n.node_id for n in state.get_node_info()] == [node]
+    with pytest.raises(sqlite3.DatabaseError, match="disk refused"):
+        state.delete_node("owner-aid", node)  # INSERT OR REPLACE: the trigger refuses it too
+    assert state.get_node_id_by_public_key(b"public-key-a") == node  # still registered
+    assert _registry(db).get_node_id_by_public_key(b"public-key-a") == node
+
+
+def test_registrations_in_a_file_of_flowers_sql_link_state_are_imported_once(tmp_path):
+    """A FILE written by ``flower-superlink --database FILE`` (or an earlier fedderm): its
+    registered nodes are there after the switch, unregistered ones stay unregistered."""
+    from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
+
+    db = tmp_path / "superlink.db"
+    objects = ObjectStoreFactory()
+    flower = SqlLinkState(str(db), NoOpFederationManager(), objects.store())
+    flower.initialize()
+    kept = flower.create_node("owner-aid", "owner-name", b"public-key-a", 30.0)
+    gone = flower.create_node("owner-aid", "owner-name", b"public-key-b", 30.0)
+    flower.delete_node("owner-aid", gone)
+    flower._engine.dispose()
+
+    state = _registry(db, objects)
+    assert state.get_node_id_by_public_key(b"public-key-a") == kept
+    assert state.get_node_id_by_public_key(b"public-key-b") is None
+    later = state.create_node("owner-aid", "owner-name", b"public-key-c", 30.0)
+    restarted = _registry(db, objects)  # the import is not repeated over fedderm's own table
+    assert {n.node_id for n in restarted.get_node_info()} == {kept, gone, later}
 
 
 class _FakeLinkState:
@@ -526,7 +589,7 @@ def test_superlink_link_state_holds_idle_pulls(tmp_path, monkeypatch):
         "get_objectstore_linkstate_factories",
         superlink_main.get_objectstore_linkstate_factories,
     )
-    launcher.objects_in_memory()
+    launcher.link_state_in_memory()
     launcher.hold_pulls(2.0)
     factories = superlink_main.get_objectstore_linkstate_factories
     for database in (str(tmp_path / "superlink.db"), ":flwr-in-memory:"):
