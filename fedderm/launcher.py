@@ -72,7 +72,13 @@ _INTERNALS = (
 )
 #: what fedderm.node_registry reads and writes on Flower's in-memory link state and its factory
 _LINKSTATE_ATTRIBUTES = ("nodes", "node_public_key_to_node_id", "owner_to_node_ids", "lock")
-_FACTORY_ATTRIBUTES = ("database", "federation_manager", "objectstore_factory", "state_instance", "_state_lock")
+_FACTORY_ATTRIBUTES = (
+    "database",
+    "federation_manager",
+    "objectstore_factory",
+    "state_instance",
+    "_state_lock",
+)
 
 
 def check_flower_internals() -> list[str]:
