@@ -72,13 +72,7 @@ _INTERNALS = (
 )
 #: what fedderm.node_registry reads and writes on Flower's in-memory link state and its factory
 _LINKSTATE_ATTRIBUTES = ("nodes", "node_public_key_to_node_id", "owner_to_node_ids", "lock")
-_FACTORY_ATTRIBUTES = (
-    "database",
-    "federation_manager",
-    "objectstore_factory",
-    "state_instance",
-    "_state_lock",
-)
+_FACTORY_ATTRIBUTES = ("state_instance",)
 
 
 def check_flower_internals() -> list[str]:
@@ -721,7 +715,7 @@ def link_state_in_memory() -> None:
     from flwr.superlink import config_loader
     from flwr.superlink import main as superlink_main
 
-    from fedderm.node_registry import RegisteredNodesLinkStateFactory
+    from fedderm.node_registry import link_state_factory
 
     flower_factories = config_loader.get_objectstore_linkstate_factories
 
@@ -729,7 +723,7 @@ def link_state_in_memory() -> None:
         if database.startswith(":flwr-in-memory:") or "://" in database:
             return flower_factories(database, federation_manager)
         objects = ObjectStoreFactory()  # Flower's in-memory store
-        return objects, RegisteredNodesLinkStateFactory(database, federation_manager, objects)
+        return objects, link_state_factory(database, federation_manager, objects)
 
     superlink_main.get_objectstore_linkstate_factories = factories
 

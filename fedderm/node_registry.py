@@ -121,15 +121,11 @@ class RegisteredNodesLinkState(InMemoryLinkState):
             raise
 
 
-class RegisteredNodesLinkStateFactory(LinkStateFactory):
-    """Flower's ``LinkStateFactory`` handing out one :class:`RegisteredNodesLinkState` on FILE."""
-
-    def state(self):
-        if self.state_instance is not None:
-            return self.state_instance
-        with self._state_lock:
-            if self.state_instance is None:
-                self.state_instance = RegisteredNodesLinkState(
-                    self.database, self.federation_manager, self.objectstore_factory.store()
-                )
-            return self.state_instance
+def link_state_factory(database: str | Path, federation_manager, objectstore_factory) -> LinkStateFactory:
+    """Flower's ``LinkStateFactory`` holding a :class:`RegisteredNodesLinkState` on ``database``
+    (made now: Flower's SuperLink asks for its state as soon as it has the factory)."""
+    factory = LinkStateFactory(str(database), federation_manager, objectstore_factory)
+    factory.state_instance = RegisteredNodesLinkState(
+        database, federation_manager, objectstore_factory.store()
+    )
+    return factory

@@ -399,10 +399,10 @@ def _registry(db, objects=None):
     from flwr.supercore.object_store import ObjectStoreFactory
     from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
 
-    from fedderm.node_registry import RegisteredNodesLinkStateFactory
+    from fedderm.node_registry import link_state_factory
 
     objects = objects or ObjectStoreFactory()
-    return RegisteredNodesLinkStateFactory(str(db), NoOpFederationManager(), objects).state()
+    return link_state_factory(db, NoOpFederationManager(), objects).state()
 
 
 def test_registered_supernodes_survive_a_superlink_restart_and_unregistered_ones_stay_so(tmp_path):
