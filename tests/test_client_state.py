@@ -30,6 +30,8 @@ METHODS = {
     "flbt": {},
     "local": {},
     "sift": {},
+    "fedbyol": {"byol.hidden-dim": 32, "byol.proj-dim": 16},
+    "fedema": {"byol.hidden-dim": 32, "byol.proj-dim": 16},
     "fedmae": {
         "model": "vit-micro",
         "fedmae.decoder-embed-dim": 32,
