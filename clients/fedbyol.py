@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from flwr.app import Context, Message
 
-from fedderm.byol import ONLINE_PREFIXES, BYOL, build_byol, byol_round, online_state
-from fedderm.fedema import ENCODER_PREFIXES, TAU_AUTO, autoscaler, divergence, ema_update, ema_weight
+from fedderm.byol import BYOL, ONLINE_PREFIXES, build_byol, byol_round, online_state
+from fedderm.fedema import ENCODER_PREFIXES, autoscaler, divergence, ema_update, ema_weight
 from wire import to_record, to_state_dict
 
 from . import finetune

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .augment import ContrastiveAugment
-from .models import create_model
 from .moco import two_views
+from .models import create_model
 from .train import train_epochs
 
 #: BYOL §3.3: "a multi-layer perceptron ... hidden layer of size 4096 ... output of size 256"

@@ -25,8 +25,8 @@ from torch import nn
 
 from .augment import ContrastiveAugment
 from .byol import HIDDEN_DIM, PROJ_DIM, mlp
-from .models import create_model
 from .moco import two_views
+from .models import create_model
 from .train import train_epochs
 
 
