@@ -192,6 +192,7 @@ SSL_OPTIONS = {
     "ssl.lr": 0.001,
     "ssl.swap-patch": 0,
     "ssl.swaps": 10,
+    "ssl.fedema": True,  # ssl.pretrain="federated" (FedSSL-R/S): FedEMA's divergence-aware update (004 [67])
 }
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 
 from fedderm.byol import BYOL, ONLINE_PREFIXES, build_byol, byol_round, online_state
-from fedderm.fedema import ENCODER_PREFIXES, autoscaler, divergence, ema_update, ema_weight
+from fedderm.fedema import ENCODER_PREFIXES, divergence_aware_update
 from wire import to_record, to_state_dict
 
 from . import finetune
@@ -36,24 +36,19 @@ def byol_model(s: ClientSession) -> BYOL:
 def divergence_aware_online(
     state, saved: dict, received: dict, param_keys: list[str], cfg
 ) -> tuple[dict, dict]:
-    """FedEMA §5: the client's online network for this round, μ·W_k + (1 − μ)·W_g over the online
-    parameters (encoder and predictor), μ = min(λ‖W_g − W_k‖, 1) on the encoder; λ fixed by
-    ``fedema.lambda`` > 0, else the autoscaler's, computed once (kept in the client state)."""
+    """FedEMA §5 (:func:`fedderm.fedema.divergence_aware_update`): the client's online network for
+    this round, μ·W_k + (1 − μ)·W_g over the online parameters (encoder and predictor),
+    μ = min(λ‖W_g − W_k‖, 1) on the encoder; λ fixed by ``fedema.lambda`` > 0, else the
+    autoscaler's, computed once and kept in the client state."""
+    fixed, kept = cfg.option("fedema.lambda"), state.meta(SCALER)
+    lam = fixed if fixed > 0 else (kept["lambda"] if kept is not None else None)
     encoder = [k for k in param_keys if k.startswith(ENCODER_PREFIXES)]
-    distance = divergence(received, saved, encoder)
-    lam = cfg.option("fedema.lambda")
-    if lam <= 0:
-        kept = state.meta(SCALER)
-        if kept is not None:
-            lam = kept["lambda"]
-        elif distance > 0:
-            lam = autoscaler(cfg.option("fedema.tau"), distance)
-            state.put(SCALER, meta={"lambda": lam})
-        else:  # the global model equals the local one: nothing to scale yet
-            lam = 0.0
-    mu = ema_weight(lam, distance)
-    online = ema_update(saved, received, mu, param_keys)
-    return online, {"fedema-mu": mu, "fedema-divergence": distance, "fedema-lambda": lam}
+    online, info = divergence_aware_update(
+        saved, received, param_keys, encoder, lam, cfg.option("fedema.tau")
+    )
+    if fixed <= 0 and kept is None and info["divergence"] > 0:
+        state.put(SCALER, meta={"lambda": info["lambda"]})
+    return online, {f"fedema-{k}": v for k, v in info.items()}
 
 
 def pretrain(msg: Message, context: Context, divergence_aware: bool = False) -> Message:

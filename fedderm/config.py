@@ -449,6 +449,9 @@ KEY_DOCS: dict[str, str] = {
     "ssl.lr": "pre-training learning rate (Adam)",
     "ssl.swap-patch": "side of the swapped patches in px (`0` = image-size/8)",
     "ssl.swaps": "patch pairs swapped per image",
+    "ssl.fedema": '`ssl.pretrain="federated"` (FedSSL-R/S): each centre updates its own pre-training network by '
+    "FedEMA's divergence-aware EMA of the global one (`fedema.tau`, `fedema.lambda`; 004 [67]); `false`: "
+    "plain FedAvg",
     "moon.mu": "MOON's μ (weight of the model-contrastive loss)",
     "moon.tau": "MOON's temperature τ",
     "byol.tau": "`fedbyol`/`fedema`: EMA rate of BYOL's target network, ξ ← τξ + (1 − τ)θ every step "

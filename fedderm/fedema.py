@@ -65,3 +65,26 @@ def ema_update(
             global_state[k].dtype
         )
     return out
+
+
+def divergence_aware_update(
+    local_state: Mapping[str, torch.Tensor],
+    global_state: Mapping[str, torch.Tensor],
+    param_keys: Iterable[str],
+    encoder_keys: Iterable[str],
+    lam: float | None,
+    tau: float = TAU_AUTO,
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """One FedEMA update of a client's model: the divergence d on ``encoder_keys``, λ (``lam``, or
+    when None the autoscaler's τ/d; 0 while d = 0), μ = min(λd, 1), and μ·W_k + (1 − μ)·W_g on
+    ``param_keys`` (the other entries from ``global_state``).  Returns the new state and
+    ``{"mu", "divergence", "lambda"}``."""
+    distance = divergence(global_state, local_state, list(encoder_keys))
+    if lam is None:
+        lam = autoscaler(tau, distance) if distance > 0 else 0.0
+    mu = ema_weight(lam, distance)
+    return ema_update(local_state, global_state, mu, list(param_keys)), {
+        "mu": mu,
+        "divergence": distance,
+        "lambda": lam,
+    }

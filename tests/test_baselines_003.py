@@ -317,3 +317,41 @@ def test_semifl_runs_through_the_server_app(tmp_path):
     )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "done" and summary["final"]
+
+
+# ---------------------------------------------------------------------------- 004's FedSSL-R/S on FedEMA
+@pytest.mark.parametrize("tasks,fedema", [("restoration", True), ("simclr", True), ("simclr", False)])
+def test_fedssl_pretraining_updates_each_centre_by_fedema(tmp_path, tasks, fedema):
+    """004's FedSSL-R/S are defined on FedEMA ([67]): from its second round each centre's network is
+    μ·own + (1 − μ)·global, μ = τ at the first update (the autoscaler), then min(λd, 1) with λ kept;
+    ``ssl.fedema=false`` is plain FedAvg (no update, no local model kept)."""
+    from clients.ssl_flbt import FEDEMA_MODEL
+    from strategies import ssl_flbt
+
+    rc = {
+        **TINY,
+        "method": "ssl-flbt",
+        "num-server-rounds": 1,
+        "cache-dir": str(tmp_path / "cache"),
+        "output-dir": str(tmp_path / "out"),
+        "ssl.pretrain": "federated",
+        "ssl.tasks": tasks,
+        "ssl.finetune": "fedavg",
+        "ssl.rounds": 3,
+        "ssl.epochs": 1,
+        "ssl.fedema": fedema,
+    }
+    cfg = registry.load_config(rc)
+    grid = FakeGrid(rc, 2)
+    ssl_flbt.run(grid, cfg, recorder(tmp_path, cfg), CLASSES)
+    pre = [dict(r.content["metrics"]) for r in grid.replies if "fedema-mu" in r.content["metrics"]]
+    kept = [client_state(ctx).tensors(FEDEMA_MODEL) for ctx in grid.contexts.values()]
+    if not fedema:
+        assert not pre and kept == [None, None]
+        return
+    assert len(pre) == 4 and all(k is not None for k in kept)
+    assert all(m["fedema-mu"] == pytest.approx(0.7) for m in pre[:2])
+    lam = {m["partition-id"]: m["fedema-lambda"] for m in pre[:2]}
+    for m in pre[2:]:
+        assert m["fedema-lambda"] == lam[m["partition-id"]]
+        assert m["fedema-mu"] == pytest.approx(min(lam[m["partition-id"]] * m["fedema-divergence"], 1.0))
