@@ -336,7 +336,7 @@ KEY_DOCS: dict[str, str] = {
     "evaluated: `round` (reset at the start of the last local epoch, then the cumulative average over its "
     "batches: they describe the client's data under the round's weights at any number of steps per round) "
     "or `ema` (PyTorch's exponential average, momentum 0.1, carried across rounds; fedderm before "
-    "`bn-stats`); docs/methods/batchnorm.md",
+    "`bn-stats`); docs/batchnorm.md",
     "finetune": "after pre-training: `federated` (FedAvg of the classifiers), `local` (each client fine-tunes "
     "its own copy and keeps its best-on-val model) or `none` (pre-training only)",
     "finetune-rounds": "fine-tuning rounds",

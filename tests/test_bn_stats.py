@@ -162,7 +162,9 @@ def test_few_steps_per_round_learn_the_digits_and_the_saved_model_predicts_every
     assert summary["final"]["balanced_accuracy"] >= 0.85
     assert summary["warnings"] == []  # a healthy run carries none
     clf = load_model(run_dir / "model.pt")
-    cfg = registry.load_config(summary["config"])
+    cfg = registry.load_config(
+        {k: v for k, v in summary["config"].items() if k not in ("preset", "overrides")}
+    )
     for pid in (0, 1):
         images, labels = load_client_data(cfg, pid, 2).tensors("train")
         predicted = [clf.classes.index(name) for name, _ in clf.predict(images)]
@@ -172,7 +174,7 @@ def test_few_steps_per_round_learn_the_digits_and_the_saved_model_predicts_every
 
 def test_a_collapsed_run_names_the_class_in_the_console_and_in_summary(digits_folder, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        run_dir, summary = _run(digits_folder, tmp_path, lr=3.0, **{"num-server-rounds": 3})
+        run_dir, summary = _run(digits_folder, tmp_path, optimizer="sgd", lr=10.0, **{"num-server-rounds": 3})
     warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("health:")]
     assert len(warned) >= 1 and summary["warnings"] == warned
     assert any(f"class '{name}'" in warned[0] for name in summary["classes"]["names"])
