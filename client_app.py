@@ -9,7 +9,7 @@ from clients.audit import audit_mod
 from clients.common import evaluate_split, info, session
 from clients.state import state_mod
 from clients.transport import pack_mod, transport_mod
-from fedderm.train import GpuPeak, use_precision
+from fedderm.train import GpuPeak, use_bn_stats, use_precision
 from wire import GPU_PEAK, VAL_METRICS, VAL_ROUND, ray_out_of_band
 
 # audit_mod wraps transport_mod: the audit log shows the arrays exactly as they leave the hospital
@@ -38,7 +38,7 @@ def dispatch(msg: Message, context: Context) -> Message:
     # val-in-train: the val evaluation of the model this train message carries (the previous round's
     # global model), before training on it: what an evaluate message with split "val" would return
     ride = kind == "train" and "config" in msg.content.config_records and VAL_ROUND in msg.content["config"]
-    with use_precision(cfg.precision), GpuPeak(client.device) as peak:
+    with use_precision(cfg.precision), use_bn_stats(cfg.bn_stats), GpuPeak(client.device) as peak:
         val = evaluate_split(client, msg.content["arrays"], "val") if ride else None
         reply = handlers[kind](msg, context)  # every local loop of this message (fedderm.train.Amp)
     if peak.mib is not None and reply.has_content() and "metrics" in reply.content:

@@ -17,6 +17,9 @@ from typing import Any
 
 from fedderm.transport import TRANSPORT_DTYPES
 
+#: values of ``bn-stats``: what a local loop's BatchNorm running statistics hold (fedderm.train.RoundStats)
+BN_STATS = ("round", "ema")
+
 #: values of ``augment``: ``paper`` = the method's own paper's policy (``Method.augment``; fedderm.augment)
 AUGMENT_POLICIES = ("flip", "paper", "000", "003", "004")
 
@@ -32,6 +35,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "transport-dtype": TRANSPORT_DTYPES,
     "test-set": ("per-client", "global"),
     "augment": AUGMENT_POLICIES,
+    "bn-stats": BN_STATS,
 }
 
 
@@ -83,6 +87,7 @@ class Config:
     precision: str = "fp32"
     compile: bool = False
     augment: str = "flip"
+    bn_stats: str = "round"
     # fine-tuning stage of the self-supervised methods (after num-server-rounds of pre-training)
     finetune: str = "federated"
     finetune_rounds: int = 5
@@ -327,6 +332,11 @@ KEY_DOCS: dict[str, str] = {
     "long local training; the first message pays the compile time; docs/gpu.md)",
     "precision": "mixed precision of every local loop: `fp32` (off), `bf16` (autocast; CPU and CUDA) or `fp16` "
     "(autocast + GradScaler; CUDA only); weights, aggregation and the wire stay float32 (docs/gpu.md)",
+    "bn-stats": "what every local loop leaves in the BatchNorm running statistics that are sent, averaged and "
+    "evaluated: `round` (reset at the start of the last local epoch, then the cumulative average over its "
+    "batches: they describe the client's data under the round's weights at any number of steps per round) "
+    "or `ema` (PyTorch's exponential average, momentum 0.1, carried across rounds; fedderm before "
+    "`bn-stats`); docs/batchnorm.md",
     "finetune": "after pre-training: `federated` (FedAvg of the classifiers), `local` (each client fine-tunes "
     "its own copy and keeps its best-on-val model) or `none` (pre-training only)",
     "finetune-rounds": "fine-tuning rounds",

@@ -20,7 +20,7 @@ from .augment import Augment
 from .data import TensorBatches
 from .losses import barlow_twins, moon_contrastive
 from .models import create_model
-from .train import Amp, make_optimizer, random_flips, to_channels_last, to_input
+from .train import Amp, RoundStats, make_optimizer, random_flips, to_channels_last, to_input
 
 __all__ = [
     "ProjectedNet",
@@ -111,25 +111,27 @@ def train_with_model_term(
     flips = torch.Generator().manual_seed(seed + 1)
     loss_sum = term_sum = 0.0
     seen = 0
-    for _ in range(epochs):
-        loss_sum = term_sum = 0.0
-        seen = 0
-        for xb, yb in batches:
-            if len(yb) < 2:  # a batch of one breaks BatchNorm statistics
-                continue
-            x = to_input(augment(xb, flips), device)
-            y = yb.to(device)
-            with amp.autocast():
-                logits, z = model.forward_with_features(x)
-                loss = F.cross_entropy(logits, y)
-                if term is not None:
-                    extra = term(x, z)
-                    loss = loss + extra
-                    term_sum += extra.item() * len(yb)
-            opt.zero_grad(set_to_none=True)
-            amp.step(loss, opt)
-            loss_sum += loss.item() * len(yb)
-            seen += len(yb)
+    with RoundStats(model, epochs) as stats:  # the run's bn-stats (fedderm.train.use_bn_stats)
+        for epoch in range(epochs):
+            loss_sum = term_sum = 0.0
+            seen = 0
+            for xb, yb in batches:
+                if len(yb) < 2:  # a batch of one breaks BatchNorm statistics
+                    continue
+                stats.before_batch(epoch)
+                x = to_input(augment(xb, flips), device)
+                y = yb.to(device)
+                with amp.autocast():
+                    logits, z = model.forward_with_features(x)
+                    loss = F.cross_entropy(logits, y)
+                    if term is not None:
+                        extra = term(x, z)
+                        loss = loss + extra
+                        term_sum += extra.item() * len(yb)
+                opt.zero_grad(set_to_none=True)
+                amp.step(loss, opt)
+                loss_sum += loss.item() * len(yb)
+                seen += len(yb)
     return {
         "train_loss": loss_sum / max(seen, 1),
         "train_term": term_sum / max(seen, 1),

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import logging
 import math
 import numbers
 import os
@@ -40,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from fedderm.health import HealthCheck
 from fedderm.metrics import CONFUSION_KEY, METRIC_NAMES, mean_over_clients, per_class_metrics
 
 __all__ = ["RunRecorder", "format_table", "to_json_safe", "CSV_COLUMNS"]
@@ -56,7 +58,11 @@ CSV_COLUMNS: tuple[str, ...] = (
     "train_loss",
 )
 
-_RESERVED_SUMMARY_KEYS = frozenset({"method", "config", "rounds", "best_round", "final", "classes"})
+_RESERVED_SUMMARY_KEYS = frozenset(
+    {"method", "config", "rounds", "best_round", "final", "classes", "warnings"}
+)
+#: the health check's warnings go to the console in Flower's format, next to the round lines
+_log = logging.getLogger("flwr")
 #: model files that carry the class list in their metadata (``state_dict._metadata["fedderm"]``)
 MODEL_FILES = ("model.pt", "model-best.pt")
 _CURVE_METRICS = (
@@ -172,6 +178,17 @@ def _total_examples(per_client: Mapping[str, Mapping[str, Any]]) -> int | None:
     return int(sum(int(c) for c in counts)) if counts else None
 
 
+def _square(flat: Any) -> list[list[int]]:
+    """A flattened row-major confusion matrix (``CONFUSION_KEY``) as a list of rows."""
+    values = [int(round(float(v))) for v in flat]
+    c = int(round(math.sqrt(len(values))))
+    return [values[i * c : (i + 1) * c] for i in range(c)]
+
+
+def _confusions_of(per_client: Mapping[str, Mapping[str, Any]]) -> dict[str, list[list[int]]]:
+    return {cid: m["confusion_matrix"] for cid, m in per_client.items() if "confusion_matrix" in m}
+
+
 def _row_only(metrics: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metrics.items() if k not in ("confusion_matrix", "per_class")}
 
@@ -263,6 +280,8 @@ class RunRecorder:
         self.classes: dict[str, Any] | None = None
         #: what model.pt is (fedderm.inference): classes, method, model, image size, network
         self.model_meta: dict[str, Any] = {}
+        #: the health check of every evaluation (fedderm.health): summary.json ``warnings``
+        self.health = HealthCheck(self.config)
         #: TensorBoard event files (fedderm.tracking) when the config says ``tensorboard = true``
         self.tracker = None
         if self.config.get("tensorboard") is True:
@@ -286,6 +305,7 @@ class RunRecorder:
                 "final": self.final,
                 "extra": self.extra,
                 "classes": self.classes,
+                "health": self.health.state(),
             }
         )
 
@@ -294,6 +314,7 @@ class RunRecorder:
         self.rounds, self.best_round = [], state.get("best_round")
         self.final, self.extra = state.get("final"), dict(state.get("extra") or {})
         self.classes = state.get("classes") or self.classes
+        self.health.restore(state.get("health"))
         for entry in state.get("rounds", []):  # already in the event files of the first process
             self._append(entry, track=False)
 
@@ -368,12 +389,14 @@ class RunRecorder:
         (or ``train['loss']``) when ``train`` is given.
         """
         per_client = {str(k): _plain(v) for k, v in per_client.items()}
+        confusions = {cid: _square(m[CONFUSION_KEY]) for cid, m in per_client.items() if CONFUSION_KEY in m}
         for metrics in per_client.values():  # confusion matrices: test splits only (summary size)
             if str(split).endswith("test"):
                 self._with_confusion(metrics)
             else:
                 metrics.pop(CONFUSION_KEY, None)
         mean = mean_over_clients(per_client)
+        self._check_health(round, split, confusions, mean, _train_loss(train), _total_examples(per_client))
         self._append(
             {
                 "round": int(round),
@@ -448,6 +471,7 @@ class RunRecorder:
         """
         per_client = {str(k): self._with_confusion(_plain(v)) for k, v in per_client.items()}
         mean = mean_over_clients(per_client)
+        self._check_health(-1, "test", _confusions_of(per_client), mean)
         self.best_round = None if best_round is None else int(best_round)
         self.final = {
             **mean,
@@ -498,6 +522,7 @@ class RunRecorder:
         """
         per_client = {str(k): self._with_confusion(_plain(v)) for k, v in per_client.items()}
         mean = mean_over_clients(per_client)
+        self._check_health(-1, "global-test", _confusions_of(per_client), mean)
         sizes = {int(m["num-examples"]) for m in per_client.values() if m.get("num-examples") is not None}
         if len(sizes) > 1:
             raise ValueError(f"clients evaluated global test sets of different sizes {sorted(sizes)}")
@@ -530,6 +555,31 @@ class RunRecorder:
         )
         self._write_summary()
         return mean
+
+    def _check_health(
+        self,
+        round: int,  # noqa: A002
+        split: str,
+        confusions: dict[str, list[list[int]]],
+        mean: Mapping[str, Any],
+        train_loss: float | None = None,
+        num_images: int | None = None,
+    ) -> None:
+        """One evaluation through the health check (:mod:`fedderm.health`): each new finding is
+        logged as one warning line and lands in summary.json ``warnings``."""
+        if not confusions:
+            return
+        names = self.class_names(len(next(iter(confusions.values()))))
+        bacc = mean.get("balanced_accuracy")
+        for line in self.health.see(
+            round, split, confusions, names, None if bacc is None else _num(bacc), train_loss, num_images
+        ):
+            _log.warning(line)
+
+    @property
+    def warnings(self) -> list[str]:
+        """The health check's warnings so far (one line each)."""
+        return list(self.health.warnings)
 
     def update_extra(self, extra: dict) -> None:
         """Merge more top-level entries into summary.json (e.g. ``rounds_to_target``)."""
@@ -575,6 +625,7 @@ class RunRecorder:
             "classes": self.classes,
         }
         data.update(self.extra)
+        data["warnings"] = self.warnings
         return to_json_safe(data)
 
     def _write_summary(self) -> None:
@@ -602,7 +653,10 @@ class RunRecorder:
             return f"{title}\n(no final metrics recorded)"
         if self.best_round is not None:
             title += f" (model from round {self.best_round})"
-        return format_table(self.final["per_client"], title)
+        if self.warnings:
+            title += f"  [!] {len(self.warnings)} health warning(s): not a result to report as is"
+        table = format_table(self.final["per_client"], title)
+        return "\n".join([table, *(f"[!] {w}" for w in self.warnings)])
 
     def _confusions(self) -> list[tuple[str, str, dict]]:
         """(set, client, entry with confusion_matrix/per_class) of the final test: the final

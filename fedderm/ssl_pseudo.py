@@ -23,7 +23,7 @@ from .data import TensorBatches
 from .losses import multitask_ssl_loss, patch_swap
 from .models import create_model
 from .msggan import scales_for
-from .train import Amp, make_optimizer, random_flips, to_input
+from .train import Amp, RoundStats, make_optimizer, random_flips, to_input
 
 __all__ = [
     "MULTITASK_TASKS",
@@ -163,30 +163,32 @@ def train_multitask(
     start = time.monotonic()
     sums = {"ssl_loss": 0.0, "ssl_ce": 0.0, "ssl_mse": 0.0}
     seen = correct = 0
-    for _ in range(epochs):
-        sums = dict.fromkeys(sums, 0.0)
-        seen = correct = 0
-        for xb, cb in batches:
-            if len(cb) < 2:
-                continue
-            original = to_input(augment(xb, g), device)
-            corrupted = patch_swap(original, patch, swaps, g)
-            c = cb.to(device)
-            with amp.autocast():
-                logits, restored = net(corrupted)
-                loss = multitask_ssl_loss(logits, c, restored, original)
-            logits = logits.float() if logits is not None else None
-            restored = restored.float() if restored is not None else None
-            opt.zero_grad(set_to_none=True)
-            amp.step(loss, opt)
-            n = len(cb)
-            sums["ssl_loss"] += loss.item() * n
-            if logits is not None:
-                sums["ssl_ce"] += nn.functional.cross_entropy(logits, c).item() * n
-                correct += int((logits.argmax(1) == c).sum())
-            if restored is not None:
-                sums["ssl_mse"] += nn.functional.mse_loss(restored, original).item() * n
-            seen += n
+    with RoundStats(net, epochs) as stats:  # the run's bn-stats (fedderm.train.use_bn_stats)
+        for epoch in range(epochs):
+            sums = dict.fromkeys(sums, 0.0)
+            seen = correct = 0
+            for xb, cb in batches:
+                if len(cb) < 2:
+                    continue
+                stats.before_batch(epoch)
+                original = to_input(augment(xb, g), device)
+                corrupted = patch_swap(original, patch, swaps, g)
+                c = cb.to(device)
+                with amp.autocast():
+                    logits, restored = net(corrupted)
+                    loss = multitask_ssl_loss(logits, c, restored, original)
+                logits = logits.float() if logits is not None else None
+                restored = restored.float() if restored is not None else None
+                opt.zero_grad(set_to_none=True)
+                amp.step(loss, opt)
+                n = len(cb)
+                sums["ssl_loss"] += loss.item() * n
+                if logits is not None:
+                    sums["ssl_ce"] += nn.functional.cross_entropy(logits, c).item() * n
+                    correct += int((logits.argmax(1) == c).sum())
+                if restored is not None:
+                    sums["ssl_mse"] += nn.functional.mse_loss(restored, original).item() * n
+                seen += n
     metrics = {k: v / max(seen, 1) for k, v in sums.items()}
     metrics["ssl_centre_accuracy"] = correct / max(seen, 1) if net.centre_head is not None else float("nan")
     metrics["ssl_seconds"] = time.monotonic() - start

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .augment import Augment, random_flips
+from .config import BN_STATS
 from .data import TensorBatches
 from .metrics import CONFUSION_KEY, classification_metrics, confusion
 
@@ -93,6 +94,74 @@ class Amp:
         self.scaler.step(opt)
         if update:
             self.scaler.update()
+
+
+_BN_STATS: contextvars.ContextVar[str] = contextvars.ContextVar("fedderm_bn_stats", default="round")
+
+
+@contextlib.contextmanager
+def use_bn_stats(mode: str) -> Iterator[None]:
+    """Every local loop started inside this block (in this thread) keeps BatchNorm statistics by
+    ``mode`` (:class:`RoundStats`); the ClientApp wraps each message in it with the run's ``bn-stats``."""
+    if mode not in BN_STATS:
+        raise ValueError(f"run-config key 'bn-stats' must be one of {list(BN_STATS)}, got {mode!r}")
+    token = _BN_STATS.set(mode)
+    try:
+        yield
+    finally:
+        _BN_STATS.reset(token)
+
+
+def batchnorm_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    """Every BatchNorm module of ``model`` that keeps running statistics (chosen by type, so
+    ResNet's ``downsample.1`` and a MoCo key encoder's layers too)."""
+    return [
+        m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    ]
+
+
+class RoundStats:
+    """The BatchNorm running statistics of one local loop (run-config ``bn-stats``).
+
+    ``"round"``: at the first training batch of the loop's *last* epoch every BatchNorm layer's
+    running mean and variance are reset and then accumulate as a cumulative average over that
+    epoch's batches (``momentum=None``); each layer's momentum is restored when the loop ends.
+    What is stored, sent, averaged and evaluated then describes the client's own training data
+    under this round's weights, at no extra forward pass: the batch statistics are computed by the
+    training forward passes anyway (train mode normalises with them, unchanged).  With PyTorch's
+    exponential average (``"ema"``, momentum 0.1) a round of k steps keeps 0.9^k of the statistics
+    the client received: with a few steps per round the model that is evaluated normalises with
+    the initial values, averaged across clients by FedAvg (Wu & Johnson 2021, "Rethinking 'Batch'
+    in BatchNorm", §3: EMA statistics lag the weights; a population estimate with fixed weights,
+    PreciseBN, fixes it; the last epoch's average is its zero-cost approximation).
+
+    Call :meth:`before_batch` with the epoch index before every training forward pass; use the
+    object as a context manager so that the momenta come back even when the loop raises.
+    """
+
+    def __init__(self, model: nn.Module, epochs: int, mode: str | None = None):
+        mode = _BN_STATS.get() if mode is None else mode
+        if mode not in BN_STATS:
+            raise ValueError(f"run-config key 'bn-stats' must be one of {list(BN_STATS)}, got {mode!r}")
+        self.layers = batchnorm_layers(model) if mode == "round" else []
+        self.last_epoch = epochs - 1
+        self.momenta: list[float | None] | None = None
+
+    def before_batch(self, epoch: int) -> None:
+        if self.momenta is None and self.layers and epoch >= self.last_epoch:
+            self.momenta = [m.momentum for m in self.layers]
+            for m in self.layers:
+                m.reset_running_stats()
+                m.momentum = None  # cumulative moving average (1 / batches seen)
+
+    def __enter__(self) -> RoundStats:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self.momenta is not None:
+            for m, momentum in zip(self.layers, self.momenta):
+                m.momentum = momentum
+        return False
 
 
 def wants_channels_last(model: nn.Module, device: torch.device | str) -> bool:
@@ -242,6 +311,7 @@ def train_epochs(
     betas: tuple[float, float] = (0.9, 0.999),
     lr_at_epoch: Callable[[float], float] | None = None,
     precision: str | None = None,
+    bn_stats: str | None = None,
 ) -> dict[str, float]:
     """The local loop every method shares: ``epochs`` passes of shuffled mini-batches.
 
@@ -252,6 +322,8 @@ def train_epochs(
     learning rate before every step, ``i`` counting the batches of local epoch ``e`` (a
     per-iteration schedule such as :func:`epoch_lr`); without it ``lr`` is constant.
     ``precision`` (default: :func:`use_precision`'s) runs ``loss_fn`` under autocast (:class:`Amp`).
+    ``bn_stats`` (default: :func:`use_bn_stats`'s, ``"round"``) says what the BatchNorm running
+    statistics hold afterwards (:class:`RoundStats`).
     Returns ``{"train_loss": mean loss of the last epoch, "num-examples": n}``.
     """
     device = torch.device(device)
@@ -263,20 +335,22 @@ def train_epochs(
     per_epoch = max(len(batches), 1)
     augment = torch.Generator().manual_seed(seed + 1)
     loss_sum, seen = 0.0, 0
-    for epoch in range(epochs):
-        loss_sum, seen = 0.0, 0
-        for step, (xb, yb) in enumerate(batches):
-            if len(yb) < 2:  # a batch of one breaks BatchNorm statistics
-                continue
-            if lr_at_epoch is not None:
-                for group in opt.param_groups:
-                    group["lr"] = lr_at_epoch(epoch + step / per_epoch)
-            with amp.autocast():
-                loss = loss_fn(model, xb, yb, augment)
-            opt.zero_grad(set_to_none=True)
-            amp.step(loss, opt, (lambda: after_backward(model)) if after_backward is not None else None)
-            loss_sum += loss.item() * len(yb)
-            seen += len(yb)
+    with RoundStats(model, epochs, bn_stats) as stats:
+        for epoch in range(epochs):
+            loss_sum, seen = 0.0, 0
+            for step, (xb, yb) in enumerate(batches):
+                if len(yb) < 2:  # a batch of one breaks BatchNorm statistics
+                    continue
+                stats.before_batch(epoch)
+                if lr_at_epoch is not None:
+                    for group in opt.param_groups:
+                        group["lr"] = lr_at_epoch(epoch + step / per_epoch)
+                with amp.autocast():
+                    loss = loss_fn(model, xb, yb, augment)
+                opt.zero_grad(set_to_none=True)
+                amp.step(loss, opt, (lambda: after_backward(model)) if after_backward is not None else None)
+                loss_sum += loss.item() * len(yb)
+                seen += len(yb)
     opt.zero_grad(set_to_none=True)  # the gradients are not needed after training: free their memory
     return {"train_loss": loss_sum / max(seen, 1), "num-examples": int(len(labels))}
 
@@ -299,6 +373,7 @@ def train_supervised(
     after_backward: Callable[[nn.Module], None] | None = None,
     augment: Augment = random_flips,
     precision: str | None = None,
+    bn_stats: str | None = None,
 ) -> dict[str, float]:
     """Cross-entropy training on ``augment``-ed images (default: random flips; the run's
     ``augment`` policy: :func:`fedderm.augment.policy`); with ``proximal_mu`` > 0 adds FedProx's
@@ -334,6 +409,7 @@ def train_supervised(
         device=device,
         after_backward=after_backward,
         precision=precision,
+        bn_stats=bn_stats,
     )
 
 

@@ -32,7 +32,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from fedderm.ssl_pseudo import backbone_arrays, encoder_prefix, original_ssl_network, pretrain_multitask
-from fedderm.train import resolve_device
+from fedderm.train import resolve_device, use_bn_stats
 from wire import PSEUDO, to_record, to_state_dict
 
 from .common import Tracked
@@ -116,22 +116,23 @@ def pseudo_stage(grid: Grid, cfg, recorder, tasks: str) -> dict:
         gan_seconds,
         tasks,
     )
-    encoder, ssl_metrics = pretrain_multitask(
-        images,
-        centres,
-        model=cfg.model,
-        num_centres=len(gan_info),
-        tasks=tasks,
-        epochs=int(cfg.option("ssl.epochs")),
-        batch_size=cfg.batch_size,
-        lr=float(cfg.option("ssl.lr")),
-        optimizer="adam",
-        patch=int(cfg.option("ssl.swap-patch")),
-        swaps=int(cfg.option("ssl.swaps")),
-        seed=cfg.seed,
-        device=resolve_device(cfg.device),
-        augment=_pretrain_augment(cfg),
-    )
+    with use_bn_stats(cfg.bn_stats):  # the clients' loops read it from their ClientApp (client_app.dispatch)
+        encoder, ssl_metrics = pretrain_multitask(
+            images,
+            centres,
+            model=cfg.model,
+            num_centres=len(gan_info),
+            tasks=tasks,
+            epochs=int(cfg.option("ssl.epochs")),
+            batch_size=cfg.batch_size,
+            lr=float(cfg.option("ssl.lr")),
+            optimizer="adam",
+            patch=int(cfg.option("ssl.swap-patch")),
+            swaps=int(cfg.option("ssl.swaps")),
+            seed=cfg.seed,
+            device=resolve_device(cfg.device),
+            augment=_pretrain_augment(cfg),
+        )
     log(INFO, "pre-training done: %s", {k: round(v, 4) for k, v in ssl_metrics.items()})
     recorder.update_extra(
         {
