@@ -366,6 +366,33 @@ def test_strategy_averages_the_synchronised_part_and_the_kept_part_once_at_the_e
     assert np.allclose(final["cls_token"].numpy(), expected)  # averaged once, after the last round
 
 
+@pytest.mark.parametrize("poisoned", ["arrays", LOCAL_RECORD])
+def test_a_rejected_reply_adds_nothing_to_the_final_class_token(tmp_path, poisoned):
+    """Only replies that pass screening contribute their kept class token: a reply with a
+    non-finite shared weight or a non-finite class token is left out of both means."""
+    strategy = make_strategy(tmp_path, rounds=1)
+    rng = np.random.default_rng(2)
+    glob = {
+        "cls_token": rng.normal(size=(1, 1, 4)).astype(np.float32),
+        "w": rng.normal(size=3).astype(np.float32),
+    }
+    clients = [{k: rng.normal(size=v.shape).astype(np.float32) for k, v in glob.items()} for _ in range(3)]
+    clients[2][{"arrays": "w", LOCAL_RECORD: "cls_token"}[poisoned]][..., 0] = np.nan
+    weights = [30, 10, 60]
+    arrays = ArrayRecord({k: Array(v) for k, v in glob.items()})
+    ins = strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid([11, 12, 13]))
+    replies = [
+        fake_reply(m, {"w": c["w"]}, n, i, local={"cls_token": c["cls_token"]})
+        for i, (m, c, n) in enumerate(zip(ins, clients, weights))
+    ]
+    final, _ = strategy.aggregate_train(1, replies)
+    for key in glob:
+        expected = (30 * clients[0][key] + 10 * clients[1][key]) / 40
+        assert np.allclose(final[key].numpy(), expected), key
+    (missing,) = strategy.recorder.extra["missing_clients"]
+    assert missing["node-id"] == ins[2].metadata.dst_node_id and "non-finite" in missing["reason"]
+
+
 def test_exclude_none_is_plain_fedavg(tmp_path):
     strategy = make_strategy(tmp_path, exclude="none")
     rng = np.random.default_rng(1)
