@@ -24,7 +24,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedderm.mae import MAEOptions, build_mae, load_mae_checkpoint, vit_backbone_state
-from fedderm.models import create_model
+from fedderm.models import create_classifier
 from wire import LOCAL_RECORD, to_record
 
 from .common import Tracked
@@ -112,7 +112,7 @@ def build_strategy(cfg, recorder) -> FedMAEStrategy:
 
 def mae_backbone_state(cfg, num_classes: int):
     """``backbone_state`` for the shared fine-tuning: the MAE encoder -> ``cfg.model``'s backbone."""
-    target = list(create_model(cfg.model, num_classes, cfg.image_size).backbone.state_dict())
+    target = list(create_classifier(cfg, num_classes).backbone.state_dict())
     return partial(vit_backbone_state, target_keys=target)
 
 

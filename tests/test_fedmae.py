@@ -32,6 +32,7 @@ from fedderm.mae import (
 from fedderm.models import create_model
 from fedderm.state_store import StateStore
 from strategies.fedmae import FedMAEStrategy, mae_backbone_state
+from strategies.finetune import classifier_from_pretrained
 from wire import LOCAL_RECORD
 
 MICRO = {
@@ -200,6 +201,41 @@ def test_encoder_transfers_to_the_timm_classifier():
         torch.cat([tokens[:, :1], torch.stack([tokens[n, 1:][ids_shuffle[n]] for n in range(2)])], 1)
     )
     assert torch.allclose(latent, expected, atol=1e-5)
+
+
+def test_vit_pool_token_classifies_the_class_tokens_output_of_the_pre_trained_encoder():
+    """``vit-pool="token"`` (000 §IV-A: the class token's output is the image's representation): the
+    classifier's features are the MAE encoder's normalised class-token output (its final norm carried
+    over); ``avg`` (the default) is the mean of the patch tokens under a fresh norm."""
+    mae = micro_mae()
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    feats, clfs = {}, {}
+    for pool in ("avg", "token"):
+        cfg = registry.load_config({**MICRO, "method": "fedmae", "vit-pool": pool})
+        clfs[pool] = classifier_from_pretrained(cfg, 5, mae.state_dict(), mae_backbone_state(cfg, 5)).eval()
+        with torch.no_grad():
+            feats[pool] = clfs[pool].forward_features(x)
+    mae.eval()
+    with torch.no_grad():
+        latent, _, _ = mae.forward_encoder(x, 0.0, torch.Generator().manual_seed(1))
+        tokens = clfs["avg"].backbone.forward_features(x)  # un-normalised under average pooling
+        mean_of_patches = clfs["avg"].backbone.fc_norm(tokens[:, 1:].mean(1))
+    assert torch.allclose(feats["token"], latent[:, 0], atol=1e-5)  # the encoder's class token, normalised
+    assert torch.allclose(feats["avg"], mean_of_patches, atol=1e-5)
+    assert not torch.allclose(feats["avg"], feats["token"], atol=1e-2)
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        ({"method": "fedavg", "model": "tiny-cnn"}, r"'vit-pool' is 'token', which needs a ViT model"),
+        ({"method": "fedclf", "model": "vit-micro"}, r"'vit-pool' is 'token'.*one of the methods"),
+        ({"method": "fedmae", "model": "vit-micro", "vit-pool": "cls"}, r"'vit-pool' must be one of"),
+    ],
+)
+def test_vit_pool_token_is_refused_where_the_classifier_would_ignore_it(config, match):
+    with pytest.raises(ConfigError, match=match):
+        registry.load_config({"vit-pool": "token", **config})
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
