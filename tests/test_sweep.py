@@ -3,6 +3,7 @@ resume, every sweeps/*.toml, and one real end-to-end sweep."""
 
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -485,6 +486,23 @@ def test_every_config_parses_and_its_rows_load(path):
         assert cfg.num_server_rounds <= 20  # each quick table must stay within ~10 min on 2 cores
         assert cfg.dataset == "digits" or cfg.synthetic_per_class <= 40
     assert quick.num_supernodes <= 4 and len(quick.seeds) == 1
+
+
+CLAIMS = sorted((ROOT / "sweeps" / "claims").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", CLAIMS, ids=[p.stem for p in CLAIMS])
+def test_every_claims_experiment_parses_with_replicates_and_a_reference(path):
+    """The pre-registered experiments of docs/claims.md: every row loads, >= 3 seeds, a reference row
+    for the paired differences, no [quick] section (the file's settings are the experiment), and the
+    title cites the paper."""
+    sweep = fs.load_sweep(path, load_config=registry.load_config, valid_keys=VALID)
+    assert sweep.title.startswith(f"{path.stem[:3]} claims")
+    assert len(sweep.seeds) >= 3 and sweep.reference
+    refs = [sweep.reference_of(r) for r in sweep.rows()]
+    assert any(refs) and all(ref is None or ref.labels.items() >= sweep.reference.items() for ref in refs)
+    assert "quick" not in tomllib.loads(path.read_text())
+    assert "Pre-registered" in path.read_text().splitlines()[0]
 
 
 def test_configs_exist_for_the_paper_tables():
