@@ -3,10 +3,10 @@ resume, every sweeps/*.toml, and one real end-to-end sweep."""
 
 import json
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import registry
 import sim
@@ -503,6 +503,13 @@ def test_every_claims_experiment_parses_with_replicates_and_a_reference(path):
     assert any(refs) and all(ref is None or ref.labels.items() >= sweep.reference.items() for ref in refs)
     assert "quick" not in tomllib.loads(path.read_text())
     assert "Pre-registered" in path.read_text().splitlines()[0]
+
+
+def test_the_claims_ledger_names_every_claims_experiment():
+    ledger = (ROOT / "docs" / "claims.md").read_text()
+    assert len(CLAIMS) >= 8
+    for path in CLAIMS:
+        assert f"sweeps/claims/{path.name}" in ledger, path.name
 
 
 def test_configs_exist_for_the_paper_tables():
