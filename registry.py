@@ -404,6 +404,8 @@ SMALLEST_RUN = {
 _SMALL_VIT = {"model": "vit-micro", "image-size": 16}
 #: the models the masked-image-modelling methods (FedMAE, Fed-BEiT) can pre-train
 VIT_MODELS = ("vit-micro", "vit-tiny", "vit-small", "vit-base")
+#: The methods whose classifier follows ``vit-pool`` (built by ``fedderm.models.create_classifier``)
+VIT_POOL_METHODS = ("fedmae", "fedbeit", "random-init", "fedavg", "fedprox")
 #: ``Method.probe`` of the self-supervised methods (fedderm.probes)
 _PREFIX_PROBE, _VIT_PROBE = "fedderm.probes:backbone_from_prefix", "fedderm.probes:backbone_from_vit"
 
@@ -756,6 +758,12 @@ def load_config(run_config: Mapping[str, Any]) -> Config:
     for m in METHODS.values():
         if m.check is not None:
             m.check(cfg)
+    if cfg.vit_pool != "avg" and (cfg.model not in VIT_MODELS or cfg.method not in VIT_POOL_METHODS):
+        raise ConfigError(
+            f"run-config key 'vit-pool' is {cfg.vit_pool!r}, which needs a ViT model ({', '.join(VIT_MODELS)}) "
+            f"and one of the methods {', '.join(VIT_POOL_METHODS)}; got model {cfg.model!r}, "
+            f'method {cfg.method!r} (set vit-pool="avg")'
+        )
     if cfg.probe_every and not METHODS[cfg.method].probe:
         raise ConfigError(
             f"run-config key 'probe-every' is {cfg.probe_every} but method {cfg.method!r} has no "

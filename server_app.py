@@ -14,7 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 import registry
 from fedderm.data.checks import check_union
 from fedderm.launcher import fast_object_pulls
-from fedderm.models import create_model
+from fedderm.models import create_classifier
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
 from strategies.common import StateClock, run_federated
@@ -103,7 +103,13 @@ def record_classes(recorder: RunRecorder, cfg, method, classes: list[str], infos
         for info in infos.values()
         if f"counts-{splits[0]}" in info
     }
-    meta = {"method": cfg.method, "model": cfg.model, "image_size": cfg.image_size, "network": method.network}
+    meta = {
+        "method": cfg.method,
+        "model": cfg.model,
+        "image_size": cfg.image_size,
+        "network": method.network,
+        "vit_pool": cfg.vit_pool,
+    }
     if "flbt.proj-dim" in cfg.options:
         meta["proj_dim"] = int(cfg.option("flbt.proj-dim"))
     if cfg.method == "sift":  # fedderm.inference rebuilds the text-guided classifier from these
@@ -132,7 +138,7 @@ def run_dir_for(cfg, run_id: int) -> Path:
 
 def run_supervised(grid: Grid, cfg, recorder: RunRecorder, classes: list[str]) -> None:
     """The default plan: the method's strategy trains ``cfg.model`` from scratch, then test."""
-    model = create_model(cfg.model, num_classes=len(classes), image_size=cfg.image_size)
+    model = create_classifier(cfg, len(classes))
     strategy = registry.get_method(cfg.method).strategy_module().build_strategy(cfg, recorder)
     run_federated(strategy, grid, to_record(model.state_dict()))
 

@@ -27,7 +27,7 @@ from fedderm.augment import policy as augment_policy
 from fedderm.config import Config
 from fedderm.data import ClientData, DataError, load_client_data
 from fedderm.data.checks import class_counts
-from fedderm.models import create_model
+from fedderm.models import create_classifier
 from fedderm.node import NodeSettings, parse_node_config
 from fedderm.train import check_precision, mim_schedule, resolve_device, round_lr
 from fedderm.train import evaluate as evaluate_model
@@ -62,16 +62,19 @@ class ClientSession:
         ``arrays``."""
         if key not in self._models:
             if factory is None and key == "classifier":
-                shared = (self.cfg.model, self.data.num_classes, self.cfg.image_size, str(self.device))
+                shared = (
+                    self.cfg.model,
+                    self.data.num_classes,
+                    self.cfg.image_size,
+                    self.cfg.vit_pool,
+                    str(self.device),
+                )
                 if shared not in _CLASSIFIERS:
-                    _CLASSIFIERS[shared] = create_model(
-                        self.cfg.model, self.data.num_classes, self.cfg.image_size
-                    )
+                    _CLASSIFIERS[shared] = create_classifier(self.cfg, self.data.num_classes)
                 self._models[key] = _CLASSIFIERS[shared]
             else:
                 self._models[key] = (
-                    factory
-                    or (lambda: create_model(self.cfg.model, self.data.num_classes, self.cfg.image_size))
+                    factory or (lambda: create_classifier(self.cfg, self.data.num_classes))
                 )()
             if self.cfg.compile and not getattr(self._models[key], "_compiled_call_impl", None):
                 self._models[key].compile()  # torch.compile of its forward, once per process (docs/gpu.md)

@@ -31,13 +31,13 @@ OUTPUT_LAYER = "head."  # the output layer of the classifier and of the 004 netw
 
 
 def build_network(
-    network: str, model: str, num_classes: int, image_size: int, proj_dim: int
+    network: str, model: str, num_classes: int, image_size: int, proj_dim: int, vit_pool: str = "avg"
 ) -> torch.nn.Module:
     """The method's network (registry ``Method.network``) with an output layer for ``num_classes``."""
     if network == "projected":
         return build_projected_net(model, num_classes, image_size, proj_dim)
     if network == "classifier":
-        return create_model(model, num_classes=num_classes, image_size=image_size)
+        return create_model(model, num_classes=num_classes, image_size=image_size, vit_pool=vit_pool)
     raise ValueError(f"no network {network!r} for a held-out centre")
 
 
@@ -68,7 +68,12 @@ def train_holdout(msg: Message, context: Context) -> Message:
     network = registry.get_method(cfg.method).network
     torch.manual_seed(s.seed(0, salt=11))
     model = build_network(
-        network, cfg.model, s.data.num_classes, cfg.image_size, int(cfg.option("flbt.proj-dim"))
+        network,
+        cfg.model,
+        s.data.num_classes,
+        cfg.image_size,
+        int(cfg.option("flbt.proj-dim")),
+        cfg.vit_pool,
     )
     sent = msg.content.array_records.get("arrays")
     kept_own = transfer(model, to_state_dict(sent)) if sent is not None and len(sent) else None

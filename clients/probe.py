@@ -17,7 +17,7 @@ from flwr.app import Context, Message
 
 import registry
 import wire
-from fedderm.models import create_model
+from fedderm.models import create_classifier
 from fedderm.probes import encode, probe_metrics
 
 from .common import reply, session
@@ -39,7 +39,7 @@ def probe(msg: Message, context: Context) -> Message:
     cfg = s.cfg
     hook = getattr(registry.get_method(cfg.method).client_module(), "probe_state", None)
     state = hook(msg, context) if hook else wire.to_state_dict(msg.content["arrays"])
-    model = s.model(key="probe", factory=lambda: create_model(cfg.model, s.data.num_classes, cfg.image_size))
+    model = s.model(key="probe", factory=lambda: create_classifier(cfg, s.data.num_classes))
     model.backbone.load_state_dict(mapping(cfg.method)(cfg, state), strict=True)
     train_x, train_y = s.data.tensors("labelled")
     val_x, val_y = s.data.tensors("val")

@@ -36,6 +36,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "test-set": ("per-client", "global"),
     "augment": AUGMENT_POLICIES,
     "bn-stats": BN_STATS,
+    "vit-pool": ("avg", "token"),
 }
 
 
@@ -72,6 +73,7 @@ class Config:
     cv_fold: int = 0
     # model and local training
     model: str = ""  # "": the method's paper model (registry.Method.model)
+    vit_pool: str = "avg"
     num_server_rounds: int = 8
     min_clients: int = 2
     local_epochs: int = 2
@@ -314,6 +316,9 @@ KEY_DOCS: dict[str, str] = {
     "`resnet18`, `resnet50` (torchvision; 3×3 stem without max-pool below 48 px), `tiny-cnn`, "
     "`vit-micro` (tests), `vit-tiny`, `vit-small` (patch 8), `vit-base` (patch 16); "
     "always randomly initialised, nothing is downloaded",
+    "vit-pool": "what a ViT classifier classifies: `avg` the mean of the patch tokens' outputs (MAE's "
+    "fine-tuning default) or `token` the class token's output (000 §IV-A's representation); "
+    "`token` needs a ViT `model` and one of the methods `fedmae`, `fedbeit`, `random-init`, `fedavg`, `fedprox`",
     "num-server-rounds": "federated rounds (pre-training rounds for the self-supervised methods)",
     "min-clients": "the server waits until this many clients are connected, and needs this many per round",
     "local-epochs": "epochs over the client's images per round",

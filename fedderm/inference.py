@@ -79,7 +79,7 @@ def load_model(path: str | Path) -> Classifier:
     classes, network = list(meta["classes"]), meta.get("network", "classifier")
     size = int(meta["image_size"])
     if network == "classifier":
-        model = create_model(meta["model"], len(classes), size)
+        model = create_model(meta["model"], len(classes), size, vit_pool=meta.get("vit_pool", "avg"))
     elif network == "projected":
         from .flbt import build_projected_net
 

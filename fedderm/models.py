@@ -28,10 +28,16 @@ def list_models() -> list[str]:
 
 
 def create_model(name: str, num_classes: int, image_size: int = 64, **kwargs) -> nn.Module:
-    """Build model ``name`` with a ``num_classes``-way head, randomly initialised."""
+    """Build model ``name`` with a ``num_classes``-way head, randomly initialised (``vit_pool``:
+    see :data:`VIT_POOLS`; other models ignore it)."""
     if name not in _MODELS:
         raise ValueError(f"unknown model {name!r}; valid models: {', '.join(list_models())}")
     return _MODELS[name](num_classes=num_classes, image_size=image_size, **kwargs)
+
+
+def create_classifier(cfg, num_classes: int) -> nn.Module:
+    """The run's classifier: ``cfg.model`` at ``cfg.image_size``, a ViT pooled as ``cfg.vit_pool``."""
+    return create_model(cfg.model, num_classes, cfg.image_size, vit_pool=cfg.vit_pool)
 
 
 class ResNetClassifier(nn.Module):
@@ -128,7 +134,7 @@ def tiny_cnn(num_classes: int, image_size: int = 64, **_) -> nn.Module:
     return TinyCNN(num_classes)
 
 
-# The registered ViTs (timm VisionTransformer, global average pooling).  The masked-image-modelling
+# The registered ViTs (timm VisionTransformer; average pooling unless vit-pool="token").  The masked-image-modelling
 # methods (fedderm.mae, fedderm.beit) build their encoders from the same table, so a pre-trained
 # encoder always fits the classifier of the same name.  ``vit-micro`` is for tests and quick looks.
 VIT_ARCHS: dict[str, dict[str, int]] = {
@@ -149,14 +155,22 @@ def vit_arch(name: str) -> dict[str, int]:
     return dict(VIT_ARCHS[name])
 
 
+#: What a registered ViT classifies (run-config key ``vit-pool``): ``avg``, the mean of the patch
+#: tokens' outputs (MAE's fine-tuning default), or ``token``, the class token's output, "the visual
+#: representation of the input image" of 000 §IV-A.
+VIT_POOLS = ("avg", "token")
+
+
 def _vit(name: str):
-    def build(num_classes: int, image_size: int = 64, **_) -> nn.Module:
+    def build(num_classes: int, image_size: int = 64, vit_pool: str = "avg", **_) -> nn.Module:
         arch = vit_arch(name)
         if image_size % arch["patch_size"]:
             raise ValueError(
                 f"image-size {image_size} is not a multiple of the patch size {arch['patch_size']}"
             )
-        return TimmClassifier("vit_tiny_patch16_224", num_classes, image_size, global_pool="avg", **arch)
+        if vit_pool not in VIT_POOLS:
+            raise ValueError(f"run-config key 'vit-pool' must be one of {list(VIT_POOLS)}, got {vit_pool!r}")
+        return TimmClassifier("vit_tiny_patch16_224", num_classes, image_size, global_pool=vit_pool, **arch)
 
     return build
 

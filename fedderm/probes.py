@@ -111,9 +111,9 @@ def backbone_from_prefix(cfg, state: dict[str, torch.Tensor], prefix: str = "bac
 def backbone_from_vit(cfg, state: dict[str, torch.Tensor]) -> dict:
     """MAE / BEiT: the encoder mapped onto the timm ViT backbone (as for fine-tuning)."""
     from fedderm.mae import vit_backbone_state
-    from fedderm.models import create_model
+    from fedderm.models import create_classifier
 
-    target = create_model(cfg.model, 2, cfg.image_size).backbone.state_dict()
+    target = create_classifier(cfg, 2).backbone.state_dict()
     return vit_backbone_state(state, target_keys=list(target))
 
 

@@ -14,6 +14,8 @@ A sweep file::
     cv-folds = 0                   # k >= 3: every seed also runs folds 0..k-1 (cv-folds=k cv-fold=f)
     table = "final"                # "final": one table; "per-client": a table per client + the mean (GTA)
     metrics = ["balanced_accuracy", "auc"]    # columns; see Metric
+    reference = { method = "fedavg" }  # optional: per row, the paired difference (same seed and fold)
+                                   #   from the row with these axis labels (the others as the row's), 95 % CI
     [sweep.axes]                    # rows = product of the axes, in file order
     method = ["fedavg", "fedprox"] #   a run-config key with its values
     row = [{ name = "W/o FE", method = "fedclf", "fedclf.feature-sharing" = false }]
@@ -34,7 +36,7 @@ import itertools
 import re
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +46,7 @@ from fedderm.config import ConfigError
 from fedderm.metrics import METRIC_NAMES
 
 SECTIONS = ("sweep", "run-config", "quick")
-SWEEP_KEYS = ("title", "num-supernodes", "seeds", "cv-folds", "table", "metrics", "axes")
+SWEEP_KEYS = ("title", "num-supernodes", "seeds", "cv-folds", "table", "metrics", "axes", "reference")
 TABLE_MODES = ("final", "per-client")
 #: summary.json "final" entries a plain metric name may take (rates, shown in %)
 FINAL_METRICS = (*METRIC_NAMES, "loss")
@@ -120,6 +122,17 @@ class Sweep:
     base: dict[str, Any]  # [run-config]
     late: dict[str, Any]  # [quick] (with --quick) then --set: applied over the axes' keys
     quick: bool = False
+    reference: dict[str, str] = field(default_factory=dict)  # axis -> label of the reference row
+
+    def reference_of(self, row: Row) -> Row | None:
+        """The row ``row`` is compared with: its labels with the ``reference`` axes' labels put in;
+        None without a ``reference`` or for a reference row itself."""
+        if not self.reference:
+            return None
+        labels = {**row.labels, **self.reference}
+        if labels == row.labels:
+            return None
+        return next(r for r in self.rows() if r.labels == labels)
 
     def rows(self) -> list[Row]:
         names = list(self.axes)
@@ -362,6 +375,15 @@ def parse_sweep(
                         f"{source} {where}: {key!r} is set by every entry of axis {a!r}, so this "
                         f"value would never be used; set 'sweep.axes.{a}' instead"
                     )
+    reference = get("reference", dict, {})
+    for axis, label in reference.items():
+        if axis not in axes:
+            raise SweepError(f"{where}: 'reference' names axis {axis!r}, not one of {list(axes)}")
+        labels = [lab for lab, _ in axes[axis]]
+        if label not in labels:
+            raise SweepError(
+                f"{where}: 'reference' {axis} = {label!r} is not a row label of that axis: {labels}"
+            )
     sweep = Sweep(
         name,
         source,
@@ -375,6 +397,7 @@ def parse_sweep(
         base,
         late,
         quick,
+        dict(reference),
     )
     if load_config is not None:
         for row in sweep.rows():

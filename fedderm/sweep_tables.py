@@ -128,6 +128,25 @@ def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
+#: two-sided confidence level of the paired differences against the reference row
+CI_LEVEL = 0.95
+
+
+def paired_difference(pairs: list[tuple[float, float]]) -> dict[str, Any]:
+    """Mean, sample SD and the t confidence interval (:data:`CI_LEVEL`) of the differences
+    d_i = x_i − r_i of paired replicates (same seed and fold): mean ± t_{n−1} · SD/√n.
+    With one pair the SD and the interval are None."""
+    diffs = [x - r for x, r in pairs]
+    mean, sd = mean_sd(diffs)
+    out: dict[str, Any] = {"n": len(diffs), "mean": mean, "sd": sd, "ci": None, "values": diffs}
+    if sd is not None:
+        from scipy.stats import t
+
+        half = float(t.ppf(0.5 + CI_LEVEL / 2, len(diffs) - 1)) * sd / math.sqrt(len(diffs))
+        out["ci"] = [mean - half, mean + half]
+    return out
+
+
 #: appended to a cell within noise of chance (:func:`mark_chance`)
 CHANCE_MARK = "≈chance"
 
@@ -179,6 +198,28 @@ def aggregate(sweep: Sweep, results: list[Mapping[str, Any]]) -> dict[str, Any]:
             mark_chance(out[m.label], infos)
         return out
 
+    def replicates(row_index: int) -> dict[tuple, Mapping[str, Any]]:
+        """(seed, fold) -> summary of the row's completed runs."""
+        return {
+            (run.seed, run.fold): r["summary"]
+            for run, r in by_row.get(row_index, [])
+            if r["status"] == "done" and is_complete(r.get("summary"))
+        }
+
+    def versus(row, ref) -> dict[str, Any] | None:
+        if ref is None:
+            return None
+        mine, theirs = replicates(row.index), replicates(ref.index)
+        out: dict[str, Any] = {"row": ref.index, "axes": ref.labels, "metrics": {}}
+        for m in sweep.metrics:
+            pairs = []
+            for key in sorted(set(mine) & set(theirs), key=str):
+                x, r = metric_value(mine[key], m), metric_value(theirs[key], m)
+                if x is not None and r is not None:
+                    pairs.append((x, r))
+            out["metrics"][m.label] = paired_difference(pairs)
+        return out
+
     rows = []
     for row in sweep.rows():
         entries = by_row.get(row.index, [])
@@ -204,6 +245,7 @@ def aggregate(sweep: Sweep, results: list[Mapping[str, Any]]) -> dict[str, Any]:
                 "planned": len(sweep.seeds) * max(sweep.cv_folds, 1),
                 "metrics": cells(done, None),
                 "per_client": {c: cells(done, c) for c in clients},
+                "vs_reference": versus(row, sweep.reference_of(row)),
             }
         )
     return {
@@ -215,6 +257,7 @@ def aggregate(sweep: Sweep, results: list[Mapping[str, Any]]) -> dict[str, Any]:
         "seeds": sweep.seeds,
         "cv-folds": sweep.cv_folds,
         "axes": list(sweep.axes),
+        "reference": sweep.reference,
         "clients": clients,
         "metrics": [
             {"key": m.key, "label": m.label, "scale": m.scale, "digits": m.digits} for m in sweep.metrics
@@ -238,6 +281,34 @@ def _md_table(table: Mapping[str, Any], metrics: list[Metric], client: str | Non
         if failed:
             count += "; failed: " + "; ".join(f"{r['name']}: {_short(r['reason'])}" for r in failed)
         lines.append("| " + " | ".join([*(_cell(row["axes"][a]) for a in axes), *values, count]) + " |")
+    return lines
+
+
+def format_difference(diff: Mapping[str, Any], metric: Metric) -> str:
+    """``+1.23 [−0.45, +2.91]`` (scaled; the CI in brackets); ``(n = 1)`` without an interval."""
+    if not diff["n"]:
+        return "n/a"
+    s, d = metric.scale, metric.digits
+    text = f"{s * diff['mean']:+.{d}f}"
+    if diff["ci"] is None:
+        return text + f" (n = {diff['n']})"
+    lo, hi = diff["ci"]
+    return text + f" [{s * lo:+.{d}f}, {s * hi:+.{d}f}]"
+
+
+def _md_differences(table: Mapping[str, Any], metrics: list[Metric]) -> list[str]:
+    """The paired differences of every row from its reference row, one column per metric."""
+    axes = table["axes"]
+    head = [*axes, *(f"Δ {m.label}" for m in metrics), "pairs"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in table["rows"]:
+        vs = row.get("vs_reference")
+        if vs is None:
+            values, pairs = ["reference"] * len(metrics), ""
+        else:
+            values = [format_difference(vs["metrics"][m.label], m) for m in metrics]
+            pairs = str(max(vs["metrics"][m.label]["n"] for m in metrics))
+        lines.append("| " + " | ".join([*(_cell(row["axes"][a]) for a in axes), *values, pairs]) + " |")
     return lines
 
 
@@ -296,6 +367,17 @@ def render_markdown(table: Mapping[str, Any], footer: str = "") -> str:
             lines += [f"**C{i}** (client {client}, test split)", "", *_md_table(table, metrics, client), ""]
         lines += ["**GTA** (mean over clients)", ""]
     lines += [*_md_table(table, metrics, None), "", note]
+    if table.get("reference"):
+        ref = ", ".join(f"{a} = {v}" for a, v in table["reference"].items())
+        lines += [
+            "",
+            f"**Paired differences from the reference row** ({ref}; the other axes as the row's): "
+            f"mean of (row − reference) over the replicates both completed (same seed and fold), "
+            f"with its {100 * CI_LEVEL:g} % t-interval [mean ± t(n−1)·SD/√n]; `pairs` = n. An interval "
+            "that contains 0 is no evidence of a difference.",
+            "",
+            *_md_differences(table, metrics),
+        ]
     rule = chance_note(table)
     if rule:
         lines += ["", rule]

@@ -4,7 +4,8 @@ Knowledge split (000 §IV-D): every round the server averages (FedAvg, weighted 
 training images) every parameter *except* those named by ``fedmae.exclude``; the clients keep
 their own copies of the excluded ones across rounds (in ``context.state``) and never send them,
 except once: in the last round each client adds them as a second record, ``local-arrays``,
-which the server averages with the same weights into the final global model.
+which the server averages with the same weights into the final global model (from the
+replies that pass screening only).
 
 Fed-MAE of 003 is this strategy with ``fedmae.exclude="none"`` (plain FedAvg over everything)
 and ``fedmae.mask-ratio=0.6`` (``presets/fed-mae.toml``).
@@ -23,11 +24,12 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedderm.mae import MAEOptions, build_mae, load_mae_checkpoint, vit_backbone_state
-from fedderm.models import create_model
+from fedderm.models import create_classifier
 from wire import LOCAL_RECORD, to_record
 
 from .common import Tracked
 from .finetune import finetune_pretrained, pretrain_strategy, pretrain_then_finetune
+from .screening import reply_problem
 
 
 class FedMAEStrategy(Tracked, FedAvg):
@@ -36,6 +38,7 @@ class FedMAEStrategy(Tracked, FedAvg):
     last round."""
 
     _global: ArrayRecord | None = None
+    _local: list[RecordDict] = []  # this round's accepted replies' kept parameters
 
     def configure_train(self, server_round, arrays, config, grid):
         self._global = arrays
@@ -44,17 +47,36 @@ class FedMAEStrategy(Tracked, FedAvg):
 
     partial_replies = True  # the excluded parameters stay on the clients
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        replies = list(replies)
-        local = []  # FedAvg wants exactly one ArrayRecord per reply: take the second one out first
+    def validate_reply(self, msg: Message) -> str | None:
+        """The shared weights as for every strategy, and the kept parameters (``local-arrays``,
+        last round only) against the global model's: shape, dtype, finite values."""
+        problem = super().validate_reply(msg)
+        if problem or LOCAL_RECORD not in msg.content or self._global is None:
+            return problem
+        local = msg.content.array_records[LOCAL_RECORD]
+        extra = sorted(set(local.keys()) - set(self._global.keys()))
+        if extra:
+            return f"{LOCAL_RECORD}: parameters the global model does not have: {extra[:3]}"
+        problem = reply_problem(local, ArrayRecord({k: self._global[k] for k in local.keys()}))
+        return f"{LOCAL_RECORD}: {problem}" if problem else None
+
+    def _aggregate(self, server_round: int, replies: list[Message]):
+        """``replies`` passed screening: only their kept parameters are averaged (the second
+        record is taken out first: FedAvg wants exactly one ArrayRecord per reply)."""
+        self._local = []
         for msg in replies:
-            if not msg.has_error() and LOCAL_RECORD in msg.content:
+            if LOCAL_RECORD in msg.content:
                 record = msg.content.pop(LOCAL_RECORD)
                 weight = msg.content["metrics"]["num-examples"]
-                local.append(
+                self._local.append(
                     RecordDict({"arrays": record, "metrics": MetricRecord({"num-examples": weight})})
                 )
+        return super()._aggregate(server_round, replies)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        self._local = []
         arrays, metrics = super().aggregate_train(server_round, replies)
+        local = self._local
         if arrays is None:
             return None, metrics
         local_mean = aggregate_arrayrecords(local, "num-examples") if local else ArrayRecord()
@@ -90,7 +112,7 @@ def build_strategy(cfg, recorder) -> FedMAEStrategy:
 
 def mae_backbone_state(cfg, num_classes: int):
     """``backbone_state`` for the shared fine-tuning: the MAE encoder -> ``cfg.model``'s backbone."""
-    target = list(create_model(cfg.model, num_classes, cfg.image_size).backbone.state_dict())
+    target = list(create_classifier(cfg, num_classes).backbone.state_dict())
     return partial(vit_backbone_state, target_keys=target)
 
 

@@ -22,7 +22,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from fedderm.models import create_model
+from fedderm.models import create_classifier
 from wire import to_record, to_state_dict
 
 from .common import Tracked, run_federated, run_rounds
@@ -80,7 +80,7 @@ def classifier_from_pretrained(
 ) -> torch.nn.Module:
     """``cfg.model`` with the pre-trained backbone (strict) and a new, seeded linear head."""
     torch.manual_seed(cfg.seed)
-    model = create_model(cfg.model, num_classes=num_classes, image_size=cfg.image_size)
+    model = create_classifier(cfg, num_classes)
     model.backbone.load_state_dict(backbone_state(ssl_state), strict=True)
     return model
 

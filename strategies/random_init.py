@@ -4,7 +4,7 @@ goes straight to the shared fine-tuning stage (``finetune`` = federated | local)
 import torch
 
 from fedderm.config import ConfigError
-from fedderm.models import create_model
+from fedderm.models import create_classifier
 
 from .finetune import FINETUNE_STRATEGIES, finetune_and_test
 
@@ -27,5 +27,5 @@ def run(grid, cfg, recorder, classes) -> None:
     if cfg.finetune == "none":
         raise ConfigError("method 'random-init' has no pre-training: set finetune to 'federated' or 'local'")
     torch.manual_seed(cfg.seed)
-    model = create_model(cfg.model, num_classes=len(classes), image_size=cfg.image_size)
+    model = create_classifier(cfg, len(classes))
     finetune_and_test(grid, cfg, recorder, model)

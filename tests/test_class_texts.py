@@ -83,6 +83,17 @@ def test_002_sweeps_name_one_text_per_class(config):
         assert len(class_texts(row["sift.class-texts"], classes)) == len(classes)
 
 
+def test_digit_shape_texts_and_their_shuffled_control():
+    """sweeps/claims/002-sift-head.toml: one shape text per digit class, and the control deals the same
+    ten texts to the wrong classes (every class gets another class's text)."""
+    from fedderm.data.digits import CLASSES
+
+    shapes = class_texts("configs/texts/digits-shapes.txt", CLASSES)
+    shuffled = class_texts("configs/texts/digits-shapes-shuffled.txt", CLASSES)
+    assert len(shapes) == len(set(shapes)) == 10 and sorted(shuffled) == sorted(shapes)
+    assert all(a != b for a, b in zip(shapes, shuffled))
+
+
 def test_sift_head_for_names_differs_from_digit_codes_and_the_texts_are_logged(tmp_path, caplog, monkeypatch):
     """The same images as ``digits.npz`` and as ``dermamnist.npz``: the frozen head W of SiFT is
     built from "0" … "6" in the first case, from DermaMNIST's class names in the second."""

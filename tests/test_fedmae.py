@@ -32,6 +32,7 @@ from fedderm.mae import (
 from fedderm.models import create_model
 from fedderm.state_store import StateStore
 from strategies.fedmae import FedMAEStrategy, mae_backbone_state
+from strategies.finetune import classifier_from_pretrained
 from wire import LOCAL_RECORD
 
 MICRO = {
@@ -202,6 +203,41 @@ def test_encoder_transfers_to_the_timm_classifier():
     assert torch.allclose(latent, expected, atol=1e-5)
 
 
+def test_vit_pool_token_classifies_the_class_tokens_output_of_the_pre_trained_encoder():
+    """``vit-pool="token"`` (000 §IV-A: the class token's output is the image's representation): the
+    classifier's features are the MAE encoder's normalised class-token output (its final norm carried
+    over); ``avg`` (the default) is the mean of the patch tokens under a fresh norm."""
+    mae = micro_mae()
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    feats, clfs = {}, {}
+    for pool in ("avg", "token"):
+        cfg = registry.load_config({**MICRO, "method": "fedmae", "vit-pool": pool})
+        clfs[pool] = classifier_from_pretrained(cfg, 5, mae.state_dict(), mae_backbone_state(cfg, 5)).eval()
+        with torch.no_grad():
+            feats[pool] = clfs[pool].forward_features(x)
+    mae.eval()
+    with torch.no_grad():
+        latent, _, _ = mae.forward_encoder(x, 0.0, torch.Generator().manual_seed(1))
+        tokens = clfs["avg"].backbone.forward_features(x)  # un-normalised under average pooling
+        mean_of_patches = clfs["avg"].backbone.fc_norm(tokens[:, 1:].mean(1))
+    assert torch.allclose(feats["token"], latent[:, 0], atol=1e-5)  # the encoder's class token, normalised
+    assert torch.allclose(feats["avg"], mean_of_patches, atol=1e-5)
+    assert not torch.allclose(feats["avg"], feats["token"], atol=1e-2)
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        ({"method": "fedavg", "model": "tiny-cnn"}, r"'vit-pool' is 'token', which needs a ViT model"),
+        ({"method": "fedclf", "model": "vit-micro"}, r"'vit-pool' is 'token'.*one of the methods"),
+        ({"method": "fedmae", "model": "vit-micro", "vit-pool": "cls"}, r"'vit-pool' must be one of"),
+    ],
+)
+def test_vit_pool_token_is_refused_where_the_classifier_would_ignore_it(config, match):
+    with pytest.raises(ConfigError, match=match):
+        registry.load_config({"vit-pool": "token", **config})
+
+
 # -- checkpoints ----------------------------------------------------------------------------------
 def reference_named_state(depth=2, dim=64, dec=32, dec_depth=1, grid=4, patch=8, decoder=True):
     """A state dict written by hand with the MAE reference's names and shapes."""
@@ -364,6 +400,33 @@ def test_strategy_averages_the_synchronised_part_and_the_kept_part_once_at_the_e
     final, _ = strategy.aggregate_train(2, replies)
     expected = (30 * clients[0]["cls_token"] + 10 * clients[1]["cls_token"]) / 40
     assert np.allclose(final["cls_token"].numpy(), expected)  # averaged once, after the last round
+
+
+@pytest.mark.parametrize("poisoned", ["arrays", LOCAL_RECORD])
+def test_a_rejected_reply_adds_nothing_to_the_final_class_token(tmp_path, poisoned):
+    """Only replies that pass screening contribute their kept class token: a reply with a
+    non-finite shared weight or a non-finite class token is left out of both means."""
+    strategy = make_strategy(tmp_path, rounds=1)
+    rng = np.random.default_rng(2)
+    glob = {
+        "cls_token": rng.normal(size=(1, 1, 4)).astype(np.float32),
+        "w": rng.normal(size=3).astype(np.float32),
+    }
+    clients = [{k: rng.normal(size=v.shape).astype(np.float32) for k, v in glob.items()} for _ in range(3)]
+    clients[2][{"arrays": "w", LOCAL_RECORD: "cls_token"}[poisoned]][..., 0] = np.nan
+    weights = [30, 10, 60]
+    arrays = ArrayRecord({k: Array(v) for k, v in glob.items()})
+    ins = strategy.configure_train(1, arrays, ConfigRecord(), FakeGrid([11, 12, 13]))
+    replies = [
+        fake_reply(m, {"w": c["w"]}, n, i, local={"cls_token": c["cls_token"]})
+        for i, (m, c, n) in enumerate(zip(ins, clients, weights))
+    ]
+    final, _ = strategy.aggregate_train(1, replies)
+    for key in glob:
+        expected = (30 * clients[0][key] + 10 * clients[1][key]) / 40
+        assert np.allclose(final[key].numpy(), expected), key
+    (missing,) = strategy.recorder.extra["missing_clients"]
+    assert missing["node-id"] == ins[2].metadata.dst_node_id and "non-finite" in missing["reason"]
 
 
 def test_exclude_none_is_plain_fedavg(tmp_path):

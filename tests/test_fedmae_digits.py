@@ -77,10 +77,13 @@ FORMER = {
 }
 
 
-def test_default_fedmae_pretraining_fine_tunes_better_than_random_init_on_digits():
-    """Issue 15 item 8: a *default* fedmae pre-training (3 rounds × 2 epochs, the MAE recipe's schedule:
-    AdamW, blr 1.5e-4, weight decay 0.05, warm-up, cosine per iteration, β2 0.95, lr × batch/256) followed by fine-tuning beats random init
-    and keeps what the MAE's own initialisation gives; the former default schedule collapsed it."""
+def test_default_fedmae_pretraining_keeps_the_mae_initialisation_and_the_former_schedule_lost_it_on_digits():
+    """Issue 15 item 8: after a *default* fedmae pre-training (3 rounds × 2 epochs, the MAE recipe's
+    schedule: AdamW, blr 1.5e-4, weight decay 0.05, warm-up, cosine per iteration, β2 0.95, lr × batch/256)
+    fine-tuning keeps what the MAE's own initialisation gives (at most 0.03 below it), whereas the former
+    default schedule collapsed the encoder.  Both MAE-initialised encoders, pre-trained or not, beat
+    timm's random initialisation: that gain is the initialisation's.  This test does not show that
+    pre-training improves on the same initialisation."""
     torch.set_num_threads(1)
     x, y, tx, ty = _digits()
     base = {**MICRO, "local-epochs": 2, "batch-size": 32}
@@ -96,6 +99,7 @@ def test_default_fedmae_pretraining_fine_tunes_better_than_random_init_on_digits
     print(
         f"random init {random_init:.3f}, MAE init {mae_init:.3f}, default {default:.3f}, former {former:.3f}"
     )
+    assert mae_init > random_init + 0.08, (random_init, mae_init)  # the initialisation alone
     assert default > random_init + 0.08 and default > former + 0.08, (random_init, default, former)
     assert default >= mae_init - 0.03, (mae_init, default)  # pre-training does not destroy the encoder
     assert F.one_hot(ty, 10).sum(0).min() > 20  # every class is in the test set

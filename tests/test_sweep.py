@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import registry
 import sim
@@ -248,6 +249,59 @@ def test_per_client_chance_uses_each_clients_test_size():
     assert not row["per_client"]["1"]["recall"]["at_chance"] and not row["metrics"]["recall"]["at_chance"]
 
 
+def test_paired_differences_from_the_reference_row_with_a_t_interval():
+    """Hand-computed: fedprox − fedavg at L = 0.1 over seeds 0, 1, 2: d = 0.05, 0.10, 0.02, mean
+    0.056667, SD 0.040415, t(0.975, 2) = 4.302653, half-width 4.302653 · 0.040415 / √3 = 0.100395.
+    At L = 0.2 seed 1 of fedprox failed: one pair fewer (d = 0.10, 0.30: mean 0.2, SD 0.141421,
+    t(0.975, 1) = 12.706205, half-width 1.270621); the reference of each row has the row's L."""
+    g = fs.parse_sweep(
+        spec(
+            seeds=[0, 1, 2],
+            reference={"method": "fedavg"},
+            axes={"method": ["fedavg", "fedprox"], "label-fraction": [0.1, 0.2]},
+        ),
+        "g",
+    )
+    assert [g.reference_of(r) and g.reference_of(r).index for r in g.rows()] == [None, None, 0, 1]
+    values = {0: [0.50, 0.60, 0.70], 1: [0.40, 0.40, 0.40], 2: [0.55, 0.70, 0.72], 3: [0.50, None, 0.70]}
+    results = []
+    for row, accs in values.items():
+        for i, acc in enumerate(accs):
+            run = 3 * row + i
+            if acc is None:
+                results.append({"run": run, "status": "failed", "reason": "x", "summary": None})
+            else:
+                results.append({"run": run, "status": "done", "summary": fake_summary(acc)})
+    table = ft.aggregate(g, results)
+    rows = table["rows"]
+    assert rows[0]["vs_reference"] is None and rows[1]["vs_reference"] is None
+    d = rows[2]["vs_reference"]["metrics"]["balanced_accuracy"]
+    assert rows[2]["vs_reference"]["axes"] == {"method": "fedavg", "label-fraction": "0.1"}
+    assert d["n"] == 3 and d["values"] == pytest.approx([0.05, 0.10, 0.02])
+    assert d["mean"] == pytest.approx(0.0566667, abs=1e-6) and d["sd"] == pytest.approx(0.0404145, abs=1e-6)
+    assert d["ci"] == pytest.approx([0.0566667 - 0.100395, 0.0566667 + 0.100395], abs=1e-5)
+    d = rows[3]["vs_reference"]["metrics"]["balanced_accuracy"]
+    assert d["n"] == 2 and d["values"] == pytest.approx([0.10, 0.30])
+    assert d["ci"] == pytest.approx([0.2 - 1.270621, 0.2 + 1.270621], abs=1e-5)
+    md = ft.render_markdown(table)
+    assert "| fedprox | 0.1 | +5.67 [-4.37, +15.71] | 3 |" in md
+    assert "| fedprox | 0.2 | +20.00 [-107.06, +147.06] | 2 |" in md
+    assert "| fedavg | 0.1 | reference |  |" in md and "95 % t-interval" in md
+    json.dumps(table, allow_nan=False)
+    one = ft.paired_difference([(0.7, 0.5)])
+    assert one["mean"] == pytest.approx(0.2) and one["ci"] is None
+    assert ft.format_difference(one, g.metrics[0]) == "+20.00 (n = 1)"
+
+
+@pytest.mark.parametrize(
+    "reference, match",
+    [({"metod": "fedavg"}, r"'reference' names axis 'metod'"), ({"method": "fedavgg"}, r"not a row label")],
+)
+def test_reference_errors_name_the_axis_and_label(reference, match):
+    with pytest.raises(fs.SweepError, match=match):
+        parse(spec(reference=reference))
+
+
 def test_all_runs_failed_row_says_failed():
     g = fs.parse_sweep(spec(seeds=[0]), "g")
     table = ft.aggregate(
@@ -434,6 +488,30 @@ def test_every_config_parses_and_its_rows_load(path):
     assert quick.num_supernodes <= 4 and len(quick.seeds) == 1
 
 
+CLAIMS = sorted((ROOT / "sweeps" / "claims").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", CLAIMS, ids=[p.stem for p in CLAIMS])
+def test_every_claims_experiment_parses_with_replicates_and_a_reference(path):
+    """The pre-registered experiments of docs/claims.md: every row loads, >= 3 seeds, a reference row
+    for the paired differences, no [quick] section (the file's settings are the experiment), and the
+    title cites the paper."""
+    sweep = fs.load_sweep(path, load_config=registry.load_config, valid_keys=VALID)
+    assert sweep.title.startswith(f"{path.stem[:3]} claims")
+    assert len(sweep.seeds) >= 3 and sweep.reference
+    refs = [sweep.reference_of(r) for r in sweep.rows()]
+    assert any(refs) and all(ref is None or ref.labels.items() >= sweep.reference.items() for ref in refs)
+    assert "quick" not in tomllib.loads(path.read_text())
+    assert "Pre-registered" in path.read_text().splitlines()[0]
+
+
+def test_the_claims_ledger_names_every_claims_experiment():
+    ledger = (ROOT / "docs" / "claims.md").read_text()
+    assert len(CLAIMS) >= 8
+    for path in CLAIMS:
+        assert f"sweeps/claims/{path.name}" in ledger, path.name
+
+
 def test_configs_exist_for_the_paper_tables():
     names = {p.stem for p in CONFIGS}
     assert {
@@ -453,6 +531,20 @@ def test_configs_exist_for_the_paper_tables():
         "004-tables-5-7",
         "004-tables-8-10",
     } <= names
+
+
+@pytest.mark.parametrize("name", ["003-table3", "003-table9"])
+@pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])
+def test_003_sweeps_pretrain_with_the_papers_adamw_beta2(name, quick):
+    """003 §IV-B3: "AdamW with beta1 = 0.9, beta2 = 0.999" for Fed-MAE and Fed-BEiT alike, in every
+    pre-training run of both 003 sweeps (FedMAE's own default is 000's 0.95)."""
+    g = fs.load_sweep(
+        ROOT / "sweeps" / f"{name}.toml", quick=quick, load_config=registry.load_config, valid_keys=VALID
+    )
+    cfgs = [registry.load_config(r.overrides) for r in g.runs()]
+    pretrained = [c for c in cfgs if c.method == "fedbeit" or c.option("fedmae.pretrain")]
+    assert {c.method for c in pretrained} == {"fedmae", "fedbeit"}
+    assert [c.option("mim.adam-beta2") for c in pretrained] == [0.999] * len(pretrained)
 
 
 # --------------------------------------------------------------------------- end to end
