@@ -22,6 +22,7 @@ bitwise unchanged by local training.
 from __future__ import annotations
 
 import argparse
+import warnings
 from pathlib import Path
 
 import torch
@@ -108,7 +109,9 @@ def add_lora(
     torch.manual_seed(seed)
     inject_adapter_in_model(config, backbone, adapter_name=SHARED)
     if personal:
-        inject_adapter_in_model(config, backbone, adapter_name=PERSONAL)
+        with warnings.catch_warnings():  # "multiple adapters in the model": two are meant here
+            warnings.simplefilter("ignore", UserWarning)
+            inject_adapter_in_model(config, backbone, adapter_name=PERSONAL)
     active = [SHARED, PERSONAL] if personal else [SHARED]
     for module in backbone.modules():
         if isinstance(module, LoraLayer):
@@ -207,7 +210,7 @@ def backbone_candidates(state: dict[str, torch.Tensor], target_keys: list[str]):
     keys (timm/torchvision, their classification head left out)."""
     if any(k.startswith("backbone.") for k in state):
         yield {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
-    if "patch_embed.proj.weight" in state and any(k.startswith("fc_norm.") for k in target_keys):
+    if "norm.weight" in state and "patch_embed.proj.weight" in state and "fc_norm.weight" in target_keys:
         from .mae import vit_backbone_state
 
         yield vit_backbone_state(state, target_keys=target_keys)
