@@ -29,6 +29,7 @@ from flwr.serverapp import Grid
 
 import wire
 from fedderm.lora import add_lora, count, merged_state, part, split_keys
+from fedderm.transport import decode, encode
 
 from .common import run_federated
 from .finetune import FederatedFinetune
@@ -60,6 +61,11 @@ def lora_classifier(cfg, model: torch.nn.Module) -> torch.nn.Module:
         personal=cfg.peft_personal,
         seed=cfg.seed,
     )
+
+
+def as_sent(state: dict[str, torch.Tensor], transport: str) -> dict[str, torch.Tensor]:
+    """``state`` rounded as ``transport-dtype`` rounds it on the way (float16 and back)."""
+    return {k: torch.from_numpy(decode(encode(v.numpy(), transport), transport)) for k, v in state.items()}
 
 
 def digest(record: ArrayRecord) -> str:
@@ -100,6 +106,8 @@ def finetune_lora(grid: Grid, cfg, recorder, model: torch.nn.Module) -> None:
     backbone goes to the clients once, then federated fine-tuning of the trainable part and test."""
     lora = lora_classifier(cfg, model)
     keys = split_keys(lora, cfg.peft_personal)
+    if cfg.transport_dtype != "float32":  # the clients hold the backbone as it arrives: so does model.pt
+        lora.load_state_dict(as_sent(part(lora, keys["frozen"]), cfg.transport_dtype), strict=False)
     frozen, shared = wire.to_record(part(lora, keys["frozen"])), wire.to_record(part(lora, keys["shared"]))
     own = wire.to_record(part(lora, keys["personal"])) if cfg.peft_personal else None
     total = count(lora.state_dict())
