@@ -55,12 +55,10 @@ def store_backbone(msg: Message, context: Context) -> Message:
     digest = str(msg.content["config"]["digest"])
     meta = state.meta(DIGEST) if DIGEST in state else None
     if meta is None or meta.get("digest") != digest:
-        state.put(FROZEN, {k: v.clone() for k, v in to_state_dict(msg.content["arrays"]).items()})
+        state.put(FROZEN, to_state_dict(msg.content["arrays"]))  # put copies the message's read-only views
         state.put(DIGEST, meta={"digest": digest})
     if PEFT_PERSONAL_INIT in msg.content and not _personal_rounds(context):
-        state.put(
-            f"{PERSONAL}0", {k: v.clone() for k, v in to_state_dict(msg.content[PEFT_PERSONAL_INIT]).items()}
-        )
+        state.put(f"{PERSONAL}0", to_state_dict(msg.content[PEFT_PERSONAL_INIT]))
     return reply(msg, {"partition-id": s.partition_id, "tensors": len(msg.content["arrays"])})
 
 

@@ -225,14 +225,14 @@ def load_init_checkpoint(model: nn.Module, path: str | Path) -> str:
     state = read_checkpoint(path)
     own = model.backbone.state_dict()
     target = list(own)
-    best, problem = None, ""
+    best, problems = None, []
     for candidate in backbone_candidates(state, target):
-        problem = _mismatch(candidate, own)
-        if not problem:
+        problems.append(_mismatch(candidate, own))
+        if not problems[-1]:
             best = candidate
             break
-    if best is None:
-        raise ValueError(f"run-config key 'init-checkpoint': {path}: {problem}")
+    if best is None:  # the problem of the most specific reading of the file
+        raise ValueError(f"run-config key 'init-checkpoint': {path}: {problems[0]}")
     model.backbone.load_state_dict(best, strict=True)
     head = {k[len("head.") :]: v for k, v in state.items() if k.startswith("head.")}
     own_head = model.head.state_dict()

@@ -226,6 +226,10 @@ def test_init_checkpoint_loads_every_format_and_names_a_wrong_key(tmp_path):
         load_init_checkpoint(create_model("vit-micro", 5, 16), tmp_path / "bad.pt")
     message = str(err.value)
     assert "\n" not in message and "'blocks.0.attn.qkv.weight'" in message and "init-checkpoint" in message
+    renamed = {k.replace("qkv", "qkvv"): v for k, v in source.state_dict().items()}
+    torch.save(renamed, tmp_path / "model-bad.pt")  # a fedderm model.pt: the backbone.* reading is named
+    with pytest.raises(ValueError, match=r"missing key 'blocks.0.attn.qkv.weight'"):
+        load_init_checkpoint(create_model("vit-micro", 5, 16), tmp_path / "model-bad.pt")
     torch.save({**want, "pos_embed": torch.zeros(1, 3, 64)}, tmp_path / "shape.pt")
     with pytest.raises(ValueError, match=r"'pos_embed' has shape \[1, 3, 64\]"):
         load_init_checkpoint(create_model("vit-micro", 5, 16), tmp_path / "shape.pt")
