@@ -2,6 +2,7 @@
 as mean ± SD, next to full fine-tuning's (docs/methods/lora.md).
 
     python -m bench.lora_bytes /tmp/lora/sweep
+    python -m bench.lora_bytes /tmp/lora/sweep-lr /tmp/lora/sweep   # baseline: the other sweep's first row
 
 Per run folder (``summary.json``): the fine-tuning rounds' bytes (``bytes_per_round``, stage
 ``finetune``: server -> clients + clients -> server), the one-time frozen-backbone transfer
@@ -38,15 +39,24 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.fmean(values):.4g} ± {sd:.2g}"
 
 
-def main(folder: str) -> None:
+def read_rows(folder: str) -> dict[str, dict[int, dict]]:
+    """Row name -> seed -> :func:`run_figures` of a sweep folder's finished runs."""
     table = json.loads((Path(folder) / "table.json").read_text())
     rows: dict[str, dict[int, dict]] = defaultdict(dict)
     for row in table["rows"]:
         name = " ".join(str(v) for v in row["axes"].values())
         for run in row["runs"]:
             summary = Path(run["dir"]) / "summary.json"
-            if summary.exists():
+            if summary.exists() and json.loads(summary.read_text()).get("final"):
                 rows[name][run["seed"]] = run_figures(json.loads(summary.read_text()))
+    return rows
+
+
+def main(folder: str, baseline: str | None = None) -> None:
+    rows = read_rows(folder)
+    if baseline is not None:
+        first, *_ = (base := read_rows(baseline))
+        rows = {first: base[first], **rows}
     names = list(rows)
     full = rows[names[0]]
     print(f"baseline (first row): {names[0]}\n")
@@ -75,4 +85,4 @@ def main(folder: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])
