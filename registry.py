@@ -775,7 +775,17 @@ def load_config(run_config: Mapping[str, Any]) -> Config:
 
 #: Methods whose fine-tuning stage is the shared one of strategies/finetune.py with one global backbone
 #: (``peft="lora"``: strategies/peft.py), and methods whose run starts from a classifier (``init-checkpoint``).
-PEFT_METHODS = ("fedclf", "fedmoco", "fedsimclr", "fedrotation", "fedmae", "fedbeit", "random-init")
+PEFT_METHODS = (
+    "fedclf",
+    "fedmoco",
+    "fedsimclr",
+    "fedrotation",
+    "fedmae",
+    "fedbeit",
+    "fedbyol",
+    "fedmocov3",
+    "random-init",
+)
 INIT_CHECKPOINT_METHODS = ("random-init", "fedavg", "fedprox")
 
 
