@@ -4,7 +4,7 @@ from flwr.app import Context, Message, MetricRecord
 from flwr.clientapp import ClientApp
 
 import registry
-from clients import holdout, probe
+from clients import holdout, peft, probe
 from clients.audit import audit_mod
 from clients.common import evaluate_split, info, session
 from clients.state import state_mod
@@ -20,8 +20,8 @@ app = ClientApp(mods=MODS)
 
 
 #: Handlers every method's clients have: fine-tuning on a held-out centre (``holdout-centre``),
-#: encoder probes during pre-training (``probe-every``).
-SHARED_HANDLERS = {**holdout.HANDLERS, **probe.HANDLERS}
+#: encoder probes during pre-training (``probe-every``), the frozen backbone of ``peft``.
+SHARED_HANDLERS = {**holdout.HANDLERS, **probe.HANDLERS, **peft.HANDLERS}
 
 
 def dispatch(msg: Message, context: Context) -> Message:

@@ -764,6 +764,7 @@ def load_config(run_config: Mapping[str, Any]) -> Config:
             f"and one of the methods {', '.join(VIT_POOL_METHODS)}; got model {cfg.model!r}, "
             f'method {cfg.method!r} (set vit-pool="avg")'
         )
+    check_peft(cfg)
     if cfg.probe_every and not METHODS[cfg.method].probe:
         raise ConfigError(
             f"run-config key 'probe-every' is {cfg.probe_every} but method {cfg.method!r} has no "
@@ -778,6 +779,44 @@ def load_config(run_config: Mapping[str, Any]) -> Config:
             + ", ".join(sorted(n for n, m in METHODS.items() if m.network))
         )
     return cfg
+
+
+#: Methods whose fine-tuning stage is the shared one of strategies/finetune.py with one global backbone
+#: (``peft="lora"``: strategies/peft.py), and methods whose run starts from a classifier (``init-checkpoint``).
+PEFT_METHODS = (
+    "fedclf",
+    "fedmoco",
+    "fedsimclr",
+    "fedrotation",
+    "fedmae",
+    "fedbeit",
+    "fedbyol",
+    "fedmocov3",
+    "random-init",
+)
+INIT_CHECKPOINT_METHODS = ("random-init", "fedavg", "fedprox")
+
+
+def check_peft(cfg: Config) -> None:
+    """``peft``, ``lora-*`` and ``init-checkpoint``: only where the run has what they act on."""
+    if cfg.peft != "none":
+        if cfg.method not in PEFT_METHODS:
+            raise ConfigError(
+                f"run-config key 'peft' = {cfg.peft!r} does not apply to method {cfg.method!r}: it needs the "
+                f"shared federated fine-tuning stage of {', '.join(PEFT_METHODS)} (for a supervised fine-tuning "
+                "of a checkpoint: method='random-init' with init-checkpoint)"
+            )
+        if cfg.finetune != "federated":
+            raise ConfigError(
+                f"run-config key 'peft' = {cfg.peft!r} needs finetune='federated', got {cfg.finetune!r}"
+            )
+        if cfg.holdout_centre:
+            raise ConfigError("run-config key 'holdout-centre' is not supported with peft='lora'")
+    if cfg.init_checkpoint and cfg.method not in INIT_CHECKPOINT_METHODS:
+        raise ConfigError(
+            f"run-config key 'init-checkpoint' applies to methods without pre-training "
+            f"({', '.join(INIT_CHECKPOINT_METHODS)}), not {cfg.method!r} (fedmae has fedmae.init-checkpoint)"
+        )
 
 
 #: What a held-out centre (``holdout-centre``) may send: its own test metrics and PR curves.

@@ -14,6 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 import registry
 from fedderm.data.checks import check_union
 from fedderm.launcher import fast_object_pulls
+from fedderm.lora import load_init_checkpoint
 from fedderm.models import create_classifier
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
@@ -139,6 +140,8 @@ def run_dir_for(cfg, run_id: int) -> Path:
 def run_supervised(grid: Grid, cfg, recorder: RunRecorder, classes: list[str]) -> None:
     """The default plan: the method's strategy trains ``cfg.model`` from scratch, then test."""
     model = create_classifier(cfg, len(classes))
+    if cfg.init_checkpoint:  # the backbone from a local file (fedderm/lora.py)
+        log(INFO, "init-checkpoint: %s", load_init_checkpoint(model, cfg.init_checkpoint))
     strategy = registry.get_method(cfg.method).strategy_module().build_strategy(cfg, recorder)
     run_federated(strategy, grid, to_record(model.state_dict()))
 

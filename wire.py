@@ -44,6 +44,8 @@ VAL_ROUND = (
     "val-round"  # train config (val-in-train): evaluate the received model on val first, for this round
 )
 PR_CURVE = "pr-curve"  # FL-BT family test reply: per-class precision-recall curves (004 §IV)
+PEFT_BACKBONE = "query.peft_backbone"  # peft="lora": the frozen backbone, sent once to every client
+PEFT_PERSONAL_INIT = "peft-personal-init"  # ... with peft-personal: the initial personal adapter and head
 PACKED = "fedderm-packed"  # deployment: a whole message as one ConfigRecord (see pack_content)
 PACKED_ARRAY = "fedderm-packed-array"  # ... its arrays' bytes as one Array when over one chunk
 

@@ -18,6 +18,7 @@ from fedderm.metrics import SELECTION_METRIC
 from fedderm.train import train_supervised
 from wire import to_record
 
+from . import peft
 from .common import ClientSession, evaluate_split, reply, session
 from .state import client_state
 
@@ -52,6 +53,8 @@ def pretrain_handler(
 
 def train(msg: Message, context: Context) -> Message:
     s = session(context)
+    if s.cfg.peft != "none":  # LoRA adapters on the frozen backbone (clients/peft.py)
+        return peft.train(msg, context)
     cfg, config = s.cfg, msg.content["config"]
     server_round, local = int(config["server-round"]), bool(config.get("local", False))
     state = client_state(context)
@@ -76,6 +79,8 @@ def train(msg: Message, context: Context) -> Message:
 
 def evaluate(msg: Message, context: Context) -> Message:
     s = session(context)
+    if s.cfg.peft != "none":
+        return peft.evaluate(msg, context)
     config = msg.content["config"]
     split, local = str(config.get("split", "val")), bool(config.get("local", False))
     state = client_state(context)

@@ -32,6 +32,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "precision": ("fp32", "bf16", "fp16"),
     "finetune": ("none", "local", "federated"),
     "finetune-optimizer": ("sgd", "adam", "adamw"),
+    "peft": ("none", "lora"),
     "transport-dtype": TRANSPORT_DTYPES,
     "test-set": ("per-client", "global"),
     "augment": AUGMENT_POLICIES,
@@ -97,6 +98,14 @@ class Config:
     finetune_lr: float = 1e-4
     finetune_optimizer: str = "adam"
     finetune_batch_size: int = 0
+    # parameter-efficient fine-tuning (fedderm/lora.py) and a backbone from a local file
+    peft: str = "none"
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: str = ""
+    peft_personal: bool = False
+    init_checkpoint: str = ""
     # fine-tuning of the final global model on a centre held out of the federation (004 Table XI)
     holdout_centre: str = ""
     holdout_epochs: int = 10
@@ -232,6 +241,10 @@ def _check_ranges(cfg: Config) -> None:
     need(cfg.lr > 0, "lr", "must be > 0")
     need(cfg.finetune_lr > 0, "finetune-lr", "must be > 0")
     need(cfg.finetune_batch_size >= 0, "finetune-batch-size", "must be >= 0 (0 = batch-size)")
+    need(cfg.lora_rank >= 1, "lora-rank", "must be >= 1")
+    need(cfg.lora_alpha > 0, "lora-alpha", "must be > 0")
+    need(0 <= cfg.lora_dropout < 1, "lora-dropout", "must be in [0, 1)")
+    need(not cfg.peft_personal or cfg.peft != "none", "peft-personal", 'needs peft="lora"')
     need(cfg.holdout_epochs >= 1, "holdout-epochs", "must be >= 1")
     need(cfg.holdout_lr > 0, "holdout-lr", "must be > 0")
     need(cfg.round_timeout > 0, "round-timeout", "must be > 0 (seconds)")
@@ -352,6 +365,18 @@ KEY_DOCS: dict[str, str] = {
     "finetune-lr": "fine-tuning learning rate (000: Adam 1e-4), under `lr-schedule`",
     "finetune-optimizer": "fine-tuning optimiser",
     "finetune-batch-size": "fine-tuning batch size; `0` = `batch-size` (003: 128 in pre-training, 256 in fine-tuning)",
+    "peft": "`lora`: the fine-tuning stage freezes the backbone and trains LoRA adapters (the `peft` library) and "
+    "the head; only those travel each round, the frozen backbone once (docs/methods/lora.md); `none`: every weight",
+    "lora-rank": "r of the LoRA adapters (update (α/r)·B·A, B d×r, A r×k)",
+    "lora-alpha": "α of the LoRA adapters (the update is scaled by α/r)",
+    "lora-dropout": "dropout on the LoRA branch's input during training",
+    "lora-targets": "comma-separated module names (or name suffixes) of the backbone that get adapters; empty: a ViT's "
+    "attention `qkv` and `proj` layers, any other model's convolutions",
+    "peft-personal": "`true`: each hospital keeps a personal LoRA adapter and the head in its client state (never "
+    "sent); only the shared adapter is averaged (FedPer/FedDPA-style); evaluated per hospital",
+    "init-checkpoint": "a local file to start the backbone from (a timm/torch state dict, an official MAE "
+    "checkpoint, a fedderm `model.pt` or `model-pretrained.pt`), loaded strictly; methods without "
+    "pre-training (`random-init`, `fedavg`, `fedprox`); nothing is downloaded",
     "holdout-centre": "a centre kept out of the federation (its `partition-id` or node-config `site`) that "
     'fine-tunes the final global model afterwards (004 Table XI); `""`: off',
     "holdout-epochs": "fine-tuning epochs on the held-out centre (its best epoch on val is tested)",

@@ -167,6 +167,10 @@ def finetune_pretrained(
 
 def finetune_and_test(grid: Grid, cfg, recorder, model: torch.nn.Module) -> None:
     """Stages 2 and 3: fine-tune ``model`` (``finetune`` = federated | local), then test."""
+    if cfg.peft != "none":  # LoRA adapters on the frozen backbone (strategies/peft.py)
+        from .peft import finetune_lora
+
+        return finetune_lora(grid, cfg, recorder, model)
     n = cfg.min_clients
     strategy = FINETUNE_STRATEGIES[cfg.finetune](
         cfg=cfg,
