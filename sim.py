@@ -270,22 +270,49 @@ def simulate(
     state = RecordDict({CLI_RECORD: ConfigRecord({"preset": preset, "overrides": json.dumps(given)})})
     context = Context(run_id=run_id, node_id=0, node_config={}, state=state, run_config=run_config)
     ray_out_of_band()  # the messages to the ClientApp actors: Arrays out of band (wire.ray_out_of_band)
-    result = _run_simulation(
-        num_supernodes=num_supernodes,
-        exit_event=Ev.PYTHON_API_RUN_SIMULATION_LEAVE,
-        client_app=client_app,
-        server_app=server_app,
-        server_app_context=context,
-        backend_config=backend_config(cpus_per_client, gpus_per_client, ray_address, verbose),
-        app_dir=str(APP_DIR),
-        is_app=True,
-        run=run,
-        verbose_logging=verbose,
-    )
+    try:
+        result = _run_simulation(
+            num_supernodes=num_supernodes,
+            exit_event=Ev.PYTHON_API_RUN_SIMULATION_LEAVE,
+            client_app=client_app,
+            server_app=server_app,
+            server_app_context=context,
+            backend_config=backend_config(cpus_per_client, gpus_per_client, ray_address, verbose),
+            app_dir=str(APP_DIR),
+            is_app=True,
+            run=run,
+            verbose_logging=verbose,
+        )
+    except BaseException as err:
+        _stop_server_app(err)
+        raise
     state = result.context.state
     if "fedderm" not in state:
         raise RuntimeError("the run ended without writing results (see the log above)")
     return Path(state["fedderm"]["run-dir"])
+
+
+#: seconds the ServerApp has to end after the simulation runtime failed
+SERVER_APP_GRACE = 10.0
+
+
+def _stop_server_app(err: BaseException, grace: float = SERVER_APP_GRACE) -> None:
+    """The simulation runtime failed (Ray did not start, ...): Flower raises here while its
+    ServerApp thread may still wait for clients that will never answer (an hour by
+    ``round-timeout``).  Record the runtime's error as the run's first error, stop the
+    ServerApp's grid so that it ends, and wait up to ``grace`` s for it to record its end."""
+    from server_app import CURRENT, record_end
+
+    reason = f"the simulation runtime failed: {_failure_line(err)}"
+    recorder, grid = CURRENT.get("recorder"), CURRENT.get("grid")
+    if recorder is not None:
+        record_end(recorder, "failed", reason)
+    if grid is None:
+        return
+    grid.stop(reason)
+    deadline = time.monotonic() + grace
+    while CURRENT.get("grid") is grid and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------- sweeps
@@ -604,14 +631,17 @@ def _interrupted(signum: int) -> None:
     per-round checkpoint is already on disk), and leave at once (130 / 143) without Ray's dumps."""
     import signal
 
-    from server_app import CURRENT
+    from server_app import CURRENT, record_end
 
     name = signal.Signals(signum).name
     recorder = CURRENT.get("recorder")
     lines = [f"interrupted ({name}): the run stopped"]
     if recorder is not None:
-        with contextlib.suppress(Exception):
-            recorder.update_extra({"status": "interrupted", "error": f"stopped by {name}"})
+        with contextlib.suppress(Exception):  # an end recorded before (the first error) stays
+            if not record_end(recorder, "interrupted", f"stopped by {name}"):
+                lines.append(
+                    f"it had already ended: {recorder.extra.get('error') or recorder.extra.get('status')}"
+                )
         saved = sorted(recorder.run_dir.glob("checkpoint*-round-*.pt"), key=lambda p: p.stat().st_mtime)
         ckpt = saved[-1] if saved else None
         if ckpt:
@@ -622,5 +652,26 @@ def _interrupted(signum: int) -> None:
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
+def _leave(code: int, grace: float = SERVER_APP_GRACE) -> None:
+    """Exit with ``code`` within ``grace`` s.  After a success, as usual; after a failure, or
+    while a thread still runs (a ServerApp whose simulation runtime failed), at once, with every
+    process this one started (Ray's) stopped, as on Ctrl-C: nothing holds the process or
+    outlives it."""
+    import threading
+
+    deadline = time.monotonic() + grace
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    for thread in others:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if code == 0 and not any(t.is_alive() for t in others):
+        sys.exit(code)
+    from fedderm import console
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    console.stop_children()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _leave(main())
