@@ -287,7 +287,8 @@ def main(grid: Grid, context: Context) -> None:
             CURRENT["last"] = CURRENT.pop("recorder")
         CURRENT.pop("grid", None)
     log(INFO, "\n%s", recorder.table())
-    log(INFO, "results: %s", run_dir)
+    if CLI_RECORD not in context.state:  # sim.py prints this line itself, as its last
+        log(INFO, "results: %s", run_dir)
 
 
 def open_run(grid, context: Context, cfg, preset: str, overrides: dict, data: dict | None) -> RunRecorder:

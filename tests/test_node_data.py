@@ -3,11 +3,12 @@ the run folder's name, config.json and summary.json say so, per client; a simula
 run config's.  The real ServerApp and ClientApp in one process (tests/loop_grid.py)."""
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
-from flwr.app import Context, RecordDict
-from loop_grid import TINY_RUN, LoopGrid, run_app
+from flwr.app import ConfigRecord, Context, RecordDict
+from loop_grid import TINY_RUN, LoopGrid
 from PIL import Image
 
 import registry
@@ -29,7 +30,7 @@ def hospital(root: Path, per_class: int) -> int:
     return 2 * per_class
 
 
-def test_node_config_data_is_recorded_per_client(tmp_path, monkeypatch):
+def test_node_config_data_is_recorded_per_client(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("HOME", str(tmp_path))  # the hospitals name their folders with "~"
     images = {"0": hospital(tmp_path / "hospital-a", 6), "1": hospital(tmp_path / "hospital-b", 7)}
     run_config = sim.resolved_run_config(
@@ -65,8 +66,15 @@ def test_node_config_data_is_recorded_per_client(tmp_path, monkeypatch):
     registry.load_config(server_app.saved_run_config(run_dir))
 
 
-def test_simulation_data_is_the_run_configs(tmp_path):
-    run_dir = run_app({**RUN, "output-dir": str(tmp_path)})
+def test_simulation_data_is_the_run_configs(tmp_path, caplog):
+    run_config = sim.resolved_run_config({**RUN, "output-dir": str(tmp_path)})
+    grid = LoopGrid(run_config, 2, client_app)
+    state = RecordDict({server_app.CLI_RECORD: ConfigRecord({"preset": "", "overrides": "{}"})})
+    context = Context(run_id=grid.run_id, node_id=0, node_config={}, state=state, run_config=run_config)
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        server_app.main(grid, context)  # as sim.py runs it
+    run_dir = Path(context.state["fedderm"]["run-dir"])
+    assert not [r for r in caplog.records if r.getMessage().startswith("results:")]  # sim.py prints it
     assert run_dir.name.startswith("fedavg-synthetic-")
     data = json.loads((run_dir / "config.json").read_text())["client-data"]
     assert sorted(data) == ["0", "1"]
