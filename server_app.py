@@ -264,7 +264,6 @@ def main(grid: Grid, context: Context) -> None:
     grid = FastPollGrid(
         grid
     )  # replies within 0.1 s (simulation: 0.02 s) instead of Flower's 3 s pull interval
-    CURRENT["grid"] = grid  # sim.py stops it when the simulation runtime fails (Ray did not start)
     overrides, preset = user_overrides(grid, context)
     cfg = resolve_config(context.run_config, overrides)
     method = registry.get_method(cfg.method)
@@ -272,6 +271,7 @@ def main(grid: Grid, context: Context) -> None:
     seed_everything(cfg.seed)
     log(INFO, "fedderm: method %s · model %s · %s", cfg.method, cfg.model, method.description)
     recorder = None
+    CURRENT["grid"] = grid  # sim.py stops it when the simulation runtime fails (Ray did not start)
     try:
         infos = handshake(grid, cfg)
         # the run folder opens once the clients said whose data they train on (its name, config.json)

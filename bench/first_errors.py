@@ -12,7 +12,8 @@ Wall time of ``python sim.py ...`` from launch to exit, as a user runs it, for:
 - ``check-data``: ``sim.py --check-data`` of a 40-image folder with 2 clients (loads and checks it).
 
 Each case runs ``--repeats`` times in a fresh process (the image cache in a fresh temporary
-folder each time); the median, min and max are printed with the exit code and the error line.
+folder each time); the wall time's median, min and max and the median CPU time (user + system,
+the process and its children) are printed with the exit code and the error line.
 Nothing here is a test: the figures go to docs/benchmarks.md.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -54,19 +56,24 @@ def cases(few: Path, enough: Path) -> dict[str, list[str]]:
     }
 
 
-def run_once(app: Path, argv: list[str], work: Path) -> tuple[float, int, str]:
-    """(wall seconds, exit code, the first ``error:`` line or the last line) of one ``sim.py``."""
+def run_once(app: Path, argv: list[str], work: Path) -> tuple[float, float, int, str]:
+    """(wall seconds, CPU seconds, exit code, the first ``error:`` line or the last line) of one
+    ``sim.py`` (CPU: user + system of it and its children, which a loaded machine does not inflate
+    as it inflates the wall time)."""
     env = {**os.environ, "PYTHONPATH": str(app)}
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         argv = [*argv[:-1], f'{argv[-1]} cache-dir="{tmp}/cache" output-dir="{tmp}/out"']
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         proc = subprocess.run(
             [sys.executable, str(app / "sim.py"), *argv], capture_output=True, text=True, cwd=app, env=env
         )
         wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
     first = next((ln for ln in lines if ln.startswith("error:")), lines[-1] if lines else "")
-    return wall, proc.returncode, first[:160]
+    return wall, cpu, proc.returncode, first[:160]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,10 +94,11 @@ def main(argv: list[str] | None = None) -> None:
         )
         for name in wanted:
             runs = [run_once(app, todo[name], work) for _ in range(args.repeats)]
-            walls = [w for w, _, _ in runs]
+            walls = [r[0] for r in runs]
             print(
-                f"{name:15s} median {statistics.median(walls):6.2f} s (min {min(walls):.2f}, max {max(walls):.2f}) "
-                f"exit {sorted({c for _, c, _ in runs})} · {runs[-1][2]}"
+                f"{name:15s} wall median {statistics.median(walls):6.2f} s (min {min(walls):.2f}, "
+                f"max {max(walls):.2f}) · CPU median {statistics.median(r[1] for r in runs):5.2f} s · "
+                f"exit {sorted({r[2] for r in runs})} · {runs[-1][3]}"
             )
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

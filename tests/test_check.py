@@ -110,3 +110,16 @@ def test_check_a_hospitals_own_data_from_its_node_config(tmp_path, capfd):
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: client 1 has only 2 images (its own data ")
     assert str(few) in err[0]
+
+
+def test_every_console_script_names_a_callable():
+    import importlib
+
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["fedderm-check"] == "fedderm.check:entry"
+    assert scripts["fedderm-predict"] == "fedderm.inference:predict_entry"
+    for target in scripts.values():
+        module, name = target.split(":")
+        assert callable(getattr(importlib.import_module(module), name)), target
