@@ -80,9 +80,10 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
         check_union(counts, list(next(iter(classes))))
     for nid, info in sorted(infos.items(), key=lambda kv: kv[1]["partition-id"]):
         site = f" {info['site']!r}" if info.get("site") else ""
+        own = info.get("data-source") == "node-config"
         log(
             INFO,
-            "client %d%s (node %d): train %d (labelled %d) · val %d · test %d%s",
+            "client %d%s (node %d): train %d (labelled %d) · val %d · test %d%s%s",
             info["partition-id"],
             site,
             nid,
@@ -91,8 +92,35 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
             info["val"],
             info["test"],
             f" · {info['skipped-files']} bad files skipped" if info["skipped-files"] else "",
+            f" · node-config data: {info['dataset']} {info['data-path']}".rstrip() if own else "",
         )
     return infos
+
+
+def client_data(infos: dict) -> dict[str, dict]:
+    """Each client's data as it reported it in the handshake, by partition id: ``dataset``,
+    ``data-path`` (as its node config or the run config names it), ``source`` (``node-config`` or
+    ``run-config``), ``site`` and its image counts (config.json and summary.json ``client-data``)."""
+    out = {}
+    for info in sorted(infos.values(), key=lambda i: int(i["partition-id"])):
+        split = {k: int(info[k]) for k in ("train", "labelled", "val", "test")}
+        out[str(info["partition-id"])] = {
+            "dataset": str(info.get("dataset", "")),
+            "data-path": str(info.get("data-path", "")),
+            "source": str(info.get("data-source", "run-config")),
+            "site": str(info.get("site", "")),
+            "images": split["train"] + split["val"] + split["test"],
+            **split,
+            "skipped-files": int(info["skipped-files"]),
+        }
+    return out
+
+
+def data_label(cfg, data: dict | None) -> str:
+    """The data part of a run folder's name: ``node-config-<formats>`` when hospitals named their
+    own data in node config, else the run config's ``dataset``."""
+    own = sorted({c["dataset"] for c in (data or {}).values() if c["source"] == "node-config"})
+    return f"node-config-{'-'.join(own)}" if own else cfg.dataset
 
 
 def record_classes(recorder: RunRecorder, cfg, method, classes: list[str], infos: dict) -> None:
@@ -127,8 +155,11 @@ def record_classes(recorder: RunRecorder, cfg, method, classes: list[str], infos
         )
 
 
-def run_dir_for(cfg, run_id: int) -> Path:
-    name = cfg.run_name or f"{cfg.method}-{cfg.dataset}-{datetime.now():%Y%m%d-%H%M%S}-{run_id % 10000:04d}"
+def run_dir_for(cfg, run_id: int, data: str | None = None) -> Path:
+    """``<output-dir>/<run-name>``, by default ``<method>-<data>-<time>-<run id>`` (``data``: see
+    :func:`data_label`; default the run config's ``dataset``)."""
+    data = data or cfg.dataset
+    name = cfg.run_name or f"{cfg.method}-{data}-{datetime.now():%Y%m%d-%H%M%S}-{run_id % 10000:04d}"
     path = cfg.output_path / name
     suffix = 1
     while path.exists():
@@ -150,15 +181,17 @@ def run_supervised(grid: Grid, cfg, recorder: RunRecorder, classes: list[str]) -
 #: ConfigRecord in the server context's state with ``preset`` (a path or "") and ``overrides``
 #: (JSON of the ``key=value`` pairs).  ``flwr run`` has none: its overrides come from the Run.
 CLI_RECORD = "fedderm.cli"
-#: Keys a resumed run may change, and the ones config.json adds about the command line.
+#: Keys a resumed run may change, and the ones config.json adds about the command line and the
+#: clients' data (no run-config keys).
 _RESUME_FREE = ("resume", "run-name", "output-dir")
-_CLI_KEYS = ("preset", "overrides")
+_CLI_KEYS = ("preset", "overrides", "client-data")
 #: The recorder of the run in progress (the console's Ctrl-C handler records the interruption in it).
 CURRENT: dict[str, RunRecorder] = {}
 
 
 def saved_run_config(folder: Path) -> dict:
-    """A run folder's config.json as run-config keys (without the ``preset``/``overrides`` record)."""
+    """A run folder's config.json as run-config keys (without the ``preset``/``overrides``/
+    ``client-data`` records)."""
     return {
         k: v for k, v in json.loads((Path(folder) / "config.json").read_text()).items() if k not in _CLI_KEYS
     }
@@ -202,15 +235,30 @@ def resolve_config(run_config: dict, overrides: dict | None = None):
     return registry.load_config({**saved, "resume": str(folder)})
 
 
-def make_recorder(cfg, run_id: int, preset: str = "", overrides: dict | None = None) -> RunRecorder:
-    run_dir = Path(cfg.resume) if cfg.resume else run_dir_for(cfg, run_id)
+def make_recorder(
+    cfg, run_id: int, preset: str = "", overrides: dict | None = None, data: dict | None = None
+) -> RunRecorder:
+    """The run folder's recorder; ``data`` (:func:`client_data`) names the clients' data in its
+    name and in config.json (``client-data``)."""
+    run_dir = Path(cfg.resume) if cfg.resume else run_dir_for(cfg, run_id, data_label(cfg, data))
     # config.json records the run's settings (not the resume), and the preset and overrides it came from
     config = {**cfg.to_flat(), "resume": ""}
     if cfg.resume and (run_dir / "config.json").exists():
         saved = json.loads((run_dir / "config.json").read_text())
         preset, overrides = saved.get("preset", ""), saved.get("overrides", {})
     config.update(preset=preset, overrides=dict(overrides or {}))
+    if data:
+        config["client-data"] = data
     return RunRecorder(run_dir, cfg.method, config)
+
+
+def record_end(recorder: RunRecorder, status: str, error: str) -> bool:
+    """Record how the run ended (``status``, ``error``) unless an end is already recorded: the
+    first error stays, never replaced by a later one or by a signal.  True when recorded."""
+    if recorder.extra.get("status", "running") != "running":
+        return False
+    recorder.update_extra({"status": status, "error": error})
+    return True
 
 
 def one_line(err: BaseException) -> str:
@@ -230,10 +278,38 @@ def main(grid: Grid, context: Context) -> None:
     method = registry.get_method(cfg.method)
     grid.transport = cfg.transport_dtype  # arrays travel in transport-dtype, arrive as float32
     seed_everything(cfg.seed)
-    recorder = make_recorder(cfg, context.run_id, preset, overrides)
+    log(INFO, "fedderm: method %s · model %s · %s", cfg.method, cfg.model, method.description)
+    recorder = None
+    CURRENT["grid"] = grid  # sim.py stops it when the simulation runtime fails (Ray did not start)
+    try:
+        infos = handshake(grid, cfg)
+        # the run folder opens once the clients said whose data they train on (its name, config.json)
+        recorder = open_run(grid, context, cfg, preset, overrides, client_data(infos))
+        run_dir = run_plan(grid, cfg, method, recorder, infos)
+    except BaseException as err:  # the run folder records why the run stopped
+        if recorder is None:
+            recorder = open_run(grid, context, cfg, preset, overrides, None)
+        record_end(recorder, "failed", one_line(err))
+        raise
+    finally:
+        if "recorder" in CURRENT:
+            CURRENT["last"] = CURRENT.pop("recorder")
+        CURRENT.pop("grid", None)
+    log(INFO, "\n%s", recorder.table())
+    if CLI_RECORD not in context.state:  # sim.py prints this line itself, as its last
+        log(INFO, "results: %s", run_dir)
+
+
+def open_run(grid, context: Context, cfg, preset: str, overrides: dict, data: dict | None) -> RunRecorder:
+    """Open the run folder (status ``running``) and, with the clients' ``data`` (after the
+    handshake), start the client-state clock; ``data`` None: the run failed before the handshake
+    ended, and the folder only records why."""
+    recorder = make_recorder(cfg, context.run_id, preset, overrides, data)
     context.state["fedderm"] = ConfigRecord({"run-dir": str(recorder.run_dir)})
     CURRENT["recorder"] = recorder
     recorder.update_extra({"status": "running", "error": ""})
+    if data is None:
+        return recorder
     # client state (fedderm.state_store): keyed by the run folder's name, rolled back on resume
     grid.state_clock = StateClock.for_run(recorder.run_dir, cfg, type(grid.inner).__name__ == "InMemoryGrid")
     if cfg.resume:
@@ -242,33 +318,29 @@ def main(grid: Grid, context: Context) -> None:
             "resume: clients continue from their state at step %d (the newest checkpoint)",
             grid.state_clock.resume,
         )
-    log(INFO, "fedderm: method %s · model %s · %s", cfg.method, cfg.model, method.description)
     log(
         INFO,
         "results %s %s (on the host running the ServerApp)",
         "continue in" if cfg.resume else "will be written to",
         recorder.run_dir,
     )
-    try:
-        run_dir = run_plan(grid, cfg, method, recorder)
-    except BaseException as err:  # the run folder records why the run stopped
-        recorder.update_extra({"status": "failed", "error": one_line(err)})
-        raise
-    finally:
-        CURRENT["last"] = CURRENT.pop("recorder")
-    log(INFO, "\n%s", recorder.table())
-    log(INFO, "results: %s", run_dir)
+    return recorder
 
 
-def run_plan(grid: Grid, cfg, method, recorder: RunRecorder) -> Path:
-    """Meet the clients, run the method's plan, fine-tune a held-out centre; return the run folder."""
+def handshake(grid: Grid, cfg) -> dict:
+    """Wait for the clients and meet them (``query.info``): their class lists, splits and data."""
     # wait for min-clients SuperNodes at most round-timeout; the first message also loads (and on
     # first use decodes) every client's data: its replies may take longer
     handshake_timeout = max(cfg.round_timeout, HANDSHAKE_TIMEOUT)
     held_out = 1 if cfg.holdout_centre else 0
-    infos = meet_clients(
+    return meet_clients(
         grid, wait_for_nodes(grid, cfg.min_clients + held_out, cfg.round_timeout), cfg, handshake_timeout
     )
+
+
+def run_plan(grid: Grid, cfg, method, recorder: RunRecorder, infos: dict) -> Path:
+    """Run the method's plan with the clients met (``infos``), fine-tune a held-out centre; return
+    the run folder."""
     # `flwr run` simulation: this process is also Ray's driver (up now that the clients answered), which
     # sends every message to the ClientApp actors: Arrays out of band, as sim.py does (wire.py)
     ray_out_of_band(only_in_ray=True)
@@ -296,5 +368,5 @@ def run_plan(grid: Grid, cfg, method, recorder: RunRecorder) -> Path:
             "the run ended without final test metrics: every client failed or left "
             "(summary.json: missing_clients)"
         )
-    recorder.update_extra({"status": "done", "error": ""})
+    record_end(recorder, "done", "")
     return run_dir

@@ -206,7 +206,7 @@ def _simulation_run(overrides: dict):
     return run
 
 
-def check_data(run_config: dict, num_supernodes: int) -> None:
+def check_data(run_config: dict, num_supernodes: int) -> list:
     """The data checks, once, before Ray starts (the data is local in a simulation): raises
     DataError (or ConfigError for SiFT's class texts) with one line naming the client and file."""
     import registry
@@ -217,13 +217,104 @@ def check_data(run_config: dict, num_supernodes: int) -> None:
     if cfg.resume:  # a resumed run continues with its own settings (server_app.resolve_config)
         saved = Path(cfg.resume).expanduser() / "config.json"
         if not saved.is_file():
-            return  # the ServerApp names the missing folder
+            return []  # the ServerApp names the missing folder
         from server_app import saved_run_config
 
         cfg = registry.load_config({**saved_run_config(saved.parent), "resume": cfg.resume})
     clients = check_federation(cfg, num_supernodes)
     if cfg.method == "sift" and cfg.option("sift.variant") != "trainable-head":
         class_texts(cfg.option("sift.class-texts"), clients[0].classes)
+    return clients
+
+
+def quick_config_check(overrides: dict) -> None:
+    """The run config's keys, values and paths with only the typed config imported (no torch,
+    Flower or Ray): a mistake is a ConfigError naming the key within about a second."""
+    import registry
+
+    check_before_start(registry.load_config(overrides).to_flat(), 1 << 30)
+
+
+def checked_run(
+    overrides: dict,
+    num_supernodes: int | None = None,
+    gpus_per_client: float = 0.0,
+    ray_address: str = "",
+    data: bool = True,
+) -> tuple[dict, int, list]:
+    """Everything a simulation checks before it starts: the run config (fused with pyproject.toml
+    as ``flwr run`` fuses it), the paths, ``min-clients`` against ``num_supernodes`` (default:
+    ``min-clients``, plus one for a held-out centre), the GPUs and, with ``data``, every client's
+    data (:func:`check_data`).  Returns (run config, number of clients, the clients' data)."""
+    run_config = resolved_run_config(overrides)
+    check_before_start(run_config, 1 << 30)  # the paths first: a resume needs its folder
+    effective = _resumed_config(run_config)
+    if num_supernodes is None:
+        num_supernodes = effective["min-clients"] + (1 if effective["holdout-centre"] else 0)
+    check_before_start(effective, num_supernodes)
+    check_gpus(effective, gpus_per_client, ray_address)
+    clients = check_data(run_config, num_supernodes) if data else []
+    return run_config, num_supernodes, clients
+
+
+def check_node_data(run_config: dict, node_config: str) -> list:
+    """A hospital's own data as its SuperNode's ``--node-config`` names it (``data-path``,
+    ``dataset``, ``partition-id``, ...), loaded and checked as its client will load it; raises
+    DataError / NodeConfigError naming the client and the file."""
+    import registry
+    from fedderm.cli import parse_pairs
+    from fedderm.data import load_client_data
+    from fedderm.node import NodeConfigError, parse_node_config
+
+    node = parse_node_config(parse_pairs(node_config))
+    cfg = registry.load_config(_resumed_config(run_config))
+    if node.data_path is None and node.dataset is None:
+        raise NodeConfigError(
+            "--node-config names no data: give data-path (and dataset) as the SuperNode will"
+        )
+    return [
+        load_client_data(
+            cfg, node.partition_id, node.num_partitions, data_path=node.data_path, dataset=node.dataset
+        )
+    ]
+
+
+def check_run(
+    overrides: dict,
+    num_supernodes: int | None = None,
+    *,
+    data: bool = False,
+    node_config: str = "",
+    gpus_per_client: float = 0.0,
+    ray_address: str = "",
+    echo=print,
+) -> None:
+    """``sim.py --check`` (``fedderm-check``): the checks of a run, without running it.  The run
+    config and its paths; with ``data``, the data as a simulation with ``num_supernodes`` clients
+    partitions it, or with ``node_config`` one hospital's own data.  Raises on the first problem."""
+    run_config, clients, loaded = checked_run(
+        overrides, num_supernodes, gpus_per_client, ray_address, data=data and not node_config
+    )
+    if node_config:
+        loaded = check_node_data(run_config, node_config)
+    source = run_config["dataset"] + (f" {run_config['data-path']}" if run_config["data-path"] else "")
+    if node_config:
+        source = "the SuperNode's own (--node-config)"
+    echo(
+        f"run config ok: method {run_config['method']} · model {run_config['model']} · "
+        f"{run_config['num-server-rounds']} rounds · min-clients {run_config['min-clients']} · data {source}"
+    )
+    for client in loaded:
+        split = client.split
+        per_split = client.class_counts()
+        totals = [sum(per_split[k][i] for k in ("train", "val", "test")) for i in range(client.num_classes)]
+        counts = ", ".join(f"{c} {n}" for c, n in zip(client.classes, totals))
+        echo(
+            f"data ok: client {client.partition_id}: train {len(split.train)} (labelled {len(split.labelled)}) · "
+            f"val {len(split.val)} · test {len(split.test)}; classes (label order) {counts}"
+        )
+    if data and not node_config:
+        echo(f"({clients} clients as sim.py --num-supernodes {clients} partitions the data)")
 
 
 def simulate(
@@ -244,6 +335,9 @@ def simulate(
     ``user_overrides`` (default: ``overrides``) are what the command line gave: config.json records
     them, and a resume warns only about the keys in ``user_overrides``.  ``ray_address`` joins a
     running Ray cluster instead of starting a local one (:func:`backend_config`)."""
+    # every check before Flower's simulation runtime, the apps and Ray are imported or started
+    run_config, num_supernodes = checked_run(overrides, num_supernodes, gpus_per_client, ray_address)[:2]
+
     from flwr.app import ConfigRecord, Context, RecordDict
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.telemetry import EventType as Ev
@@ -256,36 +350,58 @@ def simulate(
 
     from server_app import CLI_RECORD
 
-    run_config = resolved_run_config(overrides)
-    check_before_start(run_config, 1 << 30)  # the paths first: a resume needs its folder
-    effective = _resumed_config(run_config)
-    if num_supernodes is None:
-        num_supernodes = effective["min-clients"] + (1 if effective["holdout-centre"] else 0)
-    check_before_start(effective, num_supernodes)
-    check_gpus(effective, gpus_per_client, ray_address)
-    check_data(run_config, num_supernodes)
     run = _simulation_run(overrides)
     run_id = run.run_id
     given = dict(overrides if user_overrides is None else user_overrides)
     state = RecordDict({CLI_RECORD: ConfigRecord({"preset": preset, "overrides": json.dumps(given)})})
     context = Context(run_id=run_id, node_id=0, node_config={}, state=state, run_config=run_config)
     ray_out_of_band()  # the messages to the ClientApp actors: Arrays out of band (wire.ray_out_of_band)
-    result = _run_simulation(
-        num_supernodes=num_supernodes,
-        exit_event=Ev.PYTHON_API_RUN_SIMULATION_LEAVE,
-        client_app=client_app,
-        server_app=server_app,
-        server_app_context=context,
-        backend_config=backend_config(cpus_per_client, gpus_per_client, ray_address, verbose),
-        app_dir=str(APP_DIR),
-        is_app=True,
-        run=run,
-        verbose_logging=verbose,
-    )
+    from fedderm import console
+
+    console.keep_ray_off_signals()
+    try:
+        result = _run_simulation(
+            num_supernodes=num_supernodes,
+            exit_event=Ev.PYTHON_API_RUN_SIMULATION_LEAVE,
+            client_app=client_app,
+            server_app=server_app,
+            server_app_context=context,
+            backend_config=backend_config(cpus_per_client, gpus_per_client, ray_address, verbose),
+            app_dir=str(APP_DIR),
+            is_app=True,
+            run=run,
+            verbose_logging=verbose,
+        )
+    except BaseException as err:
+        _stop_server_app(err)
+        raise
     state = result.context.state
     if "fedderm" not in state:
         raise RuntimeError("the run ended without writing results (see the log above)")
     return Path(state["fedderm"]["run-dir"])
+
+
+#: seconds the ServerApp has to end after the simulation runtime failed
+SERVER_APP_GRACE = 10.0
+
+
+def _stop_server_app(err: BaseException, grace: float = SERVER_APP_GRACE) -> None:
+    """The simulation runtime failed (Ray did not start, ...): Flower raises here while its
+    ServerApp thread may still wait for clients that will never answer (an hour by
+    ``round-timeout``).  Record the runtime's error as the run's first error, stop the
+    ServerApp's grid so that it ends, and wait up to ``grace`` s for it to record its end."""
+    from server_app import CURRENT, record_end
+
+    reason = f"the simulation runtime failed: {_failure_line(err)}"
+    recorder, grid = CURRENT.get("recorder"), CURRENT.get("grid")
+    if recorder is not None:
+        record_end(recorder, "failed", reason)
+    if grid is None:
+        return
+    grid.stop(reason)
+    deadline = time.monotonic() + grace
+    while CURRENT.get("grid") is grid and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------- sweeps
@@ -475,7 +591,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--num-supernodes", type=int, default=2, help="number of simulated hospitals")
+    parser.add_argument(
+        "--num-supernodes", type=int, default=None, help="number of simulated hospitals (default 2)"
+    )
     parser.add_argument(
         "--run-config",
         nargs="*",
@@ -500,6 +618,24 @@ def main(argv: list[str] | None = None) -> int:
         "--verbose",
         action="store_true",
         help="Flower debug logging (with --sweep: the runs' output on the console instead of <out>/logs/)",
+    )
+    check = parser.add_argument_group("checks only (fedderm-check): nothing is trained, Ray does not start")
+    check.add_argument(
+        "--check",
+        action="store_true",
+        help="check the run config and its paths (as sim.py and flwr run would use them), then exit",
+    )
+    check.add_argument(
+        "--check-data",
+        action="store_true",
+        help="--check, and load and check the data: a simulation's clients (--num-supernodes, "
+        "default min-clients), or with --node-config one hospital's own data",
+    )
+    check.add_argument(
+        "--node-config",
+        default="",
+        metavar="'KEY=VALUE ...'",
+        help="with --check-data: a SuperNode's --node-config (data-path, dataset, partition-id)",
     )
     sweep = parser.add_argument_group('experiment sweeps (README, "Experiment sweeps")')
     sweep.add_argument(
@@ -528,18 +664,41 @@ def main(argv: list[str] | None = None) -> int:
         )
         args.sweep = args.sweep or args.old_grid
 
-    from fedderm import console
-    from fedderm.cli import parse_run_config
-    from fedderm.config import ConfigError
-    from fedderm.data import DataError
-
-    console.setup(verbose=args.verbose)
     if not args.sweep and (args.quick or args.out or args.seeds or args.set):
         parser.error("--quick, --out, --seeds and --set go with --sweep")
     if args.sweep and args.run_config:
         parser.error("--sweep takes --set for overrides, not --run-config")
+    if args.sweep and (args.check or args.check_data):
+        parser.error("--check and --check-data check one run's --run-config, not a --sweep")
+    if args.node_config and not args.check_data:
+        parser.error("--node-config goes with --check-data")
+    from fedderm.cli import parse_run_config
+    from fedderm.config import ConfigError
+
+    if not args.sweep:
+        try:  # a config mistake in about a second: before torch, Flower and Ray are imported
+            overrides, preset, given = parse_run_config(args.run_config)
+            quick_config_check(overrides)
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    from fedderm import console
+    from fedderm.data import DataError
+    from fedderm.node import NodeConfigError
+
+    console.setup(verbose=args.verbose)
     console.stop_on_signals(_interrupted)
     try:
+        if args.check or args.check_data:
+            check_run(
+                overrides,
+                args.num_supernodes,
+                data=args.check_data,
+                node_config=args.node_config,
+                gpus_per_client=args.gpus_per_client,
+                ray_address=args.ray_address,
+            )
+            return 0
         if args.sweep:
             seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else None
             run_sweep(
@@ -554,10 +713,9 @@ def main(argv: list[str] | None = None) -> int:
                 ray_address=args.ray_address,
             )
             return 0
-        overrides, preset, given = parse_run_config(args.run_config)
         run_dir = simulate(
             overrides,
-            args.num_supernodes,
+            2 if args.num_supernodes is None else args.num_supernodes,
             args.cpus_per_client,
             args.gpus_per_client,
             args.verbose,
@@ -565,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
             user_overrides=given,
             ray_address=args.ray_address,
         )
-    except ConfigError as err:
+    except (ConfigError, NodeConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except DataError as err:  # the data checks (docs/data-checks.md), before any round
@@ -604,14 +762,17 @@ def _interrupted(signum: int) -> None:
     per-round checkpoint is already on disk), and leave at once (130 / 143) without Ray's dumps."""
     import signal
 
-    from server_app import CURRENT
+    from server_app import CURRENT, record_end
 
     name = signal.Signals(signum).name
     recorder = CURRENT.get("recorder")
     lines = [f"interrupted ({name}): the run stopped"]
     if recorder is not None:
-        with contextlib.suppress(Exception):
-            recorder.update_extra({"status": "interrupted", "error": f"stopped by {name}"})
+        with contextlib.suppress(Exception):  # an end recorded before (the first error) stays
+            if not record_end(recorder, "interrupted", f"stopped by {name}"):
+                lines.append(
+                    f"it had already ended: {recorder.extra.get('error') or recorder.extra.get('status')}"
+                )
         saved = sorted(recorder.run_dir.glob("checkpoint*-round-*.pt"), key=lambda p: p.stat().st_mtime)
         ckpt = saved[-1] if saved else None
         if ckpt:
@@ -622,5 +783,26 @@ def _interrupted(signum: int) -> None:
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
+def _leave(code: int, grace: float = SERVER_APP_GRACE) -> None:
+    """Exit with ``code`` within ``grace`` s.  After a success, as usual; after a failure, or
+    while a thread still runs (a ServerApp whose simulation runtime failed), at once, with every
+    process this one started (Ray's) stopped, as on Ctrl-C: nothing holds the process or
+    outlives it."""
+    import threading
+
+    deadline = time.monotonic() + grace
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    for thread in others:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if code == 0 and not any(t.is_alive() for t in others):
+        sys.exit(code)
+    from fedderm import console
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    console.stop_children()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _leave(main())

@@ -229,16 +229,22 @@ def reply(msg: Message, metrics: dict, arrays: ArrayRecord | None = None, **extr
 
 def info(msg: Message, context: Context) -> Message:
     """``query.info``: take the server's run config; reply with the class list and split sizes,
-    so the server can build the model and check that every client maps labels the same way."""
+    so the server can build the model and check that every client maps labels the same way, and
+    with the data this client trains on (``dataset``, ``data-path`` as its node config or the run
+    config names it, and which of the two: ``data-source``) for the run's record."""
     if len(msg.content["config"]):
         context.state[RUN_CONFIG] = msg.content["config"]
     s = session(context)
     sp = s.data.split
+    own = s.node.data_path is not None or s.node.dataset is not None
     record = ConfigRecord(
         {
             "classes": list(s.data.classes),
             "partition-id": s.partition_id,
             "site": s.node.site,
+            "dataset": s.node.dataset or s.cfg.dataset,
+            "data-path": s.node.data_path if s.node.data_path is not None else s.cfg.data_path,
+            "data-source": "node-config" if own else "run-config",
             "train": len(sp.train),
             "labelled": len(sp.labelled),
             "val": len(sp.val),

@@ -86,8 +86,8 @@ def stop_children() -> None:
 def stop_on_signals(report: Callable[[int], None]) -> None:
     """SIGINT and SIGTERM: call ``report(signum)`` (record the interruption, say how to resume),
     then leave at once with 128 + signum (130, 143).  The per-round checkpoints are written
-    atomically, so the newest one is intact.  Ray's own SIGTERM handler (installed by
-    ``ray.init``, it exits with Ray's dumps) is kept from replacing this one."""
+    atomically, so the newest one is intact.  :func:`keep_ray_off_signals` keeps Ray's own SIGTERM
+    handler (installed by ``ray.init``, it exits with Ray's dumps) from replacing this one."""
 
     def handler(signum, _frame):
         signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C does not interrupt the report
@@ -101,6 +101,11 @@ def stop_on_signals(report: Callable[[int], None]) -> None:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+
+
+def keep_ray_off_signals() -> None:
+    """Keep Ray's own SIGTERM handler (installed by ``ray.init``) from replacing the one of
+    :func:`stop_on_signals`; called just before Ray starts, so that checks before it need no Ray."""
     try:
         import ray._private.utils as ray_utils
     except ImportError:  # pragma: no cover - flwr[simulation] brings Ray

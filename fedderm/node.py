@@ -1,9 +1,11 @@
 """Node config: what one SuperNode (one hospital) says about itself.
 
 The run config (``--run-config``) is the same for every client; the node config
-(``flower-supernode --node-config '...'``) is each hospital's own, so that paths to images never
-leave the hospital and the ServerApp never sees them.  In simulation Flower sets
-``partition-id``/``num-partitions`` itself and nothing else is needed.
+(``flower-supernode --node-config '...'``) is each hospital's own: its images never leave the
+hospital.  The client reports its ``dataset`` and ``data-path`` (the string as written here) with
+its image counts in the handshake, and the run folder records them (``client-data``), so that
+results name the data they came from.  In simulation Flower sets ``partition-id``/``num-partitions``
+itself and nothing else is needed.
 
 | key | type | meaning |
 |---|---|---|

@@ -758,7 +758,7 @@ class RunRecorder:
         fd, tmp = _mkstemp(path)
         os.close(fd)
         try:
-            fig.savefig(tmp, format="png", dpi=100)
+            fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")  # no label cut off
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):

@@ -123,8 +123,25 @@ class FastPollGrid(WrappedGrid):
         #: stamps every message but the handshake with the client-state step (a
         #: :class:`strategies.common.StateClock`, set by the ServerApp)
         self.state_clock = None
+        #: why the run must stop (:meth:`stop`): every later call on the grid raises it
+        self.stopped = ""
+
+    def stop(self, reason: str) -> None:
+        """End the ServerApp's wait: its next (or current) push, pull or node query raises
+        ``RuntimeError(reason)`` (``sim.py`` calls it when the simulation runtime failed, so that
+        a ServerApp waiting for clients that will never answer ends at once)."""
+        self.stopped = reason or "the run was stopped"
+
+    def _check_stopped(self) -> None:
+        if self.stopped:
+            raise RuntimeError(self.stopped)
+
+    def get_node_ids(self):
+        self._check_stopped()
+        return self.inner.get_node_ids()
 
     def push_messages(self, messages):
+        self._check_stopped()
         messages = list(messages)
         if self.state_clock is not None:
             for m in messages:
@@ -136,6 +153,7 @@ class FastPollGrid(WrappedGrid):
         return self.inner.push_messages(messages)
 
     def pull_messages(self, message_ids):
+        self._check_stopped()
         return [
             wire.decode_message(wire.unpack_message(m), self.transport)
             for m in self.inner.pull_messages(message_ids)

@@ -45,6 +45,10 @@ BAD = {
         {"nevus": 2, "melanoma": 2},
         ["error: client ", "has only", "too few", "partition='iid' of 4 images in", "test 0"],
     ),
+    "more clients than images": (
+        {"nevus": 1, "melanoma": 1},
+        ["error: client 2 has no images: 3 clients cannot share the 2 images of", "/data", "fewer clients"],
+    ),
 }
 
 

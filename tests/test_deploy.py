@@ -3,6 +3,7 @@ federation (SuperLink + 3 SuperNodes as processes, TLS + node auth)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -514,6 +515,18 @@ def test_loopback_federation_tls_node_auth(loopback, tmp_path):
         assert out.status == "finished:completed"
         assert set(out.summary["final"]["per_client"]) == {"0", "1", "2"}
         assert [r["round"] for r in out.summary["rounds"] if r["split"] == "val"] == [0, 1]
+        # each hospital's own data (node config), as it named it, in config.json and summary.json
+        config = json.loads((out.run_dir / "config.json").read_text())
+        assert config["client-data"] == out.summary["config"]["client-data"]
+        for pid, name in enumerate(fed.hospitals):
+            entry = config["client-data"][str(pid)]
+            assert (entry["dataset"], entry["data-path"], entry["source"], entry["site"]) == (
+                "folder",
+                str(fed.data[name]),
+                "node-config",
+                name,
+            )
+            assert entry["images"] == entry["train"] + entry["val"] + entry["test"] > 0
         # TensorBoard (issue 20): the `flwr run` ServerApp's event file holds rounds.csv's numbers
         assert len(list(out.run_dir.glob("events.out.tfevents.*"))) == 1
         checked, scalars = assert_events_match_csv(out.run_dir)

@@ -200,6 +200,13 @@ def load_client_data(
             getattr(cfg, "test_data_path", ""),
         )
         if key not in _PARTITIONS:
+            if cfg.partition != "source" and num_partitions > len(rest):
+                where = f"the {kind} data" if kind in ("synthetic", "digits") else str(source)
+                raise DataError(
+                    f"client {len(rest)} has no images: {num_partitions} clients cannot share the "
+                    f"{len(rest)} images of {where} (partition={cfg.partition!r}); use fewer clients "
+                    "(--num-supernodes, min-clients) or more images"
+                )
             parts = partition_indices(
                 cfg.partition,
                 pool.labels[rest],
