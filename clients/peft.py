@@ -18,7 +18,7 @@ import torch
 from flwr.app import Context, Message
 
 from fedderm.lora import add_lora, load_part, part, split_keys
-from fedderm.models import create_model
+from fedderm.models import create_classifier
 from fedderm.train import evaluate as evaluate_model
 from fedderm.train import train_supervised
 from wire import PEFT_BACKBONE, PEFT_PERSONAL_INIT, to_record, to_state_dict
@@ -32,7 +32,7 @@ FROZEN, DIGEST, PERSONAL = "peft-frozen", "peft-frozen-digest", "peft-personal-r
 def build(cfg, num_classes: int) -> torch.nn.Module:
     """The run's classifier with its LoRA adapters (the same structure as the server's)."""
     torch.manual_seed(cfg.seed)
-    model = create_model(cfg.model, num_classes, cfg.image_size)
+    model = create_classifier(cfg, num_classes)
     return add_lora(
         model,
         rank=cfg.lora_rank,
