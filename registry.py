@@ -192,6 +192,7 @@ SSL_OPTIONS = {
     "ssl.lr": 0.001,
     "ssl.swap-patch": 0,
     "ssl.swaps": 10,
+    "ssl.fedema": True,  # ssl.pretrain="federated" (FedSSL-R/S): FedEMA's divergence-aware update (004 [67])
 }
 
 
@@ -335,6 +336,59 @@ def check_mim(cfg: Config) -> None:
     )
 
 
+# -- FedBYOL, FedEMA (issue 37): BYOL keys both read, FedEMA's divergence-aware update --
+BYOL_OPTIONS = {
+    "byol.tau": 0.99,  # target EMA rate (FedEMA's framework; BYOL: 0.996 rising to 1)
+    "byol.hidden-dim": 4096,  # projector / predictor hidden width (BYOL §3.3)
+    "byol.proj-dim": 256,  # projection size (BYOL §3.3)
+}
+FEDEMA_OPTIONS = {
+    "fedema.tau": 0.7,  # autoscaler target: lambda = tau / divergence at the first EMA update
+    "fedema.lambda": -1.0,  # > 0: a fixed lambda instead of the autoscaler
+}
+
+
+def check_byol(cfg: Config) -> None:
+    o = cfg.option
+    _need(cfg, 0 <= o("byol.tau") < 1, "byol.tau", "must be in [0, 1)")
+    _need(cfg, o("byol.hidden-dim") >= 1, "byol.hidden-dim", "must be >= 1")
+    _need(cfg, o("byol.proj-dim") >= 1, "byol.proj-dim", "must be >= 1")
+    _need(cfg, 0 < o("fedema.tau") <= 1, "fedema.tau", "must be in (0, 1]")
+
+
+#: FedMoCo-v3 (MoCo v3, Chen, Xie & He 2021; its reference code's ViT recipe)
+MOCOV3_OPTIONS = {
+    "mocov3.temperature": 0.2,  # tau of ctr(q, k) (ViT recipes: 0.2)
+    "mocov3.momentum": 0.99,  # m of the momentum encoder (reference: 0.99, cosine to 1)
+    "mocov3.hidden-dim": 4096,  # hidden width of the projector and predictor MLPs
+    "mocov3.proj-dim": 256,  # output size of the projector and predictor
+    "mocov3.freeze-patch-embed": True,  # random patch projection (MoCo v3 section 5.2)
+}
+
+
+def check_mocov3(cfg: Config) -> None:
+    o = cfg.option
+    _need(cfg, o("mocov3.temperature") > 0, "mocov3.temperature", "must be > 0")
+    _need(cfg, 0 <= o("mocov3.momentum") < 1, "mocov3.momentum", "must be in [0, 1)")
+    _need(cfg, o("mocov3.hidden-dim") >= 1, "mocov3.hidden-dim", "must be >= 1")
+    _need(cfg, o("mocov3.proj-dim") >= 1, "mocov3.proj-dim", "must be >= 1")
+
+
+#: Semi-FL (003 Fig. 10b): labelled CE + consistency loss on the clients' unlabelled images
+SEMIFL_OPTIONS = {
+    "semifl.weight": 1.0,  # w of the consistency loss (not stated in 003)
+    "semifl.threshold": 0.0,  # confidence threshold of the pseudo labels (003: none)
+    "semifl.supervised-rounds": -1,  # rounds of labelled CE only; -1: half of num-server-rounds (003)
+}
+
+
+def check_semifl(cfg: Config) -> None:
+    o = cfg.option
+    _need(cfg, o("semifl.weight") >= 0, "semifl.weight", "must be >= 0")
+    _need(cfg, 0 <= o("semifl.threshold") < 1, "semifl.threshold", "must be in [0, 1)")
+    _need(cfg, o("semifl.supervised-rounds") >= -1, "semifl.supervised-rounds", "must be >= -1")
+
+
 #: The smallest run of a method (tiny CNN, 16 px, 8 synthetic images per class, one round of one
 #: epoch per stage): what the per-method tests and the communication benchmark start from.
 SMALLEST_RUN = {
@@ -422,6 +476,64 @@ METHODS: dict[str, Method] = {
             "clients.fedrotation",
             "FedRotation (000 baseline): rotation-prediction pre-training + FedAvg, then fine-tuning.",
             probe=_PREFIX_PROBE,
+        ),
+        # -- the baselines of 003 Tables VI-VII and Fig. 10b (issue 37) --
+        Method(
+            "fedbyol",
+            "strategies.fedbyol",
+            "clients.fedbyol",
+            "FedBYOL (003 baseline): BYOL pre-training, FedAvg of the online network (the target "
+            "networks stay on the clients), then fine-tuning.",
+            options=BYOL_OPTIONS,
+            check=check_byol,
+            model="resnet50",
+            paper_image_size=224,
+            smallest={"byol.hidden-dim": 32, "byol.proj-dim": 16},
+            probe=_PREFIX_PROBE,
+            augment="003",
+        ),
+        Method(
+            "fedema",
+            "strategies.fedema",
+            "clients.fedema",
+            "FedEMA (Zhuang et al., ICLR 2022; 003 baseline, 004 FedSSL-R/S): FedBYOL whose clients update "
+            "their own online network by the divergence-aware EMA of the global one, then fine-tuning.",
+            options={**BYOL_OPTIONS, **FEDEMA_OPTIONS},
+            check=check_byol,
+            model="resnet50",
+            paper_image_size=224,
+            smallest={"byol.hidden-dim": 32, "byol.proj-dim": 16},
+            probe=_PREFIX_PROBE,
+            augment="003",
+        ),
+        Method(
+            "fedmocov3",
+            "strategies.fedmocov3",
+            "clients.fedmocov3",
+            "FedMoCo-v3 (003 baseline): MoCo v3 pre-training of a ViT (prediction head, momentum encoder, "
+            "symmetric InfoNCE on in-batch keys, no queue) + FedAvg, then fine-tuning.",
+            options=MOCOV3_OPTIONS,
+            check=check_mocov3,
+            model="vit-base",
+            models=VIT_MODELS,
+            paper_image_size=224,
+            smallest={**_SMALL_VIT, "mocov3.hidden-dim": 32, "mocov3.proj-dim": 16},
+            probe=_PREFIX_PROBE,
+            augment="003",
+        ),
+        Method(
+            "semifl",
+            "strategies.semifl",
+            "clients.semifl",
+            "Semi-FL (Yang et al. 2021; 003 Fig. 10b): labelled cross-entropy plus a consistency loss "
+            "(pseudo labels of the original images, cross-entropy on augmented ones) on each client's "
+            "unlabelled images after a supervised phase; FedAvg.",
+            options=SEMIFL_OPTIONS,
+            check=check_semifl,
+            model="vit-base",
+            paper_image_size=224,
+            smallest={"label-fraction": 0.5},
+            augment="003",
         ),
         # -- FedMAE, Fed-MAE, Fed-BEiT (issue 4) --
         Method(

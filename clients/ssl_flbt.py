@@ -14,6 +14,7 @@ import time
 import torch
 from flwr.app import ArrayRecord, Context, Message
 
+from fedderm.fedema import divergence_aware_update
 from fedderm.fid import load_feature_extractor, select_pseudo_images
 from fedderm.msggan import generate_images, snapshot_steps, train_msggan
 from fedderm.simclr import simclr_round
@@ -72,6 +73,7 @@ def train_gan(msg: Message, context: Context) -> Message:
 
 # --------------------------------------------------------------- SSL on the original images
 OWN_SSL, INITIAL = "ssl-own-model", "ssl-initial-encoder"  # client state (ssl.pretrain="local")
+FEDEMA_MODEL, FEDEMA_LAMBDA = "ssl-fedema-model", "ssl-fedema-lambda"  # client state (FedSSL + ssl.fedema)
 
 
 def ssl_network(cfg) -> torch.nn.Module:
@@ -107,6 +109,8 @@ def pretrain(msg: Message, context: Context) -> Message:
         model = s.model(key="ssl", factory=lambda: ssl_network(cfg), state=own.tensors(OWN_SSL))
     else:
         model = s.model(sent, key="ssl", factory=lambda: ssl_network(cfg))
+    fedema = not alone and bool(cfg.option("ssl.fedema"))
+    ema_metrics = fedema_update(own, model, cfg) if fedema else {}
     images, _ = s.data.tensors("train")
     common = dict(
         epochs=int(cfg.option("ssl.epochs")),
@@ -133,10 +137,36 @@ def pretrain(msg: Message, context: Context) -> Message:
     metrics = {k: v for k, v in metrics.items() if v == v}
     metrics.setdefault("train_loss", metrics.get("ssl_loss", float("nan")))
     metrics["partition-id"] = s.partition_id
+    metrics.update(ema_metrics)
     if alone:
         own.put(OWN_SSL, model.state_dict())
         return reply(msg, metrics)
+    if fedema:
+        own.put(FEDEMA_MODEL, model.state_dict())
     return reply(msg, metrics, to_record(model.state_dict()))
+
+
+def fedema_update(own, model: torch.nn.Module, cfg) -> dict:
+    """FedSSL-R/S on FedEMA (004 [67]; :mod:`fedderm.fedema`): from its second round on, the
+    centre's network (loaded with the server's) becomes μ·W_k + (1 − μ)·W_g over its parameters,
+    W_k its own network after its previous round (client state), μ = min(λ‖W_g − W_k‖, 1) on the
+    encoder (the backbone, and SimCLR's projection head), λ = ``fedema.lambda`` > 0 or the
+    autoscaler's τ/‖W_g − W_k‖ (``fedema.tau``) at the first update, kept."""
+    kept = own.tensors(FEDEMA_MODEL)
+    if kept is None:
+        return {}
+    simclr = cfg.option("ssl.tasks") == "simclr"
+    encoder_prefixes = (ssl_prefix(cfg) + "backbone.", *(("head.",) if simclr else ()))
+    params = [n for n, _ in model.named_parameters()]
+    encoder = [k for k in params if k.startswith(encoder_prefixes)]
+    fixed, saved = cfg.option("fedema.lambda"), own.meta(FEDEMA_LAMBDA)
+    lam = fixed if fixed > 0 else (saved["lambda"] if saved is not None else None)
+    received = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state, info = divergence_aware_update(kept, received, params, encoder, lam, cfg.option("fedema.tau"))
+    if fixed <= 0 and saved is None and info["divergence"] > 0:
+        own.put(FEDEMA_LAMBDA, meta={"lambda": info["lambda"]})
+    model.load_state_dict(state, strict=True)
+    return {f"fedema-{k}": v for k, v in info.items()}
 
 
 def probe_state(msg: Message, context: Context) -> dict:

@@ -459,6 +459,27 @@ KEY_DOCS: dict[str, str] = {
     "ssl.lr": "pre-training learning rate (Adam)",
     "ssl.swap-patch": "side of the swapped patches in px (`0` = image-size/8)",
     "ssl.swaps": "patch pairs swapped per image",
+    "ssl.fedema": '`ssl.pretrain="federated"` (FedSSL-R/S): each centre updates its own pre-training network by '
+    "FedEMA's divergence-aware EMA of the global one (`fedema.tau`, `fedema.lambda`; 004 [67]); `false`: "
+    "plain FedAvg",
     "moon.mu": "MOON's μ (weight of the model-contrastive loss)",
     "moon.tau": "MOON's temperature τ",
+    "byol.tau": "`fedbyol`/`fedema`: EMA rate of BYOL's target network, ξ ← τξ + (1 − τ)θ every step "
+    "(FedEMA's 0.99; BYOL's 0.996 → 1 schedule is not implemented)",
+    "byol.hidden-dim": "`fedbyol`/`fedema`: hidden width of the projector and predictor MLPs (BYOL: 4096)",
+    "byol.proj-dim": "`fedbyol`/`fedema`: output size of the projector and predictor (BYOL: 256)",
+    "fedema.tau": "FedEMA's autoscaler target τ: λ = τ / ‖W_g − W_k‖ at a client's first EMA update (paper: 0.7)",
+    "fedema.lambda": "FedEMA's λ in μ = min(λ‖W_g − W_k‖, 1); `-1` (any value ≤ 0): the autoscaler's",
+    "mocov3.temperature": "`fedmocov3`: τ of MoCo v3's ctr(q, k) = CE(q·kᵀ/τ) · 2τ (ViT recipe: 0.2)",
+    "mocov3.momentum": "`fedmocov3`: m of the momentum encoder, θ_k ← mθ_k + (1 − m)θ_q every step "
+    "(MoCo v3's cosine rise to 1 is not implemented)",
+    "mocov3.hidden-dim": "`fedmocov3`: hidden width of the projector and predictor MLPs (MoCo v3: 4096)",
+    "mocov3.proj-dim": "`fedmocov3`: output size of the projector and predictor (MoCo v3: 256)",
+    "mocov3.freeze-patch-embed": "`fedmocov3`: keep the ViT's patch embedding at its random init (MoCo v3 "
+    "§5.2, random patch projection)",
+    "semifl.weight": "`semifl`: weight w of the consistency loss on the unlabelled images (003: not stated)",
+    "semifl.threshold": "`semifl`: pseudo labels below this confidence are masked out (FixMatch); `0`: all "
+    "kept (003 states none)",
+    "semifl.supervised-rounds": "`semifl`: rounds of labelled cross-entropy only before the joint phase; "
+    "`-1`: half of `num-server-rounds` (003: 400 + 400 epochs)",
 }

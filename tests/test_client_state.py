@@ -30,6 +30,16 @@ METHODS = {
     "flbt": {},
     "local": {},
     "sift": {},
+    "fedbyol": {"byol.hidden-dim": 32, "byol.proj-dim": 16},
+    "fedema": {"byol.hidden-dim": 32, "byol.proj-dim": 16},
+    # FedSSL-S on FedEMA: each centre keeps its own pre-training network and lambda
+    "ssl-flbt": {
+        "ssl.pretrain": "federated",
+        "ssl.tasks": "simclr",
+        "ssl.finetune": "fedavg",
+        "ssl.rounds": 3,
+        "ssl.epochs": 1,
+    },
     "fedmae": {
         "model": "vit-micro",
         "fedmae.decoder-embed-dim": 32,

@@ -14,7 +14,19 @@ from fedderm.metrics import METRIC_NAMES
 from fedderm.models import create_model
 from fedderm.probes import KNN_K, knn_probe, linear_probe
 
-SSL_METHODS = {"fedclf", "fedmoco", "fedsimclr", "localcl", "fedrotation", "fedmae", "fedbeit", "ssl-flbt"}
+SSL_METHODS = {
+    "fedclf",
+    "fedmoco",
+    "fedsimclr",
+    "localcl",
+    "fedrotation",
+    "fedmae",
+    "fedbeit",
+    "ssl-flbt",
+    "fedbyol",
+    "fedema",
+    "fedmocov3",
+}
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +90,14 @@ def _initial_state(method: str, cfg) -> dict:
         return initial_moco(cfg).to_torch_state_dict()
     if method == "fedsimclr":
         return build_simclr(cfg.model, cfg.image_size).state_dict()
+    if method in ("fedbyol", "fedema"):
+        from strategies.fedbyol import initial_online
+
+        return initial_online(cfg)
+    if method == "fedmocov3":
+        from strategies.fedmocov3 import initial_model
+
+        return initial_model(cfg)
     if method == "fedrotation":
         return create_model(cfg.model, NUM_ROTATIONS, cfg.image_size).state_dict()
     if method == "fedmae":

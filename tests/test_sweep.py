@@ -444,6 +444,8 @@ def test_configs_exist_for_the_paper_tables():
         "000-fedmae-table4",
         "000-fedmae-table5",
         "003-table3",
+        "003-table6",
+        "003-table7",
         "003-table9",
         "002-sift-tables-1-2",
         "002-sift-fig4",
