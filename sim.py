@@ -592,7 +592,10 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--num-supernodes", type=int, default=None, help="number of simulated hospitals (default 2)"
+        "--num-supernodes",
+        type=int,
+        default=None,
+        help="number of simulated hospitals (default: min-clients, plus one for a held-out centre)",
     )
     parser.add_argument(
         "--run-config",
@@ -715,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         run_dir = simulate(
             overrides,
-            2 if args.num_supernodes is None else args.num_supernodes,
+            args.num_supernodes,
             args.cpus_per_client,
             args.gpus_per_client,
             args.verbose,

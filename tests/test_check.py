@@ -123,3 +123,20 @@ def test_every_console_script_names_a_callable():
     for target in scripts.values():
         module, name = target.split(":")
         assert callable(getattr(importlib.import_module(module), name)), target
+
+
+def test_num_supernodes_defaults_to_min_clients(tmp_path, monkeypatch):
+    import sim
+
+    given = {}
+
+    def fake_simulate(overrides, num_supernodes, *args, **kwargs):
+        given["num"] = num_supernodes
+        return tmp_path
+
+    monkeypatch.setattr(sim, "simulate", fake_simulate)
+    config = f'min-clients=3 model="tiny-cnn" image-size=8 synthetic-per-class=4 cache-dir="{tmp_path / "c"}"'
+    assert sim.main(["--run-config", config]) == 0
+    assert given["num"] is None  # no --num-supernodes: the simulation's own default
+    assert sim.checked_run(sim.parse_overrides([config]), given["num"], data=False)[1] == 3
+    assert sim.checked_run(sim.parse_overrides([config + ' holdout-centre="2"']), None, data=False)[1] == 4
