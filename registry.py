@@ -791,6 +791,7 @@ PEFT_METHODS = (
     "fedmae",
     "fedbeit",
     "fedbyol",
+    "fedema",
     "fedmocov3",
     "random-init",
 )

@@ -155,6 +155,7 @@ def test_few_steps_per_round_learn_the_digits_and_the_saved_model_predicts_every
     import registry
     from fedderm.data import load_client_data
     from fedderm.inference import load_model
+    from server_app import saved_run_config
 
     run_dir, summary = _run(digits_folder, tmp_path)
     counts = summary["classes"]["counts"]
@@ -162,9 +163,7 @@ def test_few_steps_per_round_learn_the_digits_and_the_saved_model_predicts_every
     assert summary["final"]["balanced_accuracy"] >= 0.85
     assert summary["warnings"] == []  # a healthy run carries none
     clf = load_model(run_dir / "model.pt")
-    cfg = registry.load_config(
-        {k: v for k, v in summary["config"].items() if k not in ("preset", "overrides")}
-    )
+    cfg = registry.load_config(saved_run_config(run_dir))
     for pid in (0, 1):
         images, labels = load_client_data(cfg, pid, 2).tensors("train")
         predicted = [clf.classes.index(name) for name, _ in clf.predict(images)]

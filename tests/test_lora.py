@@ -248,3 +248,23 @@ def test_init_checkpoint_and_peft_are_refused_where_they_do_not_apply():
     with pytest.raises(ConfigError, match="'peft-personal'"):
         load(method="random-init", **{"peft-personal": True})
     assert load(method="random-init", peft="lora", **{"lora-rank": 3}).lora_rank == 3
+
+
+def test_lora_after_fedema_pretraining_sends_only_adapters_and_head(tmp_path):
+    """FedEMA's fine-tuning stage is the shared one: after two pre-training rounds (the second
+    applies the divergence-aware EMA) the fine-tuning messages carry only adapters and head."""
+    log = []
+    config = small(
+        tmp_path,
+        **registry.smallest_run("fedema", **{"num-server-rounds": 2, "peft": "lora", "lora-rank": 2}),
+    )
+    run_dir = run_app(config, num_clients=2, client_app=recording_app(log))
+    trainable = set(trainable_keys(lora_model("tiny-cnn")))
+    kinds = [m.metadata.message_type for m, _ in log]
+    assert kinds.count("train.pretrain") == 2 * 2 and kinds.count("query.peft_backbone") == 2
+    finetune = [(m, r) for m, r in log if m.metadata.message_type == "train.finetune"]
+    assert finetune
+    for msg, reply in finetune:
+        assert array_keys(msg) == trainable and array_keys(reply) == trainable
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["peft"]["kept-on-clients"] == "nothing"
