@@ -8,3 +8,15 @@ def _cpu_threads():
 
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    """``sim.simulate`` (and the sweeps and commands built on it) run the ServerApp and ClientApps in
+    this process over ``tests/loop_grid.py``'s grid instead of starting Ray: for tests of what a run
+    computes and records, where the Ray path adds nothing (``tests/test_simulation.py`` runs it)."""
+    from loop_grid import simulate
+
+    import sim
+
+    monkeypatch.setattr(sim, "simulate", simulate)

@@ -4,15 +4,19 @@ What ``sim.py`` runs, without Ray: :func:`run_app` calls the ServerApp's ``main`
 :class:`LoopGrid` that hands every pushed message (a deep copy, as serialisation would) to
 ``client_app.app`` with that node's Context and keeps the reply for the next pull.  Each call
 is a new Flower run (new run id and node ids, fresh client contexts), as a restart is.
+:func:`simulate` is ``sim.simulate`` over this grid: the same checks, ServerApp context and
+node configs, in a second instead of a Ray start (the ``in_process`` fixture swaps it in).
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import json
 import uuid
+from pathlib import Path
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -76,6 +80,11 @@ class LoopGrid:
         return self.pull_messages(ids)
 
 
+class InMemoryGrid(LoopGrid):
+    """A :class:`LoopGrid` the ServerApp takes for Flower's simulation grid (it matches the class
+    name): clients keep their state in the run folder and polls are short, as in a simulation."""
+
+
 def run_app(overrides: dict, num_clients: int = 2, client_app=None):
     """One run of fedderm's ServerApp + ClientApp in this process; returns the run folder."""
     import server_app
@@ -89,8 +98,42 @@ def run_app(overrides: dict, num_clients: int = 2, client_app=None):
         run_id=grid.run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
     )
     server_app.main(grid, context)
-    from pathlib import Path
+    return Path(context.state["fedderm"]["run-dir"])
 
+
+def simulate(
+    overrides: dict,
+    num_supernodes: int | None = None,
+    cpus_per_client: int = 1,
+    gpus_per_client: float = 0.0,
+    verbose: bool = False,
+    client_app=None,
+    preset: str = "",
+    user_overrides: dict | None = None,
+    ray_address: str = "",
+) -> Path:
+    """``sim.simulate`` in this process: its checks (:func:`sim.checked_run`), default number of
+    clients and command-line record, then the ServerApp over a :class:`LoopGrid`.  Same signature;
+    Ray's options (``cpus_per_client`` ...) are unused."""
+    import server_app
+    import sim
+
+    run_config, num_supernodes = sim.checked_run(overrides, num_supernodes, gpus_per_client, ray_address)[:2]
+    if client_app is None:
+        from client_app import app as client_app
+    grid = InMemoryGrid(run_config, num_supernodes, client_app)
+    given = dict(overrides if user_overrides is None else user_overrides)
+    cli = ConfigRecord({"preset": preset, "overrides": json.dumps(given)})
+    context = Context(
+        run_id=grid.run_id,
+        node_id=0,
+        node_config={},
+        state=RecordDict({server_app.CLI_RECORD: cli}),
+        run_config=run_config,
+    )
+    server_app.main(grid, context)
+    if "fedderm" not in context.state:
+        raise RuntimeError("the run ended without writing results")
     return Path(context.state["fedderm"]["run-dir"])
 
 

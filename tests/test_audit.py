@@ -1,5 +1,9 @@
 """Outgoing-message audit: for every method, everything a client sends during a short run holds
-only the record keys the method declares and no array derived from the client's raw images."""
+only the record keys the method declares and no array derived from the client's raw images.
+
+Each run goes through fedderm's ServerApp and ClientApp (with the audit mod) in this process over
+the in-memory grid of ``tests/loop_grid.py``: the records a client sends are those of its reply,
+whatever carries them.  The Ray simulation path is run by ``tests/test_simulation.py``."""
 
 import hashlib
 import json
@@ -7,9 +11,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from loop_grid import run_app
 
 import registry
-import sim
 from fedderm.data import load_pool
 from fedderm.train import to_input
 
@@ -36,10 +40,11 @@ def _rows(values: np.ndarray, row_size: int) -> list[np.ndarray]:
 def test_clients_send_only_declared_records_and_no_images(method, tmp_path, monkeypatch):
     audit = tmp_path / "audit"
     monkeypatch.setenv("FEDDERM_AUDIT_DIR", str(audit))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # client state, as a deployment keeps it
     overrides = registry.smallest_run(
         method, **{"output-dir": str(tmp_path), "cache-dir": str(tmp_path / "c")}, **EXTRA.get(method, {})
     )
-    sim.simulate(overrides, num_supernodes=2)
+    run_app(overrides, num_clients=2)
 
     cfg = registry.load_config(overrides)
     pool = load_pool(

@@ -125,7 +125,7 @@ def test_beit_encoder_transfers_to_the_classifier():
     assert torch.allclose(ours, theirs, atol=1e-5)
 
 
-def test_fedbeit_end_to_end(tmp_path):
+def test_fedbeit_end_to_end(in_process, tmp_path):
     run_dir = sim.simulate(
         {
             **MICRO,

@@ -462,7 +462,7 @@ def test_fedclf_keys_are_validated():
         registry.load_config({"fedclf.queue-size": 0})
 
 
-def test_fedclf_pretrain_then_federated_finetune_with_sim(tmp_path):
+def test_fedclf_pretrain_then_federated_finetune_with_sim(in_process, tmp_path):
     """Must show 2/3: sim.py, FedCLF pre-training -> federated fine-tuning at L = 10 %; the
     summary records the features relayed per client per round."""
     run_dir = sim.simulate(

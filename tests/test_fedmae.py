@@ -520,7 +520,7 @@ def test_exclude_presets_select_table_v_parameters():
 
 
 # -- end to end --------------------------------------------------------------------------------------
-def test_fedmae_pretrain_then_federated_finetune_end_to_end(tmp_path):
+def test_fedmae_pretrain_then_federated_finetune_end_to_end(in_process, tmp_path):
     run_dir = sim.simulate(
         {
             **MICRO,

@@ -46,7 +46,7 @@ def test_classifier_takes_the_pretrained_backbone_and_a_new_head():
 
 
 @pytest.mark.parametrize("finetune", ["federated", "local"])
-def test_pretrain_then_finetune_end_to_end(tmp_path, finetune):
+def test_pretrain_then_finetune_end_to_end(in_process, tmp_path, finetune):
     run_dir = sim.simulate(
         {
             **SMALL,

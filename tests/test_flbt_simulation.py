@@ -36,7 +36,7 @@ def _run(tmp_path, name, num_supernodes=2, **overrides):
     return run_dir, json.loads((run_dir / "summary.json").read_text())
 
 
-def test_ssl_flbt_end_to_end_on_synthetic_centres(tmp_path):
+def test_ssl_flbt_end_to_end_on_synthetic_centres(in_process, tmp_path):
     run_dir, summary = _run(
         tmp_path,
         "ssl",
@@ -57,7 +57,7 @@ def test_ssl_flbt_end_to_end_on_synthetic_centres(tmp_path):
 
 
 @pytest.mark.parametrize("method", ["fedbn", "local"])
-def test_fedbn_and_local_end_to_end(tmp_path, monkeypatch, method):
+def test_fedbn_and_local_end_to_end(in_process, tmp_path, monkeypatch, method):
     """FedBN and single-centre training; the local run also holds centre 2 out of the federation
     (``holdout-centre``, 004 Table XI): it answers the handshake and ``train.holdout`` only, sends
     only metrics and PR curves, and fine-tunes from random weights (``local`` has no global model)."""

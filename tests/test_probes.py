@@ -152,7 +152,7 @@ def test_bad_probe_every(raw, match):
         registry.load_config(raw)
 
 
-def test_fedclf_run_records_probes_every_round(tmp_path):
+def test_fedclf_run_records_probes_every_round(in_process, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir = sim.simulate(

@@ -66,7 +66,7 @@ def test_bad_relay_settings_name_the_key(raw, key):
         registry.load_config({"method": "fedclf", **raw})
 
 
-def test_fedclf_run_reports_epsilon_per_client_after_every_round(tmp_path):
+def test_fedclf_run_reports_epsilon_per_client_after_every_round(in_process, tmp_path):
     run_dir = sim.simulate(
         registry.smallest_run(
             "fedclf",

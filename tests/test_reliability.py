@@ -31,7 +31,7 @@ class Killed(Exception):
     """Stands for the server process dying."""
 
 
-def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch):
+def test_resume_after_a_crash_equals_an_uninterrupted_run(in_process, tmp_path, monkeypatch):
     base = {**SMALL, "num-server-rounds": 3, "cache-dir": str(tmp_path / "cache")}
     full = sim.simulate({**base, "output-dir": str(tmp_path / "a"), "run-name": "full"})
 
@@ -151,7 +151,7 @@ def _folder_with_a_corrupt_image(root, size=40):
     return root
 
 
-def test_bad_file_is_named_with_the_client_or_skipped_and_counted(tmp_path):
+def test_bad_file_is_named_with_the_client_or_skipped_and_counted(in_process, tmp_path):
     data = _folder_with_a_corrupt_image(tmp_path / "data")
     base = {
         **SMALL,

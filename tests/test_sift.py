@@ -319,7 +319,7 @@ def test_missing_text_model_names_the_key(monkeypatch):
 
 
 # -- end to end through sim.py (Flower's simulation runtime, Ray) -------------------------
-def test_sim_runs_sift_ring_in_partition_order(tmp_path):
+def test_sim_runs_sift_ring_in_partition_order(in_process, tmp_path):
     import sim
 
     run_dir = sim.simulate(
@@ -351,7 +351,7 @@ def test_sim_runs_sift_ring_in_partition_order(tmp_path):
     assert probs.shape == (4, 5) and torch.allclose(probs.sum(1), torch.ones(4))
 
 
-def test_sim_runs_scaffold(tmp_path):
+def test_sim_runs_scaffold(in_process, tmp_path):
     """The extra ``control``/``control-delta`` records go through Flower's runtime (FedDyn's
     messages are FedAvg's; both are tested in-process in test_drift.py)."""
     import sim

@@ -52,7 +52,7 @@ def test_fedavg_on_synthetic_writes_results_and_learns(tmp_path):
     assert (run_dir / "config.json").exists() and (run_dir / "curves.png").stat().st_size > 0
 
 
-def test_same_seed_same_numbers(tmp_path):
+def test_same_seed_same_numbers(in_process, tmp_path):
     """Determinism on CPU: two runs with one seed give identical metrics and weights."""
     dirs = [
         sim.simulate(
@@ -91,7 +91,7 @@ def _medmnist_like(path, n=300, size=28, classes=4, seed=0):
 
 
 @pytest.mark.parametrize("method,extra", [("fedavg", {}), ("fedprox", {"proximal-mu": 0.01})])
-def test_npz_dirichlet_reports_per_client_metrics(tmp_path, method, extra):
+def test_npz_dirichlet_reports_per_client_metrics(in_process, tmp_path, method, extra):
     npz = _medmnist_like(tmp_path / "organmnist.npz")
     run_dir = sim.simulate(
         {

@@ -548,7 +548,7 @@ def test_003_sweeps_pretrain_with_the_papers_adamw_beta2(name, quick):
 
 
 # --------------------------------------------------------------------------- end to end
-def test_sweep_end_to_end_table_equals_the_runs_summaries(tmp_path):
+def test_sweep_end_to_end_table_equals_the_runs_summaries(in_process, tmp_path):
     """2 rows × 1 seed, tiny CNN, 1 round, through the real simulation."""
     out = tmp_path / "sweep"
     table_md = sim.run_sweep(str(write_sweep(tmp_path / "e2e.toml")), out=str(out), echo=lambda *_: None)

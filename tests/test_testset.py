@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from loop_grid import simulate
 
 import sim
 from fedderm.config import ConfigError
@@ -43,7 +44,8 @@ FAST = {
 def global_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("global")
     arrays = write_npz(tmp / "three.npz")
-    run_dir = sim.simulate(
+    # in this process, as conftest's in_process runs sim.simulate
+    run_dir = simulate(
         {
             **FAST,
             "data-path": str(tmp / "three.npz"),

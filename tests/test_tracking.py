@@ -88,7 +88,7 @@ def test_no_events_without_the_key(tmp_path):
     assert not list(tmp_path.glob("events.out.tfevents.*"))
 
 
-def test_sim_run_writes_events_equal_to_rounds_csv(tmp_path):
+def test_sim_run_writes_events_equal_to_rounds_csv(in_process, tmp_path):
     run_dir = sim.simulate(
         {**TINY, "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "cache"), "run-name": "tb"},
         num_supernodes=2,

@@ -97,7 +97,7 @@ def test_server_grid_encodes_outgoing_and_decodes_replies():
     assert got.dtype == np.float32 and np.allclose(got, 0.3, atol=1e-4)
 
 
-def test_float16_run_halves_traffic_and_still_learns(tmp_path, monkeypatch):
+def test_float16_run_halves_traffic_and_still_learns(in_process, tmp_path, monkeypatch):
     """A short FedAvg run with float16 transport: every float array a client sends is float16
     (audit log), bytes per round are the model's float16 size, and the model still learns."""
     audit = tmp_path / "audit"
