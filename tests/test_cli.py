@@ -213,4 +213,3 @@ def test_a_failed_run_exits_non_zero_with_one_line_and_its_folder_records_why(tm
     assert re.search(r"^error: method 'random-init' has no pre-training", out.stderr, re.M), out.stderr
     summary = json.loads((tmp_path / "bad" / "summary.json").read_text())
     assert summary["status"] == "failed" and "random-init" in summary["error"] and summary["final"] is None
-

@@ -465,6 +465,29 @@ _SKIP_LOOPBACK = pytest.mark.skipif(
 )
 
 
+@_SKIP_LOOPBACK
+def test_stock_flower_loopback_federation_tls_node_auth(tmp_path):
+    """Flower as it ships: `flower-superlink` and `flower-supernode` of the installed Flower,
+    unmodified (TLS, SuperNode authentication, no fedderm launcher), fedderm only as the app run
+    with `flwr run`: a FedAvg round completes with every hospital's test result, and an
+    unregistered SuperNode is refused."""
+    from deploy.loopback import BASE_RUN_CONFIG, Loopback
+
+    lines: list[str] = []
+    fed = Loopback(tmp_path / "fed", 2, per_class=8, echo=lines.append, launcher="flower")
+    try:
+        fed.start()
+        started = fed.processes()
+        assert not any("fedderm.launcher" in cmd for cmd in started.values()), started
+        assert sum("flower-supernode" in cmd for cmd in started.values()) == 2, started
+        assert fed.try_outsider()["refused"]
+        out = fed.run("fedavg", {**BASE_RUN_CONFIG, "num-server-rounds": 1}, timeout=600)
+        assert out.ok, "\n".join(out.problems)
+        assert out.status == "finished:completed" and set(out.summary["final"]["per_client"]) == {"0", "1"}
+    finally:
+        fed.stop()
+
+
 @pytest.fixture(scope="module")
 def loopback(tmp_path_factory):
     """One SuperLink + 3 SuperNodes (TLS, node auth, fedderm's warm launcher, each hospital with
@@ -611,6 +634,21 @@ def test_loopback_supernode_killed_mid_round_rejoins(loopback):
     assert not any(m.get("round") == 2 for m in missing), missing
     assert set(summary["final"]["per_client"]) == {"0", "1", "2"}
     assert any(line.startswith("hospital-c: restarted") for line in fed.lines)
+
+
+@_SKIP_LOOPBACK
+def test_loopback_runs_the_003_baselines_through_flwr_run(loopback):
+    """FedBYOL, FedEMA, FedMoCo-v3 and Semi-FL (paper 003's baselines) end to end through `flwr run`
+    on the three hospitals' own data: pre-training (or Semi-FL's joint rounds), then fine-tuning, a
+    final test result from every hospital."""
+    import registry
+
+    for method in ("fedbyol", "fedema", "fedmocov3", "semifl"):
+        small = {k: v for k, v in registry.get_method(method).smallest.items() if k != "image-size"}
+        out = loopback.run(method, {"num-server-rounds": 1, "finetune-rounds": 1, **small}, timeout=600)
+        assert out.ok, "\n".join(out.problems)
+        assert out.summary["status"] == "done" and out.summary["config"]["method"] == method
+        assert set(out.summary["final"]["per_client"]) == {"0", "1", "2"}
 
 
 @_SKIP_LOOPBACK
