@@ -57,9 +57,8 @@ def resolved_run_config(overrides: dict) -> dict:
     method's; raises ConfigError naming the key)."""
     from flwr.common.config import get_fused_config_from_dir
 
-    import fedderm.data  # noqa: F401 - first: importing fedderm.testset alone is a circular import
     import registry
-    from fedderm.testset import check_test_data_path
+    from fedderm.data.testset import check_test_data_path
 
     registry.load_config(overrides)  # names an unknown or mistyped key before Flower's terser check
     fused = get_fused_config_from_dir(APP_DIR, overrides)

@@ -11,7 +11,9 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 
-from fedderm.testset import GLOBAL_SPLIT
+from fedderm.data.testset import GLOBAL_SPLIT
+
+from .nodes import send_and_receive
 
 
 def global_test(strategy, grid: Grid, arrays: ArrayRecord, server_round: int) -> dict[str, float] | None:
@@ -19,8 +21,6 @@ def global_test(strategy, grid: Grid, arrays: ArrayRecord, server_round: int) ->
     cfg = strategy.cfg
     if getattr(cfg, "test_set", "per-client") != "global":
         return None
-    from .common import send_and_receive
-
     msgs = strategy.configure_evaluate(server_round, arrays, ConfigRecord({"split": GLOBAL_SPLIT}), grid)
     replies = strategy.screen(
         server_round,

@@ -26,19 +26,19 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
 
 import wire
 from fedderm.lora import add_lora, count, merged_state, part, split_keys
 from fedderm.transport import decode, encode
 
-from .common import run_federated
-from .finetune import FederatedFinetune
+from .common import Tracked, run_federated
 from .nodes import SentTo, send_and_receive, wait_for_nodes
 from .screening import short_reason
 from .traffic import array_bytes
 
 
-class PeftFinetune(FederatedFinetune):
+class PeftFinetune(Tracked, FedAvg):
     """FedAvg over the adapters (and head) only.  Replies must hold exactly the keys sent
     (:meth:`Tracked.validate_reply`), so a personal adapter sent by mistake is refused."""
 

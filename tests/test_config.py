@@ -1,18 +1,43 @@
 import pytest
 import tomllib
 
+import config_docs
 import registry
 from fedderm.config import Config, ConfigError, default_config, parse_config
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
-def test_pyproject_defaults_match_the_typed_config():
-    """Every key flwr run sends is a Config key, with the same default."""
+def test_pyproject_table_and_run_config_page_are_the_generated_ones(tmp_path):
+    """pyproject.toml's [tool.flwr.app.config] and docs/run-config.md are what ``python -m config_docs``
+    writes from the typed declarations (Config, the registry's options), and the table carries
+    exactly those defaults; a changed declaration makes ``--check`` fail."""
+    assert config_docs.main(["--check"]) == 0, "stale: run `python -m config_docs`"
     with open(ROOT / "pyproject.toml", "rb") as f:
         app_config = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
-    expected = {**default_config(), **registry.method_options()}
-    assert app_config == expected
+    assert app_config == {**default_config(), **registry.method_options()}
+    assert list(app_config)[: len(default_config())] == list(default_config())
+
+    options = config_docs.registry_options()
+    changed = {**options, "fedclf": {**options["fedclf"], "fedclf.queue-size": 2048}}
+    text = (ROOT / "pyproject.toml").read_text()
+    stale = config_docs.render_pyproject(text, config_docs.app_config_table(changed))
+    assert tomllib.loads(stale)["tool"]["flwr"]["app"]["config"]["fedclf.queue-size"] == 2048
+    assert stale.replace("2048", "1024") == text  # only that value differs, the rest byte for byte
+    (tmp_path / "pyproject.toml").write_text(stale)
+    (tmp_path / "run-config.md").write_text((ROOT / "docs" / "run-config.md").read_text())
+    argv = [
+        "--check",
+        "--pyproject",
+        str(tmp_path / "pyproject.toml"),
+        "--output",
+        str(tmp_path / "run-config.md"),
+    ]
+    assert config_docs.main(argv) == 1
+    (tmp_path / "run-config.md").write_text("# Run config\n")
+    (tmp_path / "pyproject.toml").write_text(text)
+    assert config_docs.main(argv) == 1
+    assert config_docs.main(argv[1:]) == 0 and config_docs.main(argv) == 0  # written, then up to date
 
 
 def test_parse_types_and_defaults():

@@ -15,13 +15,12 @@ import pytest
 import torch
 from PIL import Image
 
-from fedderm import testset
 from fedderm.config import parse_config
-from fedderm.data import DataError, load_client_data
+from fedderm.data import DataError, load_client_data, testset
 from fedderm.data import decode as decode_module
 from fedderm.data.pool import SPLIT_NAMES
 from fedderm.data.sources import load_csv, load_folder
-from fedderm.testset import GLOBAL_SPLIT, global_split
+from fedderm.data.testset import GLOBAL_SPLIT, global_split
 
 CLASSES = ["mel", "nv"]
 #: images per (split, class); the split names as written on disk / in the CSV (any case)

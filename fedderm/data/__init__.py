@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import testset  # module, not names: fedderm.testset imports fedderm.data (either may load first)
+from . import testset
 from .checks import check_pool, check_split
 from .digits import load_digits_pool
 from .partition import ClientSplit, partition_indices, split_client
@@ -98,7 +98,7 @@ class ClientData:
     pool: ImagePool
     split: ClientSplit
     partition_id: int
-    #: ``test-set="global"``: () -> (pool, indices) of the global test set (fedderm.testset), loaded
+    #: ``test-set="global"``: () -> (pool, indices) of the global test set (fedderm.data.testset), loaded
     #: on first use; it is evaluated only, never trained on
     global_test: Callable[[], tuple[ImagePool, np.ndarray]] | None = None
 

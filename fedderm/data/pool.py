@@ -46,7 +46,7 @@ class ImagePool:
         splits: ``int64`` array ``(N,)`` of indices into :data:`SPLIT_NAMES`: the split the data
             itself puts each image in (MedMNIST's arrays, a CSV ``split`` column, a folder's
             ``train/``, ``val/``, ``test/``); ``None`` when the data has none.  Only
-            ``test-set="global"`` reads it (:mod:`fedderm.testset`).
+            ``test-set="global"`` reads it (:mod:`fedderm.data.testset`).
     """
 
     images: torch.Tensor

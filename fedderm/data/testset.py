@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ConfigError
-from .data.partition import _group_cut, _stratified_cut
-from .data.pool import SPLIT_NAMES, DataError, ImagePool
+from ..config import ConfigError
+from .partition import _group_cut, _stratified_cut
+from .pool import SPLIT_NAMES, DataError, ImagePool
 
 TEST_SETS = ("per-client", "global")
 #: the split name a client's evaluation is asked for to evaluate the global test set
