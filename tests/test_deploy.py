@@ -488,6 +488,47 @@ def test_stock_flower_loopback_federation_tls_node_auth(tmp_path):
         fed.stop()
 
 
+@_SKIP_LOOPBACK
+def test_sigterm_to_the_loopback_command_mid_run_leaves_none_of_its_processes(tmp_path):
+    """`python -m deploy.loopback` killed with SIGTERM while a run is going (a CI timeout, a
+    closed terminal): it exits and no process it started (SuperLink, SuperNodes, their SuperExecs,
+    ServerApp, ClientApps, the flwr CLI) is left alive."""
+    import signal
+
+    from deploy.loopback import TAG_VAR
+
+    workdir = tmp_path / "fed"
+    cmd = [sys.executable, "-m", "deploy.loopback", "--hospitals", "2", "--rounds", "3", "--method", "fedavg"]
+    proc = subprocess.Popen(
+        [*cmd, "--workdir", str(workdir)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+    def family() -> list[int]:
+        tag = f"{proc.pid}."
+        return [
+            pid
+            for pid in procs.table()
+            if pid != proc.pid and (procs.environ_value(pid, TAG_VAR) or "").startswith(tag) and _alive(pid)
+        ]
+
+    try:
+        _wait_for(lambda: any(workdir.glob("results/*/checkpoint*-round-1.pt")), "round 1 of the run", 600)
+        running = family()
+        assert any("flwr-serverapp" in procs.cmdline(pid) for pid in running), running
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143
+        left = {pid: procs.cmdline(pid, 200) for pid in family()}
+        assert left == {}, left
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.fixture(scope="module")
 def loopback(tmp_path_factory):
     """One SuperLink + 3 SuperNodes (TLS, node auth, fedderm's warm launcher, each hospital with
