@@ -286,18 +286,21 @@ def scan(source: str, path: str, private_members: frozenset[str] = frozenset()) 
                     uses.append(Use(path, node.lineno, "patch", ".".join(full[:-1]), full[-1]))
                 elif parts[0] not in unlisted:
                     uses += _reached(full, path, node.lineno)
-            if node.attr == "__kwdefaults__":
-                uses.append(
-                    Use(path, node.lineno, "patch", ".".join(parts[:-1]) if parts else "?", "__kwdefaults__")
+            if node.attr == "__kwdefaults__":  # no app code has a reason to touch one
+                owner = (
+                    ".".join([*bound[parts[0]].split("."), *parts[1:-1]])
+                    if parts and parts[0] in bound
+                    else "?"
                 )
+                uses.append(Use(path, node.lineno, "patch", owner, "__kwdefaults__"))
             elif node.attr in private_members and node.attr not in defined:
                 uses.append(Use(path, node.lineno, "private-member", "flwr", node.attr))
         elif isinstance(node, (ast.Assign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
-                if isinstance(target, ast.Subscript):  # mod.TABLE[k] = ..., fn.__kwdefaults__[k] = ...
+                if isinstance(target, ast.Subscript):  # mod.TABLE[k] = ...
                     parts = _dotted(target.value)
-                    if parts and parts[0] in bound and len(parts) > 1:
+                    if parts and parts[0] in bound and len(parts) > 1 and parts[-1] != "__kwdefaults__":
                         full = [*bound[parts[0]].split("."), *parts[1:]]
                         uses.append(Use(path, node.lineno, "patch", ".".join(full[:-1]), full[-1]))
         elif (
@@ -367,7 +370,7 @@ def test_every_listed_exception_is_used_and_has_a_reason():
         ("from flwr.common.constant import SType", "import"),
         ("import ray._private.utils as u", "import"),
         ("import flwr.common\nflwr.common.logger.console_handler", "import"),
-        ("from flwr.supercore import inflatable\ninflatable.pull_objects.__kwdefaults__['x'] = 1", "patch"),
+        ("from flwr.serverapp.strategy import FedAvg\nFedAvg.__init__.__kwdefaults__['x'] = 1", "patch"),
         ("from flwr.serverapp.strategy import FedAvg\nFedAvg.aggregate_train = None", "patch"),
         ("from flwr.serverapp import Grid\nsetattr(Grid, 'pull_messages', None)", "patch"),
         (

@@ -6,15 +6,18 @@ import registry
 from fedderm import data
 
 
-def test_fast_poll_grid_polls_the_in_memory_grid_more_often():
+def test_fast_poll_grid_polls_the_in_memory_grid_more_often(monkeypatch):
+    from strategies import fastpoll
     from strategies.fastpoll import IN_MEMORY_POLL_INTERVAL, POLL_INTERVAL, FastPollGrid
 
-    class InMemoryGrid:  # stands for Flower's simulation grid (matched by class name)
+    class InMemoryGrid:  # stands for Flower's simulation grid (fedderm.flower_private.grid_kind)
         pass
 
     class HttpGrid:
         pass
 
+    kinds = {InMemoryGrid: "simulation", HttpGrid: "deployment"}
+    monkeypatch.setattr(fastpoll, "grid_kind", lambda grid: kinds[type(grid)])
     assert FastPollGrid(InMemoryGrid()).poll_interval == IN_MEMORY_POLL_INTERVAL < POLL_INTERVAL
     assert FastPollGrid(HttpGrid()).poll_interval == POLL_INTERVAL
     assert FastPollGrid(HttpGrid(), poll_interval=0.5).poll_interval == 0.5

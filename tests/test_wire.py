@@ -120,6 +120,34 @@ def test_fedderm_fedavg_aggregates_like_flowers_fedavg(tmp_path):
     }  # taken out per client
 
 
+def test_inconsistent_replies_stop_fedderms_fedavg_as_they_stop_flowers(tmp_path):
+    """Tracked runs Flower's own FedAvg checks (on the replies without their numbers): replies whose
+    keys differ, or without the weighting metric, raise what Flower's FedAvg raises."""
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 1
+    cfg = registry.load_config({"min-clients": 1})
+
+    def reply(node, arrays, metrics):
+        instr = Message(RecordDict({"config": ConfigRecord()}), dst_node_id=node, message_type="train")
+        content = RecordDict({"arrays": ArrayRecord(arrays), "metrics": MetricRecord(metrics)})
+        return Message(content, reply_to=instr)
+
+    w = {"w": Array(np.ones(3, np.float32))}
+    cases = [
+        [
+            reply(11, w, {"num-examples": 1}),
+            reply(12, {"v": Array(np.ones(3, np.float32))}, {"num-examples": 1}),
+        ],
+        [reply(11, w, {"loss": 1.0}), reply(12, w, {"loss": 2.0})],
+    ]
+    for replies in cases:
+        strategy = build_strategy(cfg, RunRecorder(tmp_path, "fedavg", cfg.to_flat()))
+        with pytest.raises(Exception) as theirs:
+            FedAvg(min_available_nodes=1).aggregate_train(1, replies)
+        with pytest.raises(type(theirs.value)) as ours:
+            strategy._aggregate(1, replies)
+        assert str(ours.value) == str(theirs.value)
+
+
 def test_replies_are_summed_in_partition_order_whatever_their_arrival(tmp_path):
     """Node ids are drawn at random per run and replies arrive in any order; float addition is not
     associative, so with 3+ clients the sum must follow the partition ids for same seed, same numbers."""
