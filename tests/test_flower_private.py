@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 import os
 import time
-import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import ServerApp
