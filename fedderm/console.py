@@ -75,6 +75,8 @@ def setup(verbose: bool = False, stream=None) -> None:
     if verbose:
         return
     stream = sys.stderr if stream is None else stream
+    import flwr.common  # noqa: F401 - Flower adds its console handler to its logger when imported
+
     logger = logging.getLogger(FLOWER_LOGGER)
     if not any(isinstance(h, ConsoleHandler) for h in logger.handlers):
         consoles = [

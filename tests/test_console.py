@@ -74,3 +74,24 @@ def test_verbose_leaves_flowers_handler(flower_logger):
     before = flower_logger.handlers[:]
     console.setup(verbose=True, stream=io.StringIO())
     assert flower_logger.handlers == before
+
+
+def test_setup_before_flower_is_imported_leaves_one_handler(tmp_path):
+    """sim.py sets the console up before it imports Flower: Flower's own handler, added when Flower
+    is imported, must not come back beside fedderm's (every line twice)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, logging\n"
+        "from fedderm import console\n"
+        "console.setup(stream=sys.stdout)\n"
+        "from flwr.common import log\n"
+        "log(logging.INFO, 'one line')\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, env=env)
+    assert out.returncode == 0, out.stderr
+    assert (out.stdout + out.stderr).splitlines() == ["INFO :      one line"]
