@@ -112,14 +112,15 @@ def run_simulation_in_process(
 
 def grid_kind(grid) -> str:
     """``"simulation"`` for the simulation runtime's in-memory grid, ``"deployment"`` for a
-    SuperLink's, ``"other"`` for anything else (the tests' fakes)."""
+    SuperLink's; any other grid (the tests' in-process ones) says what it stands for in its
+    ``fedderm_grid_kind`` attribute, else ``"other"``."""
     from flwr.superlink.grid import HttpGrid, InMemoryGrid
 
     if isinstance(grid, InMemoryGrid):
         return "simulation"
     if isinstance(grid, HttpGrid):
         return "deployment"
-    return "other"
+    return str(getattr(grid, "fedderm_grid_kind", "other"))
 
 
 def content_size(content) -> int:

@@ -63,6 +63,11 @@ def test_a_deployment_grid_is_told_from_a_simulation_one():
     fast = FastPollGrid(grid)
     assert fast.pack and fast.kind == "deployment" and fast.poll_interval == POLL_INTERVAL
     assert flower_private.grid_kind(object()) == "other" and not FastPollGrid(object()).pack
+
+    class Declared:  # a test's in-process grid that stands for the simulation's
+        fedderm_grid_kind = "simulation"
+
+    assert FastPollGrid(Declared()).kind == "simulation" and not FastPollGrid(Declared()).pack
     assert IN_MEMORY_POLL_INTERVAL < POLL_INTERVAL
 
 

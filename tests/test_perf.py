@@ -6,18 +6,15 @@ import registry
 from fedderm import data
 
 
-def test_fast_poll_grid_polls_the_in_memory_grid_more_often(monkeypatch):
-    from strategies import fastpoll
+def test_fast_poll_grid_polls_the_in_memory_grid_more_often():
     from strategies.fastpoll import IN_MEMORY_POLL_INTERVAL, POLL_INTERVAL, FastPollGrid
 
     class InMemoryGrid:  # stands for Flower's simulation grid (fedderm.flower_private.grid_kind)
-        pass
+        fedderm_grid_kind = "simulation"
 
     class HttpGrid:
-        pass
+        fedderm_grid_kind = "deployment"
 
-    kinds = {InMemoryGrid: "simulation", HttpGrid: "deployment"}
-    monkeypatch.setattr(fastpoll, "grid_kind", lambda grid: kinds[type(grid)])
     assert FastPollGrid(InMemoryGrid()).poll_interval == IN_MEMORY_POLL_INTERVAL < POLL_INTERVAL
     assert FastPollGrid(HttpGrid()).poll_interval == POLL_INTERVAL
     assert FastPollGrid(HttpGrid(), poll_interval=0.5).poll_interval == 0.5
