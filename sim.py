@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -55,13 +56,12 @@ def parse_sets(items: list[str]) -> dict:
 def resolved_run_config(overrides: dict) -> dict:
     """pyproject defaults fused with ``overrides``, validated and resolved (an unset ``model`` is the
     method's; raises ConfigError naming the key)."""
-    from flwr.common.config import get_fused_config_from_dir
-
     import registry
     from fedderm.data.testset import check_test_data_path
+    from fedderm.flower_private import fused_run_config
 
     registry.load_config(overrides)  # names an unknown or mistyped key before Flower's terser check
-    fused = get_fused_config_from_dir(APP_DIR, overrides)
+    fused = fused_run_config(APP_DIR, overrides)
     cfg = registry.load_config(fused)
     check_test_data_path(cfg)  # local data: a missing test set stops before Ray
     return cfg.to_flat()
@@ -181,28 +181,6 @@ def _resumed_config(run_config: dict) -> dict:
 
     folder = Path(str(run_config["resume"])).expanduser()
     return {**run_config, **saved_run_config(folder)} if (folder / "config.json").exists() else run_config
-
-
-def _simulation_run(overrides: dict):
-    """The ``Run`` that ``flwr run`` would register, carrying ``overrides``.
-
-    Flower's public ``run_simulation`` leaves ``context.run_config`` empty; its internal
-    ``_run_simulation`` accepts a ``Run`` whose overrides every ClientApp context is fused with
-    (pyproject defaults + overrides, exactly as ``flwr run``).  These internals are the same in
-    flwr 1.41 and 1.42, the versions pyproject.toml admits.
-    """
-    from flwr.common.constant import RUN_ID_NUM_BYTES, SUPERLINK_NODE_ID, TASK_ID_NUM_BYTES
-    from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
-    from flwr.simulation.run_simulation import NOOP_FEDERATION_ID
-    from flwr.supercore.run import Run
-    from flwr.supercore.task_identity import TaskIdentity
-
-    run = Run.create_empty(generate_rand_int_from_bytes(RUN_ID_NUM_BYTES))
-    run.primary_task_id = generate_rand_int_from_bytes(TASK_ID_NUM_BYTES)
-    run.federation_id = NOOP_FEDERATION_ID
-    run.override_config = dict(overrides)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run.run_id, SUPERLINK_NODE_ID
-    return run
 
 
 def check_data(run_config: dict, num_supernodes: int) -> list:
@@ -338,9 +316,8 @@ def simulate(
     run_config, num_supernodes = checked_run(overrides, num_supernodes, gpus_per_client, ray_address)[:2]
 
     from flwr.app import ConfigRecord, Context, RecordDict
-    from flwr.simulation.run_simulation import _run_simulation
-    from flwr.supercore.telemetry import EventType as Ev
 
+    from fedderm.flower_private import run_simulation_in_process, simulation_run
     from server_app import app as server_app
     from wire import ray_out_of_band
 
@@ -349,35 +326,55 @@ def simulate(
 
     from server_app import CLI_RECORD
 
-    run = _simulation_run(overrides)
+    run = simulation_run(overrides)  # the Run flwr run would register, carrying the overrides
     run_id = run.run_id
     given = dict(overrides if user_overrides is None else user_overrides)
     state = RecordDict({CLI_RECORD: ConfigRecord({"preset": preset, "overrides": json.dumps(given)})})
     context = Context(run_id=run_id, node_id=0, node_config={}, state=state, run_config=run_config)
     ray_out_of_band()  # the messages to the ClientApp actors: Arrays out of band (wire.ray_out_of_band)
-    from fedderm import console
-
-    console.keep_ray_off_signals()
     try:
-        result = _run_simulation(
+        final = off_main_thread(
+            run_simulation_in_process,
             num_supernodes=num_supernodes,
-            exit_event=Ev.PYTHON_API_RUN_SIMULATION_LEAVE,
             client_app=client_app,
             server_app=server_app,
-            server_app_context=context,
-            backend_config=backend_config(cpus_per_client, gpus_per_client, ray_address, verbose),
-            app_dir=str(APP_DIR),
-            is_app=True,
+            context=context,
             run=run,
-            verbose_logging=verbose,
+            backend_config=backend_config(cpus_per_client, gpus_per_client, ray_address, verbose),
+            app_dir=APP_DIR,
+            verbose=verbose,
         )
     except BaseException as err:
         _stop_server_app(err)
         raise
-    state = result.context.state
+    state = final.state
     if "fedderm" not in state:
         raise RuntimeError("the run ended without writing results (see the log above)")
     return Path(state["fedderm"]["run-dir"])
+
+
+def off_main_thread(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` run in a worker thread while this (main) thread waits for it.
+
+    Flower's simulation runtime starts Ray from the thread that runs it, and ``ray.init`` on the
+    main thread replaces the process's SIGTERM handler with its own (``sys.exit``) and so would
+    take SIGTERM from :func:`fedderm.console.stop_on_signals`; from another thread it leaves
+    signals alone.  Signals still reach the main thread, which waits in short slices."""
+    out: dict = {}
+
+    def target():
+        try:
+            out["value"] = fn(*args, **kwargs)
+        except BaseException as err:  # re-raised in the caller's thread
+            out["error"] = err
+
+    worker = threading.Thread(target=target, name="flower-simulation", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 #: seconds the ServerApp has to end after the simulation runtime failed

@@ -28,7 +28,6 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.common.constant import SType
 
 from fedderm import transport as codec
 
@@ -50,6 +49,11 @@ PACKED = "fedderm-packed"  # deployment: a whole message as one ConfigRecord (se
 PACKED_ARRAY = "fedderm-packed-array"  # ... its arrays' bytes as one Array when over one chunk
 
 _MAGIC = b"\x93NUMPY"
+#: the ``stype`` of an Array that holds ``.npy`` bytes, as ``Array(ndarray)`` writes it
+NUMPY_STYPE = Array(np.zeros(0, dtype=np.uint8)).stype
+#: Flower cuts an Array's bytes into chunks of 5 MiB (its default): a packed message whose bytes are
+#: longer travels as one Array (:func:`pack_content`); tests/test_wire.py checks Flower still does
+FLOWER_CHUNK_BYTES = 5 * 1024 * 1024
 
 
 def values(array: Array) -> np.ndarray:
@@ -57,7 +61,7 @@ def values(array: Array) -> np.ndarray:
 
     Anything but a plain C-order ``.npy`` payload falls back to Flower's ``Array.numpy()``."""
     data = array.data
-    if array.stype != SType.NUMPY or not isinstance(data, bytes) or data[:6] != _MAGIC:
+    if array.stype != NUMPY_STYPE or not isinstance(data, bytes) or data[:6] != _MAGIC:
         return array.numpy()
     major = data[6]
     if major == 1:
@@ -110,7 +114,7 @@ def to_array(value: np.ndarray | torch.Tensor) -> Array:
         return Array(np.ascontiguousarray(value) if not value.dtype.hasobject else value)
     data = b"".join((_npy_header(value), memoryview(value.reshape(-1)).cast("B")))
     return Array(
-        dtype=str(value.dtype), shape=tuple(int(d) for d in value.shape), stype=SType.NUMPY, data=data
+        dtype=str(value.dtype), shape=tuple(int(d) for d in value.shape), stype=NUMPY_STYPE, data=data
     )
 
 
@@ -183,10 +187,8 @@ def decode_message(msg: Message, transport: str) -> Message:
 
 # -- packing: one record per message in a deployment -------------------------------------------
 def _chunk_size() -> int:
-    """Flower's largest Array chunk (``FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE``, 5 MB by default)."""
-    from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
-
-    return int(FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE)
+    """Flower's largest Array chunk (:data:`FLOWER_CHUNK_BYTES`)."""
+    return FLOWER_CHUNK_BYTES
 
 
 def is_packed(content: RecordDict) -> bool:

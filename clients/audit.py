@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 from flwr.app import Context, Message
-from flwr.common.serde import recorddict_to_proto
 
+from fedderm.flower_private import content_size
 from wire import values as wire_values
 
 ENV = "FEDDERM_AUDIT_DIR"
@@ -64,7 +64,7 @@ def audit_mod(msg: Message, context: Context, call_next) -> Message:
     if not folder:
         return call_next(msg, context)
     # measured before the inner mods and the handler see (and may replace) the incoming content
-    received = recorddict_to_proto(msg.content).ByteSize() if msg.has_content() else 0
+    received = content_size(msg.content) if msg.has_content() else 0
     received_records = (
         {
             name: sum(wire_values(a).nbytes for a in record.values())
@@ -91,7 +91,7 @@ def audit_mod(msg: Message, context: Context, call_next) -> Message:
             "partition-id": pid,
             "server-round": config.get("server-round"),
             "arrays_file": f"{pid}-{n}.npz",
-            "sent_bytes": recorddict_to_proto(out.content).ByteSize(),
+            "sent_bytes": content_size(out.content),
             "received_bytes": received,
             "received_records": received_records,
         }

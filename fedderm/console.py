@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import sys
 import warnings
@@ -17,55 +16,82 @@ from collections.abc import Callable
 
 from . import procs
 
-#: Flower log lines that repeat every round or say nothing a user acts on (dropped without --verbose)
-NOISE = re.compile(
-    "|".join(
-        [
-            r"configure_(train|evaluate): ",  # "Sampled 2 nodes (out of 2)"
-            r"aggregate_(train|evaluate): ",  # "Received 2 results and 0 failures"
-            r"fraction_(train|evaluate)",  # FedAvg's "fraction_evaluate ... ignored" warnings
-            r"^\[ROUND \d+",  # Flower's round banner
-            r"^\s*$",  # blank lines around the banners
-            r"Starting (Flower )?(ServerApp|Simulation|FedAvg strategy)",
-            r"Run finished|Summary of|History \(|Manually terminating|Stopping Simulation",
-            r"Number of rounds|ArrayRecord \(|Fraction: |Initial|└──|├──|│",
-            r"Asking Ray|Initialising: |Backend config|Flower VCE|Using default",
-        ]
-    )
-)
+#: Flower's logger (``flwr.common.log`` writes to it; fedderm's own lines go through it too)
+FLOWER_LOGGER = "flwr"
+#: ANSI colours of the level names, as Flower's console shows them
+COLOURS = {"DEBUG": "94", "INFO": "92", "WARNING": "93", "ERROR": "91", "CRITICAL": "95"}
 
 
-#: Flower's ERROR lines about a ClientApp that raised (with Ray's traceback): the reason comes back
-#: to the server in the client's reply, and fedderm reports it in one line naming the client
-CLIENT_TRACEBACK = re.compile(
-    r"Traceback \(most recent call last\)|ray::ClientAppActor|processing a message by "
-    r"RayBackend|ClientAppException|An exception occurred !!|An error was encountered"
-)
+def _package_dir(name: str) -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    return os.path.dirname(spec.origin) + os.sep if spec and spec.origin else "\0"
 
 
 class _Quiet(logging.Filter):
+    """Keep fedderm's own lines; drop Flower's by where they come from, not by their text:
+    its INFO chatter (banners, sampling, "Received n results", the runtime's start-up lines), its
+    strategies' warnings about the settings fedderm chose (``fraction_evaluate`` 0), and its
+    simulation runtime's ERROR lines about a ClientApp that raised (the reason comes back in the
+    client's reply and fedderm reports it in one line naming the client; a runtime failure is
+    raised and ``sim.py`` reports it in one line)."""
+
+    def __init__(self):
+        super().__init__()
+        flwr = _package_dir("flwr")
+        self.flower = flwr
+        self.strategies = os.path.join(flwr, "serverapp", "strategy") + os.sep
+        self.runtime = (os.path.join(flwr, "simulation") + os.sep, os.path.join(flwr, "server") + os.sep)
+
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
+        path = record.pathname
+        if not path.startswith(self.flower):
+            return True
         if record.levelno >= logging.ERROR:
-            return not CLIENT_TRACEBACK.search(message)
-        return not NOISE.search(message)
+            return not path.startswith(self.runtime)
+        return record.levelno >= logging.WARNING and not path.startswith(self.strategies)
+
+
+class ConsoleHandler(logging.StreamHandler):
+    """Flower's console line (``INFO :      message``), coloured only when ``colour``."""
+
+    def __init__(self, stream, colour: bool):
+        super().__init__(stream)
+        self.colour = colour
+
+    def format(self, record: logging.LogRecord) -> str:
+        on, off = (f"\x1b[{COLOURS.get(record.levelname, '0')}m", "\x1b[0m") if self.colour else ("", "")
+        separator = " " * (8 - len(record.levelname))
+        return logging.Formatter(f"{on}%(levelname)s {off}: {separator} %(message)s").format(record)
 
 
 def setup(verbose: bool = False, stream=None) -> None:
-    """Colour only on a terminal; without ``verbose`` drop Flower's per-round lines, Ray's
-    warnings and its forwarded worker output (the clients' errors come back in their replies)."""
-    from flwr.common.logger import update_console_handler
-
-    stream = sys.stderr if stream is None else stream
-    update_console_handler(
-        colored=bool(getattr(stream, "isatty", lambda: False)()) and "NO_COLOR" not in os.environ
-    )
+    """Without ``verbose``: Flower's console handler (a stream handler on its logger) gives way to
+    :class:`ConsoleHandler` on ``stream`` (default stderr), at the same level, coloured only on a
+    terminal (``NO_COLOR`` honoured), with :class:`_Quiet`; Ray's warnings and its forwarded
+    worker output are dropped (the clients' errors come back in their replies).  With
+    ``verbose`` Flower's own handler stays, as Flower configures it."""
     if verbose:
         return
-    from flwr.common.logger import console_handler
+    stream = sys.stderr if stream is None else stream
+    import flwr.common  # noqa: F401 - Flower adds its console handler to its logger when imported
 
-    if not any(isinstance(f, _Quiet) for f in console_handler.filters):
-        console_handler.addFilter(_Quiet())
+    logger = logging.getLogger(FLOWER_LOGGER)
+    if not any(isinstance(h, ConsoleHandler) for h in logger.handlers):
+        consoles = [
+            h
+            for h in logger.handlers
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+        ]
+        mine = ConsoleHandler(
+            stream, bool(getattr(stream, "isatty", lambda: False)()) and "NO_COLOR" not in os.environ
+        )
+        mine.setLevel(min((h.level for h in consoles), default=logging.INFO))
+        mine.addFilter(_Quiet())
+        for handler in consoles:
+            logger.removeHandler(handler)
+        logger.addHandler(mine)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
@@ -86,8 +112,9 @@ def stop_children() -> None:
 def stop_on_signals(report: Callable[[int], None]) -> None:
     """SIGINT and SIGTERM: call ``report(signum)`` (record the interruption, say how to resume),
     then leave at once with 128 + signum (130, 143).  The per-round checkpoints are written
-    atomically, so the newest one is intact.  :func:`keep_ray_off_signals` keeps Ray's own SIGTERM
-    handler (installed by ``ray.init``, it exits with Ray's dumps) from replacing this one."""
+    atomically, so the newest one is intact.  ``sim.py`` runs Flower's simulation runtime off the
+    main thread (:func:`sim.off_main_thread`), so that ``ray.init`` does not replace the SIGTERM
+    handler with its own."""
 
     def handler(signum, _frame):
         signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C does not interrupt the report
@@ -101,13 +128,3 @@ def stop_on_signals(report: Callable[[int], None]) -> None:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
-
-
-def keep_ray_off_signals() -> None:
-    """Keep Ray's own SIGTERM handler (installed by ``ray.init``) from replacing the one of
-    :func:`stop_on_signals`; called just before Ray starts, so that checks before it need no Ray."""
-    try:
-        import ray._private.utils as ray_utils
-    except ImportError:  # pragma: no cover - flwr[simulation] brings Ray
-        return
-    ray_utils.set_sigterm_handler = lambda _handler: None

@@ -36,6 +36,8 @@ from pathlib import Path
 
 VERIFIED_FLOWER = ("1.41.0", "1.42.0")
 DEFAULT_POLL_INTERVAL = 0.05
+#: set by fedderm-superlink for the processes it starts: server_app.py then calls fast_object_pulls
+ACCELERATED_ENV = "FEDDERM_ACCELERATED"
 REFUSAL = "refused: app bundle sha256 {digest} is not on this hospital's allow-list ({source})"
 _log = logging.getLogger("flwr")  # Flower's console format, next to the SuperNode's own lines
 
@@ -847,6 +849,7 @@ def superlink_main_(argv: list[str]) -> None:
 
     link_state_in_memory()
     hold_pulls()
+    os.environ[ACCELERATED_ENV] = "1"  # the ServerApp it starts shortens its object pulls too
     sys.argv = ["flower-superlink", *argv]
     flower_superlink()
 

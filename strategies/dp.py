@@ -1,20 +1,22 @@
 """Model-update privacy for the FedAvg family (issue 20): central DP with server-side fixed
-clipping (Andrew et al. 2021 / McMahan et al. 2018, arXiv:1710.06963), with Flower's own DP
-functions (``flwr.supercore.differential_privacy``, the ones its
-``DifferentialPrivacyServerSideFixedClipping`` wrapper calls).
+clipping (Andrew et al. 2021 / McMahan et al. 2018, arXiv:1710.06963), computed as Flower's
+``DifferentialPrivacyServerSideFixedClipping`` computes it (its helper functions are not public
+API: :func:`clip_update`, :func:`noise_std` and :func:`add_noise` write them out;
+tests/test_model_dp.py checks the result against the wrapper's, bit for bit).
 
 Every round, each accepted reply's update Δ_i = w_i − w_global is clipped to L2 norm C
-(``dp.clip-norm``; Flower's ``compute_clip_model_update``), the clipped models are averaged with
-equal weights (w_global + (1/m) Σ clip(Δ_i)), and Gaussian noise with standard deviation σC/m
-(Flower's ``compute_stdv``, σ = ``dp.noise-multiplier``) is added to every entry of the aggregate
-(Flower's ``add_gaussian_noise_inplace``, drawn from NumPy's global generator, which is seeded from
-``seed`` and the round around the call and restored after).  m = the replies aggregated.
+(``dp.clip-norm``; :func:`clip_update`), the clipped models are averaged with equal weights
+(w_global + (1/m) Σ clip(Δ_i)), and Gaussian noise with standard deviation σC/m
+(:func:`noise_std`, σ = ``dp.noise-multiplier``) is added to every entry of the aggregate
+(:func:`add_noise`, drawn from NumPy's global generator, which is seeded from ``seed`` and the
+round around the call and restored after).  m = the replies aggregated.
 
 Why a mixin rather than Flower's wrapper: the wrapper *contains* the strategy, so it hides
 fedderm's hooks (``evaluate_round``, ``after_round``, ``state_dict``) from the round loop, skips the
-round when any reply is an error (fedderm screens and drops failed clients), and weights by
-``num-examples`` unless its accountant is on.  Here the same functions run inside fedderm's
-``aggregate_train`` after screening (docs/privacy.md, "Model-update privacy").
+round when any reply is an error (fedderm screens and drops failed clients), weights by
+``num-examples`` unless its accountant is on, and clips in the replies' dtype (float32) where
+this clips in float64.  Here the same computation runs inside fedderm's ``aggregate_train``
+after screening (docs/privacy.md, "Model-update privacy").
 
 Accounting: every released aggregate is one Gaussian mechanism with noise multiplier σ on the
 client-level sensitivity C/m, every client in every round (sample rate 1, no amplification);
@@ -29,12 +31,6 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord
 from flwr.common import log
-from flwr.supercore.differential_privacy import (
-    add_gaussian_noise_inplace,
-    compute_clip_model_update,
-    compute_stdv,
-    get_norm,
-)
 
 from fedderm.relay_privacy import relay_epsilon
 
@@ -45,6 +41,36 @@ DP_METHODS = ("fedavg", "fedprox")
 def noise_seed(seed: int, server_round: int) -> int:
     """The NumPy seed of round ``server_round``'s noise (a function of ``seed`` and the round only)."""
     return (int(seed) * 1_000_003 + int(server_round) * 7_919 + 17) % (2**32)
+
+
+def l2_norm(arrays: list[np.ndarray]) -> float:
+    """‖Δ‖₂ over every entry of ``arrays`` (the norm of each array, then of those norms)."""
+    norms = [np.linalg.norm(a.flat) for a in arrays]
+    return float(np.sqrt(sum([n**2 for n in norms])))
+
+
+def clip_update(update: list[np.ndarray], current: list[np.ndarray], clip: float) -> float:
+    """FlatClip (arXiv:1710.06963, Alg. 1): Δ = ``update`` − ``current`` scaled by min(1, C/‖Δ‖);
+    ``update`` becomes ``current`` + the clipped Δ (in place).  Returns ‖Δ‖ before clipping."""
+    delta = [np.subtract(u, c) for u, c in zip(update, current, strict=True)]
+    norm = l2_norm(delta)
+    scale = min(1, clip / norm)
+    for d in delta:
+        d *= scale
+    for i, c in enumerate(current):
+        update[i] = c + delta[i]
+    return norm
+
+
+def noise_std(sigma: float, clip: float, clients: int) -> float:
+    """The Gaussian noise's standard deviation σC/m (arXiv:1710.06963)."""
+    return float((sigma * clip) / clients)
+
+
+def add_noise(arrays: list[np.ndarray], std: float) -> None:
+    """Add N(0, std²) noise, drawn from NumPy's global generator, to every entry (in place)."""
+    for a in arrays:
+        a += np.random.normal(0, std, a.shape).astype(a.dtype)
 
 
 def _record(names, arrays) -> ArrayRecord:
@@ -70,20 +96,19 @@ class ServerSideFixedClipping:
         for msg in replies:
             record = msg.content["arrays"]
             update = [np.asarray(record[k].numpy(), dtype=np.float64) for k in names]
-            norms.append(get_norm([u - c for u, c in zip(update, current, strict=True)]))
-            compute_clip_model_update(param1=update, param2=current, clipping_norm=clip)
+            norms.append(clip_update(update, current, clip))
             msg.content["arrays"] = _record(names, update)
         arrays, metrics = super()._aggregate(server_round, replies)
         if arrays is None:
             return arrays, metrics
         m = len(replies)
-        std = compute_stdv(sigma, clip, m)
+        std = noise_std(sigma, clip, m)
         if sigma > 0:
             noisy = [np.asarray(arrays[k].numpy(), dtype=np.float64) for k in names]
             state = np.random.get_state()
             np.random.seed(noise_seed(self.cfg.seed, server_round))
             try:
-                add_gaussian_noise_inplace(noisy, std)
+                add_noise(noisy, std)
             finally:
                 np.random.set_state(state)
             arrays = _record(names, noisy)

@@ -13,6 +13,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 import wire
+from fedderm.flower_private import grid_kind
 
 POLL_INTERVAL = 0.1  # seconds between pulls in send_and_receive_fast
 #: between pulls on the simulation's in-memory grid, where a pull costs ~0.3 ms: every wave of
@@ -111,12 +112,13 @@ class FastPollGrid(WrappedGrid):
         pack: bool | None = None,
     ):
         super().__init__(grid)
-        in_memory = type(grid).__name__ == "InMemoryGrid"
+        #: ``"simulation"``, ``"deployment"`` or ``"other"`` (a test's fake grid)
+        self.kind = grid_kind(grid)
         if poll_interval is None:  # in memory (simulation): pulls are cheap, poll more often
-            poll_interval = IN_MEMORY_POLL_INTERVAL if in_memory else POLL_INTERVAL
+            poll_interval = IN_MEMORY_POLL_INTERVAL if self.kind == "simulation" else POLL_INTERVAL
         #: deployment: every message's arrays travel as one Array (:func:`wire.pack_content`):
         #: Flower moves each Array as 2 objects, one HTTP request each per hop
-        self.pack = type(grid).__name__ == "HttpGrid" if pack is None else pack
+        self.pack = self.kind == "deployment" if pack is None else pack
         self.poll_interval = poll_interval
         #: ``transport-dtype``: outgoing arrays are encoded in it, replies decoded back to float32
         self.transport = transport

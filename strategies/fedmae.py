@@ -18,14 +18,13 @@ from functools import partial
 from logging import INFO
 
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message
 from flwr.common import log
 from flwr.serverapp.strategy import FedAvg
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from fedderm.mae import MAEOptions, build_mae, load_mae_checkpoint, vit_backbone_state
 from fedderm.models import create_classifier
-from wire import LOCAL_RECORD, to_record
+from wire import LOCAL_RECORD, to_record, weighted_mean
 
 from .common import Tracked
 from .finetune import finetune_pretrained, pretrain_strategy, pretrain_then_finetune
@@ -38,7 +37,7 @@ class FedMAEStrategy(Tracked, FedAvg):
     last round."""
 
     _global: ArrayRecord | None = None
-    _local: list[RecordDict] = []  # this round's accepted replies' kept parameters
+    _local: list[tuple[ArrayRecord, float]] = []  # this round's accepted replies' kept parameters, weights
 
     def configure_train(self, server_round, arrays, config, grid):
         self._global = arrays
@@ -68,9 +67,7 @@ class FedMAEStrategy(Tracked, FedAvg):
             if LOCAL_RECORD in msg.content:
                 record = msg.content.pop(LOCAL_RECORD)
                 weight = msg.content["metrics"]["num-examples"]
-                self._local.append(
-                    RecordDict({"arrays": record, "metrics": MetricRecord({"num-examples": weight})})
-                )
+                self._local.append((record, float(weight)))
         return super()._aggregate(server_round, replies)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
@@ -79,7 +76,8 @@ class FedMAEStrategy(Tracked, FedAvg):
         local = self._local
         if arrays is None:
             return None, metrics
-        local_mean = aggregate_arrayrecords(local, "num-examples") if local else ArrayRecord()
+        # weighted by num-examples, as FedAvg weights the synchronised parameters
+        local_mean = weighted_mean([r for r, _ in local], [w for _, w in local]) if local else ArrayRecord()
         if local:
             log(
                 INFO,

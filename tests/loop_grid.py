@@ -81,8 +81,11 @@ class LoopGrid:
 
 
 class InMemoryGrid(LoopGrid):
-    """A :class:`LoopGrid` the ServerApp takes for Flower's simulation grid (it matches the class
-    name): clients keep their state in the run folder and polls are short, as in a simulation."""
+    """A :class:`LoopGrid` the ServerApp takes for Flower's simulation grid
+    (``fedderm.flower_private.grid_kind``): clients keep their state in the run folder and polls
+    are short, as in a simulation."""
+
+    fedderm_grid_kind = "simulation"
 
 
 def run_app(overrides: dict, num_clients: int = 2, client_app=None):

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: itself and everything under it; the longest matching name places a module.  ``flwr`` is Flower.
 LAYERS: list[list[tuple[str, ...]]] = [
     [("fedderm",)],  # the core: pure PyTorch/numpy
-    [("flwr", "fedderm.launcher", "fedderm.node_registry", "fedderm.console")],  # Flower, and what drives it
+    # Flower, and what drives it (fedderm.flower_private: the app's only private Flower names)
+    [("flwr", "fedderm.launcher", "fedderm.node_registry", "fedderm.console", "fedderm.flower_private")],
     [("wire",)],
     [("registry",)],
     [("strategies",), ("clients",)],  # the two sides never import each other

@@ -172,3 +172,49 @@ def test_private_fedavg_runs_through_the_round_loop_and_is_deterministic(tmp_pat
         assert 0 < entry["epsilon"] < float("inf")
     for k in finals[0].keys():
         np.testing.assert_array_equal(finals[0][k].numpy(), finals[1][k].numpy())
+
+
+@pytest.mark.parametrize("sigma", [0.0, 2.0])
+def test_clipping_and_noise_equal_flowers_public_dp_wrapper_bit_for_bit(tmp_path, sigma):
+    """strategies/dp.py writes out the computation of Flower's DifferentialPrivacyServerSideFixedClipping
+    (whose helpers are private): on a float64 model (the wrapper clips in the replies' dtype,
+    fedderm in float64) with equal weights, and the same NumPy seed, both give the same bits."""
+    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+
+    from strategies.dp import noise_seed
+
+    strategy = _strategy(tmp_path, sigma=sigma, seed=3, clip=1.0)
+    rng = np.random.default_rng(5)
+    sent = ArrayRecord(
+        {k: Array(rng.standard_normal(s)) for k, s in (("a", (4, 3)), ("b", (7,)), ("c", (1,)))}
+    )
+    strategy.sent, strategy._sent_to = sent, list(NODES)
+
+    def replies():
+        out = []
+        for i, (node, scale) in enumerate(zip(NODES, (0.1, 2.0, 9.0), strict=True)):
+            arrays = {
+                k: Array(a.numpy() + scale * np.random.default_rng(i).standard_normal(a.numpy().shape))
+                for k, a in sent.items()
+            }
+            instr = Message(
+                RecordDict({"arrays": sent, "config": ConfigRecord()}), dst_node_id=node, message_type="train"
+            )
+            metrics = MetricRecord({"num-examples": 10, "partition-id": i})
+            out.append(
+                Message(RecordDict({"arrays": ArrayRecord(arrays), "metrics": metrics}), reply_to=instr)
+            )
+        return out
+
+    ours, _ = strategy.aggregate_train(1, replies())
+    flower = DifferentialPrivacyServerSideFixedClipping(
+        FedAvg(min_available_nodes=1), noise_multiplier=sigma, clipping_norm=1.0, num_sampled_clients=3
+    )
+    flower.current_arrays = sent  # what its configure_train keeps
+    np.random.seed(noise_seed(3, 1))
+    theirs, _ = flower.aggregate_train(1, replies())
+    assert list(ours.keys()) == list(theirs.keys())
+    for k in sent.keys():
+        assert ours[k].numpy().dtype == np.float64
+        assert np.array_equal(ours[k].numpy(), theirs[k].numpy()), k
+    assert sigma == 0 or not np.array_equal(ours["a"].numpy(), sent["a"].numpy())

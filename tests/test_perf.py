@@ -9,11 +9,11 @@ from fedderm import data
 def test_fast_poll_grid_polls_the_in_memory_grid_more_often():
     from strategies.fastpoll import IN_MEMORY_POLL_INTERVAL, POLL_INTERVAL, FastPollGrid
 
-    class InMemoryGrid:  # stands for Flower's simulation grid (matched by class name)
-        pass
+    class InMemoryGrid:  # stands for Flower's simulation grid (fedderm.flower_private.grid_kind)
+        fedderm_grid_kind = "simulation"
 
     class HttpGrid:
-        pass
+        fedderm_grid_kind = "deployment"
 
     assert FastPollGrid(InMemoryGrid()).poll_interval == IN_MEMORY_POLL_INTERVAL < POLL_INTERVAL
     assert FastPollGrid(HttpGrid()).poll_interval == POLL_INTERVAL

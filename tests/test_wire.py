@@ -1,5 +1,7 @@
 """wire.py: fast ArrayRecord <-> tensor conversions and the weighted mean, against Flower's own."""
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ from flwr.supercore.task_identity import TaskIdentity
 import registry
 import wire
 from fedderm.results import RunRecorder
-from strategies.common import cast_like
+from strategies.common import cast_like, consistent_replies
 from strategies.fedavg import build_strategy
 
 
@@ -118,6 +120,46 @@ def test_fedderm_fedavg_aggregates_like_flowers_fedavg(tmp_path):
     assert dict(metrics) == {
         k: v for k, v in ref_metrics.items() if k != "partition-id"
     }  # taken out per client
+
+
+def test_inconsistent_replies_stop_fedderms_fedavg_as_they_stop_flowers(tmp_path, caplog):
+    """Tracked runs Flower's own FedAvg checks (on the replies without their numbers): replies whose
+    keys differ, or without the weighting metric, raise what Flower's FedAvg raises."""
+    TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 1
+    cfg = registry.load_config({"min-clients": 1})
+
+    def reply(node, arrays, metrics):
+        instr = Message(RecordDict({"config": ConfigRecord()}), dst_node_id=node, message_type="train")
+        content = RecordDict({"arrays": ArrayRecord(arrays), "metrics": MetricRecord(metrics)})
+        return Message(content, reply_to=instr)
+
+    w = {"w": Array(np.ones(3, np.float32))}
+    cases = [
+        [
+            reply(11, w, {"num-examples": 1}),
+            reply(12, {"v": Array(np.ones(3, np.float32))}, {"num-examples": 1}),
+        ],
+        [reply(11, w, {"loss": 1.0}), reply(12, w, {"loss": 2.0})],
+    ]
+    for replies in cases:
+        strategy = build_strategy(cfg, RunRecorder(tmp_path, "fedavg", cfg.to_flat()))
+        assert not consistent_replies([m.content for m in replies], "num-examples")
+        with pytest.raises(Exception) as theirs:
+            FedAvg(min_available_nodes=1).aggregate_train(1, replies)
+        with pytest.raises(type(theirs.value)) as ours:
+            strategy._aggregate(1, replies)
+        assert str(ours.value) == str(theirs.value)
+    # consistent replies: the same log lines as Flower's FedAvg, and the same metrics
+    good = [reply(11, w, {"num-examples": 1, "loss": 1.0}), reply(12, w, {"num-examples": 3, "loss": 2.0})]
+    assert consistent_replies([m.content for m in good], "num-examples")
+    strategy = build_strategy(cfg, RunRecorder(tmp_path, "fedavg", cfg.to_flat()))
+    lines = []
+    for aggregate in (FedAvg(min_available_nodes=1).aggregate_train, strategy._aggregate):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="flwr"):
+            _, metrics = aggregate(1, good)
+        lines.append(([r.getMessage() for r in caplog.records], dict(metrics)))
+    assert lines[0] == lines[1] and lines[0][0] == ["aggregate_train: Received 2 results and 0 failures"]
 
 
 def test_replies_are_summed_in_partition_order_whatever_their_arrival(tmp_path):
