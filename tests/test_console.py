@@ -15,8 +15,15 @@ from fedderm import console
 
 @pytest.fixture
 def flower_logger():
+    """Flower's logger as Flower sets it up (its own console handler), whatever an earlier test in
+    this process did to it (``sim.main`` sets fedderm's console up); restored afterwards."""
+    from flwr.common.logger import console_handler
+
     logger = logging.getLogger(console.FLOWER_LOGGER)
     saved = logger.handlers[:]
+    logger.handlers[:] = [h for h in saved if not isinstance(h, console.ConsoleHandler)]
+    if console_handler not in logger.handlers:
+        logger.addHandler(console_handler)
     yield logger
     logger.handlers[:] = saved
 
