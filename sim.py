@@ -315,8 +315,6 @@ def simulate(
     # every check before Flower's simulation runtime, the apps and Ray are imported or started
     run_config, num_supernodes = checked_run(overrides, num_supernodes, gpus_per_client, ray_address)[:2]
 
-    from flwr.app import ConfigRecord, Context, RecordDict
-
     from fedderm.flower_private import run_simulation_in_process, simulation_run
     from server_app import app as server_app
     from wire import ray_out_of_band
@@ -324,13 +322,8 @@ def simulate(
     if client_app is None:
         from client_app import app as client_app
 
-    from server_app import CLI_RECORD
-
     run = simulation_run(overrides)  # the Run flwr run would register, carrying the overrides
-    run_id = run.run_id
-    given = dict(overrides if user_overrides is None else user_overrides)
-    state = RecordDict({CLI_RECORD: ConfigRecord({"preset": preset, "overrides": json.dumps(given)})})
-    context = Context(run_id=run_id, node_id=0, node_config={}, state=state, run_config=run_config)
+    context = server_context(run.run_id, run_config, overrides, preset, user_overrides)
     ray_out_of_band()  # the messages to the ClientApp actors: Arrays out of band (wire.ray_out_of_band)
     try:
         final = off_main_thread(
@@ -347,7 +340,23 @@ def simulate(
     except BaseException as err:
         _stop_server_app(err)
         raise
-    state = final.state
+    return run_folder(final.state)
+
+
+def server_context(run_id: int, run_config: dict, overrides: dict, preset: str = "", user_overrides=None):
+    """The ServerApp's Context of a simulation: the run config and, in its state, what the command
+    line gave (``preset``, ``user_overrides``, default ``overrides``) for config.json and resume."""
+    from flwr.app import ConfigRecord, Context, RecordDict
+
+    from server_app import CLI_RECORD
+
+    given = dict(overrides if user_overrides is None else user_overrides)
+    state = RecordDict({CLI_RECORD: ConfigRecord({"preset": preset, "overrides": json.dumps(given)})})
+    return Context(run_id=run_id, node_id=0, node_config={}, state=state, run_config=run_config)
+
+
+def run_folder(state) -> Path:
+    """The run folder the ServerApp recorded in its context ``state``."""
     if "fedderm" not in state:
         raise RuntimeError("the run ended without writing results (see the log above)")
     return Path(state["fedderm"]["run-dir"])

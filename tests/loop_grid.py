@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import uuid
 from pathlib import Path
 
-from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -101,7 +100,7 @@ def run_app(overrides: dict, num_clients: int = 2, client_app=None):
         run_id=grid.run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
     )
     server_app.main(grid, context)
-    return Path(context.state["fedderm"]["run-dir"])
+    return sim.run_folder(context.state)
 
 
 def simulate(
@@ -125,19 +124,9 @@ def simulate(
     if client_app is None:
         from client_app import app as client_app
     grid = InMemoryGrid(run_config, num_supernodes, client_app)
-    given = dict(overrides if user_overrides is None else user_overrides)
-    cli = ConfigRecord({"preset": preset, "overrides": json.dumps(given)})
-    context = Context(
-        run_id=grid.run_id,
-        node_id=0,
-        node_config={},
-        state=RecordDict({server_app.CLI_RECORD: cli}),
-        run_config=run_config,
-    )
+    context = sim.server_context(grid.run_id, run_config, overrides, preset, user_overrides)
     server_app.main(grid, context)
-    if "fedderm" not in context.state:
-        raise RuntimeError("the run ended without writing results")
-    return Path(context.state["fedderm"]["run-dir"])
+    return sim.run_folder(context.state)
 
 
 def tiny_text_model(path):
