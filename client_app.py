@@ -1,5 +1,7 @@
 """fedderm ClientApp: routes each message by (method, message type) through the registry."""
 
+import importlib
+
 from flwr.app import Context, Message, MetricRecord
 from flwr.clientapp import ClientApp
 
@@ -28,7 +30,7 @@ def dispatch(msg: Message, context: Context) -> Message:
     """Hand ``msg`` to ``clients/<method>.py``'s handler for its message type."""
     client = session(context)  # raises naming 'precision' when fp16 is asked for without CUDA
     cfg = client.cfg
-    handlers = {**SHARED_HANDLERS, **registry.get_method(cfg.method).client_module().HANDLERS}
+    handlers = {**SHARED_HANDLERS, **importlib.import_module(registry.get_method(cfg.method).client).HANDLERS}
     kind = msg.metadata.message_type
     if kind not in handlers:
         raise ValueError(

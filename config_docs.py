@@ -6,9 +6,9 @@ reference page ``docs/run-config.md``.
     python -m config_docs --check    # exit 1 when either checked-in file differs (tests/test_config.py)
 
 Core keys come from :class:`~fedderm.config.Config` (default, type; grouped by the comments in its
-definition) and :data:`~fedderm.config.CHOICES`; method options from each method's declaration in the
-registry; every description from :data:`~fedderm.config.KEY_DOCS`.  It reads the registry, so it
-lives beside it at the top of the project (not in ``fedderm/``).  Only the standard library: the
+definition) and :data:`~fedderm.config.CHOICES`; method options from each method's declaration
+(``methods/<m>.py``, through the registry); every description from :data:`~fedderm.config.KEY_DOCS`.
+It reads the registry, so it lives beside it at the top of the project (not in ``fedderm/``).  Only the standard library: the
 page is plain Markdown, and the rest of ``pyproject.toml`` is kept byte for byte.
 """
 
@@ -108,7 +108,7 @@ def render(
     core = default_config()
     out = [
         f"<!-- {GENERATED} from fedderm/config.py (Config, CHOICES,",
-        "     KEY_DOCS) and registry.py (each method's options). Do not edit: tests/test_config.py checks it. -->",
+        "     KEY_DOCS) and methods/ (each method's options). Do not edit: tests/test_config.py checks it. -->",
         "",
         "# Run config",
         "",
@@ -150,7 +150,7 @@ def render(
     out += [
         "## Method options",
         "",
-        "Declared by one method in `registry.py`; any run may set them, and the methods that share "
+        "Declared by one method in `methods/<method>.py`; any run may set them, and the methods that share "
         "a family read each other's (`fedmoco` and `localcl` read `fedclf.*`).",
         "",
     ]
@@ -170,7 +170,7 @@ def app_config_table(method_options: Mapping[str, Mapping[str, Any]]) -> str:
     declare it (``method_options``: method -> its declared options with their defaults)."""
     out = [
         TABLE,
-        f"# {GENERATED} from fedderm/config.py (Config) and registry.py",
+        f"# {GENERATED} from fedderm/config.py (Config) and methods/",
         "# (each method's options). Do not edit: tests/test_config.py checks it.",
         *(f"{_toml_key(k)} = {_toml(v)}" for k, v in default_config().items()),
     ]

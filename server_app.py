@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from datetime import datetime
@@ -173,7 +174,7 @@ def run_supervised(grid: Grid, cfg, recorder: RunRecorder, classes: list[str]) -
     model = create_classifier(cfg, len(classes))
     if cfg.init_checkpoint:  # the backbone from a local file (fedderm/lora.py)
         log(INFO, "init-checkpoint: %s", load_init_checkpoint(model, cfg.init_checkpoint))
-    strategy = registry.get_method(cfg.method).strategy_module().build_strategy(cfg, recorder)
+    strategy = importlib.import_module(registry.get_method(cfg.method).strategy).build_strategy(cfg, recorder)
     run_federated(strategy, grid, to_record(model.state_dict()))
 
 
@@ -364,7 +365,9 @@ def run_plan(grid: Grid, cfg, method, recorder: RunRecorder, infos: dict) -> Pat
     # defines its own ``run(grid, cfg, recorder, classes)`` (e.g. pre-train -> fine-tune -> test).
     # A held-out centre is invisible to it (HoldoutGrid) and fine-tunes the result afterwards.
     federation = HoldoutGrid(grid, held) if held else grid
-    getattr(method.strategy_module(), "run", run_supervised)(federation, cfg, recorder, classes)
+    getattr(importlib.import_module(method.strategy), "run", run_supervised)(
+        federation, cfg, recorder, classes
+    )
     for nid in held:
         finetune_holdout(grid, cfg, recorder, nid, list(infos[nid]["classes"]))
     run_dir = recorder.finish()

@@ -60,7 +60,7 @@ def _patch(method: str | None) -> None:
     wrapper.  Run before every message, with the run's ``method`` module imported first (the
     ClientApp imports it at its first train message)."""
     if method in registry.METHODS:
-        registry.get_method(method).client_module()
+        importlib.import_module(registry.get_method(method).client)
     if not _WRAPPERS:
         for module, name in LOOPS:
             fn = getattr(importlib.import_module(module), name)

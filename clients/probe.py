@@ -37,7 +37,7 @@ def mapping(method_name: str):
 def probe(msg: Message, context: Context) -> Message:
     s = session(context)
     cfg = s.cfg
-    hook = getattr(registry.get_method(cfg.method).client_module(), "probe_state", None)
+    hook = getattr(importlib.import_module(registry.get_method(cfg.method).client), "probe_state", None)
     state = hook(msg, context) if hook else wire.to_state_dict(msg.content["arrays"])
     model = s.model(key="probe", factory=lambda: create_classifier(cfg, s.data.num_classes))
     model.backbone.load_state_dict(mapping(cfg.method)(cfg, state), strict=True)

@@ -5,6 +5,7 @@ Most tests drive the real strategies and client handlers through :class:`FakeGri
 no Ray); one end-to-end test runs ``sim.py``.
 """
 
+import importlib
 import json
 import math
 
@@ -361,7 +362,7 @@ def test_fedclf_without_feature_sharing_equals_fedmoco(tmp_path):
         rc = tiny(tmp_path, method=method, **extra)
         cfg = registry.load_config(rc)
         grid = FakeGrid(rc, 2)
-        module = registry.get_method(method).strategy_module()
+        module = importlib.import_module(registry.get_method(method).strategy)
         arrays = pretrain(
             module.build_strategy(cfg, recorder(tmp_path, cfg, method)),
             grid,
@@ -394,7 +395,7 @@ def test_baselines_run_their_plan(tmp_path, method, finetune):
     cfg = registry.load_config(rc)
     grid = FakeGrid(rc, 2)
     rec = recorder(tmp_path, cfg)
-    registry.get_method(method).strategy_module().run(grid, cfg, rec, CLASSES)
+    importlib.import_module(registry.get_method(method).strategy).run(grid, cfg, rec, CLASSES)
     pre = [r for r in rec.rounds if r["split"] == "pretrain"]
     assert len(pre) == (0 if method == "random-init" else 2)
     assert all(r["metrics"]["loss"] > 0 for r in pre)

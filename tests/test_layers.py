@@ -20,6 +20,7 @@ LAYERS: list[list[tuple[str, ...]]] = [
     # Flower, and what drives it (fedderm.flower_private: the app's only private Flower names)
     [("flwr", "fedderm.launcher", "fedderm.node_registry", "fedderm.console", "fedderm.flower_private")],
     [("wire",)],
+    [("methods",)],  # each method's specification: data and checks, no torch, no Flower
     [("registry",)],
     [("strategies",), ("clients",)],  # the two sides never import each other
     [("server_app",), ("client_app",)],
@@ -40,9 +41,8 @@ DYNAMIC: dict[str, str] = {
     "fedderm.launcher": "it imports the app it launches (and the Flower internals it checks)",
     "fedderm.sift": "the installed text-model package that sift.text-model names",
     "clients.probe": "the backbone mapping that Method.probe names (in fedderm.probes)",
-    "registry": "Method.strategy_module/client_module import the method modules the table names, "
-    "which import the registry back: an upward lookup that goes when each method registers itself "
-    "beside its code, or when the apps import the named modules themselves",
+    "methods": "the package imports every module found in it (each registers its method), so that a "
+    "new methods/<m>.py needs no edit elsewhere; those modules import only methods and fedderm.config",
 }
 
 _SKIP_DIRS = {"tests", "site", "build", "dist", "__pycache__"}

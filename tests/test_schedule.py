@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import registry
+from methods.fedmae import MIM_OPTIONS
 from fedderm.config import ConfigError
 from fedderm.train import batch_scaled_lr, epoch_lr, make_optimizer, mim_schedule, train_epochs
 
@@ -133,7 +134,7 @@ def test_mae_and_beit_recipes_are_the_default_schedules_and_a_set_key_wins(tmp_p
     fedbeit with BEiT's (003 §IV-B3); a key set in the run config wins; config.json (to_flat) records
     the resolved values, so a resume reloads exactly them."""
     mae = registry.load_config({"method": "fedmae"})
-    assert {k: mae.option(k) for k in registry.MIM_OPTIONS} == {
+    assert {k: mae.option(k) for k in MIM_OPTIONS} == {
         "mim.lr-step": "iteration",
         "mim.warmup-epochs": 5,
         "mim.adam-beta2": 0.95,

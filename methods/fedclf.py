@@ -1,0 +1,90 @@
+"""FedCLF (paper 000 §III): ``strategies/fedclf.py``, ``clients/fedclf.py``, the MoCo model and
+losses in ``fedderm/moco.py``; docs/methods/fedclf.md.  Its ``fedclf.*`` MoCo keys are read by
+FedMoCo and Local CL too."""
+
+from fedderm.config import Config
+from methods import PREFIX_PROBE, Method, need, register_method
+
+# FedCLF's MoCo keys; FedMoCo and Local CL read queue-size, temperature and momentum too.
+FEDCLF_OPTIONS = {
+    "fedclf.feature-sharing": True,  # false = FedMoCo (no relay)
+    "fedclf.local-negatives": False,  # false = Eq. 5 (remote negatives only), true = Eq. 4
+    "fedclf.queue-size": 1024,  # K: local bank Q_l and negatives bank Q_CL
+    "fedclf.temperature": 0.2,  # tau of Eq. 6 (MoCo v2)
+    "fedclf.momentum": 0.99,  # EMA coefficient of the momentum encoder
+    "fedclf.feature-dtype": "float16",  # features on the wire: float16 | float32
+    # private relay (fedderm/relay_privacy.py): clip C, noise multiplier sigma, delta
+    "fedclf.relay-clip": 0.0,
+    "fedclf.relay-noise-multiplier": 0.0,
+    "fedclf.relay-delta": 1e-5,
+    # leakage audit (fedderm/leakage.py): membership attack on the relay, ROC-AUC per round
+    "fedclf.leakage-audit": False,
+    "fedclf.leakage-views": 0,  # augmented views per candidate (min distance over them); 0 = plain image
+    "fedclf.leakage-non-members": 0,  # held-out images audited per client (seeded sample); 0 = all
+}
+
+
+def check_fedclf(cfg: Config) -> None:
+    """The ``fedclf.*`` keys (and ``fedsimclr.temperature``): ranges, and the audit needs the relay."""
+    need(cfg, cfg.option("fedclf.queue-size") >= 1, "fedclf.queue-size", "must be >= 1")
+    need(cfg, cfg.option("fedclf.temperature") > 0, "fedclf.temperature", "must be > 0")
+    need(cfg, 0 <= cfg.option("fedclf.momentum") < 1, "fedclf.momentum", "must be in [0, 1)")
+    need(
+        cfg,
+        cfg.option("fedclf.feature-dtype") in ("float16", "float32"),
+        "fedclf.feature-dtype",
+        "must be one of ['float16', 'float32']",
+    )
+    need(cfg, cfg.option("fedsimclr.temperature") > 0, "fedsimclr.temperature", "must be > 0")
+    need(
+        cfg,
+        cfg.option("fedclf.relay-clip") >= 0,
+        "fedclf.relay-clip",
+        "must be >= 0 (0 = no clipping, no noise)",
+    )
+    need(
+        cfg, cfg.option("fedclf.relay-noise-multiplier") >= 0, "fedclf.relay-noise-multiplier", "must be >= 0"
+    )
+    need(
+        cfg,
+        cfg.option("fedclf.relay-noise-multiplier") == 0 or cfg.option("fedclf.relay-clip") > 0,
+        "fedclf.relay-clip",
+        "must be > 0 when fedclf.relay-noise-multiplier > 0 (the noise is sigma x clip)",
+    )
+    need(cfg, 0 < cfg.option("fedclf.relay-delta") < 1, "fedclf.relay-delta", "must be in (0, 1)")
+    need(
+        cfg,
+        not cfg.option("fedclf.leakage-audit") or cfg.option("fedclf.feature-sharing"),
+        "fedclf.leakage-audit",
+        "needs the feature relay (fedclf.feature-sharing = true): without it nothing is relayed",
+    )
+    views = cfg.option("fedclf.leakage-views")
+    need(
+        cfg,
+        isinstance(views, int) and not isinstance(views, bool) and views >= 0,
+        "fedclf.leakage-views",
+        "must be an integer >= 0",
+    )
+    non_members = cfg.option("fedclf.leakage-non-members")
+    need(
+        cfg,
+        isinstance(non_members, int) and not isinstance(non_members, bool) and non_members >= 0,
+        "fedclf.leakage-non-members",
+        "must be an integer >= 0 (0 = every held-out image)",
+    )
+
+
+METHOD = register_method(
+    Method(
+        "fedclf",
+        "strategies.fedclf",
+        "clients.fedclf",
+        "FedCLF (000 §III): MoCo pre-training + FedAvg with de-identified feature relay "
+        "(remote negatives), then fine-tuning.",
+        options=FEDCLF_OPTIONS,
+        sends=("arrays", "metrics", "features"),
+        check=check_fedclf,
+        probe=PREFIX_PROBE,
+        peft=True,
+    )
+)

@@ -1,0 +1,14 @@
+"""FedDyn (Acar et al. 2021): ``strategies/feddyn.py``, ``clients/feddyn.py``."""
+
+from methods import Method, register_method
+
+METHOD = register_method(
+    Method(
+        "feddyn",
+        "strategies.feddyn",
+        "clients.feddyn",
+        "FedDyn (Acar et al. 2021): dynamic regularisation −⟨h_k, θ⟩ + (feddyn.alpha/2)‖θ − θ_global‖² "
+        "on the clients, server correction θ = mean θ_k − h/α.",
+        options={"feddyn.alpha": 0.01},
+    )
+)

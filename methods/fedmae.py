@@ -1,0 +1,112 @@
+"""FedMAE (paper 000 §IV) and Fed-MAE (003): MAE pre-training; ``strategies/fedmae.py``,
+``clients/fedmae.py``, the model in ``fedderm/mae.py``; docs/methods/fedmae-fedbeit.md.  The
+masked-image-modelling optimiser keys (``mim.*``) are shared with Fed-BEiT (``methods/fedbeit.py``)."""
+
+from fedderm.config import CHOICES, Config, ConfigError
+from methods import SMALL_VIT, VIT_MODELS, VIT_PROBE, Method, need, register_method
+
+MIM_LR_STEPS = ("round", "iteration")
+MIM_LR_SCALINGS = ("absolute", "batch")
+MIM_OPTIMIZERS = CHOICES["optimizer"]
+#: the masked-image-modelling optimiser schedule of FedMAE/Fed-MAE and Fed-BEiT (unset: the recipes below)
+MIM_OPTIONS = {
+    "mim.lr-step": "",  # round: lr-schedule stepped per round | iteration: cosine per iteration (MAE/BEiT)
+    "mim.warmup-epochs": -1,  # linear warm-up over the first N local epochs (003: 5 MAE, 10 BEiT)
+    "mim.adam-beta2": -1.0,  # AdamW β2 of pre-training (MAE recipe, followed by 000: 0.95; 003: 0.999)
+    "mim.lr-scaling": "",  # batch: lr is a base rate, × batch-size/256 (MAE/BEiT) | absolute
+    # the pre-training optimiser: fine-tuning keeps finetune-optimizer / finetune-lr / weight-decay
+    "mim.optimizer": "",  # MAE/BEiT: adamw
+    "mim.lr": -1.0,  # (base) learning rate of pre-training: MAE blr 1.5e-4, BEiT 1.5e-3
+    "mim.weight-decay": -1.0,  # MAE/BEiT: 0.05
+}
+#: FedMAE / Fed-MAE pre-training: the MAE recipe (He et al. 2022, followed by 000 §V-B): per-iteration
+#: cosine after a linear warm-up (003 §IV-B3: 5 epochs for Fed-MAE), AdamW β2 = 0.95, base rate × batch/256.
+#: Without it (Adam 1e-3, no warm-up, cosine per round) pre-training collapsed the encoder
+#: (docs/methods/fedmae-fedbeit.md).  The optimiser is MAE's (He et al. 2022, Table 8 of its appendix A.1;
+#: 000 §V-B: "AdamW ... 1.5e-4"): AdamW, base lr 1.5e-4, weight decay 0.05.
+MAE_RECIPE = {
+    "mim.lr-step": "iteration",
+    "mim.warmup-epochs": 5,
+    "mim.adam-beta2": 0.95,
+    "mim.lr-scaling": "batch",
+    "mim.optimizer": "adamw",
+    "mim.lr": 1.5e-4,
+    "mim.weight-decay": 0.05,
+}
+
+
+def check_mim(cfg: Config) -> None:
+    """The ``mim.*`` keys: values, and only with the methods whose pre-training reads them."""
+    o = cfg.option
+    changed = [k for k, v in MIM_OPTIONS.items() if o(k) != v]
+    if cfg.method not in ("fedmae", "fedbeit"):
+        if changed:
+            raise ConfigError(
+                f"run-config key {changed[0]!r} applies to the pre-training of 'fedmae' and 'fedbeit' "
+                f"only, not to method {cfg.method!r}"
+            )
+        return
+    need(cfg, o("mim.lr-step") in MIM_LR_STEPS, "mim.lr-step", f"must be one of {list(MIM_LR_STEPS)}")
+    need(
+        cfg,
+        o("mim.lr-scaling") in MIM_LR_SCALINGS,
+        "mim.lr-scaling",
+        f"must be one of {list(MIM_LR_SCALINGS)}",
+    )
+    need(cfg, o("mim.warmup-epochs") >= 0, "mim.warmup-epochs", "must be >= 0")
+    need(cfg, 0 <= o("mim.adam-beta2") < 1, "mim.adam-beta2", "must be in [0, 1)")
+    need(cfg, o("mim.optimizer") in MIM_OPTIMIZERS, "mim.optimizer", f"must be one of {list(MIM_OPTIMIZERS)}")
+    need(cfg, o("mim.lr") > 0, "mim.lr", "must be > 0")
+    need(cfg, o("mim.weight-decay") >= 0, "mim.weight-decay", "must be >= 0")
+    need(
+        cfg,
+        o("mim.warmup-epochs") == 0 or o("mim.lr-step") == "iteration",
+        "mim.warmup-epochs",
+        'needs mim.lr-step="iteration" (the warm-up is per iteration, as in MAE/BEiT; '
+        'with mim.lr-step="round" set mim.warmup-epochs=0)',
+    )
+    need(
+        cfg,
+        o("mim.lr-step") == "round" or cfg.lr_schedule == "cosine",
+        "mim.lr-step",
+        f'"iteration" is the cosine schedule of MAE/BEiT; it needs lr-schedule="cosine", not '
+        f'{cfg.lr_schedule!r} (or set mim.lr-step="round" and mim.warmup-epochs=0)',
+    )
+
+
+METHOD = register_method(
+    Method(
+        "fedmae",
+        "strategies.fedmae",
+        "clients.fedmae",
+        "FedMAE (000 §IV): MAE pre-training, FedAvg over all but fedmae.exclude (kept on the clients, "
+        "averaged once after the last round), then fine-tuning. Fed-MAE (003) = exclude none, mask 0.6.",
+        options={
+            "fedmae.mask-ratio": 0.75,
+            "fedmae.exclude": "cls-token",
+            "fedmae.norm-pix-loss": False,
+            "fedmae.decoder-embed-dim": 512,
+            "fedmae.decoder-depth": 8,
+            "fedmae.decoder-num-heads": 16,
+            "fedmae.init-checkpoint": "",
+            "fedmae.pretrain": True,
+            **MIM_OPTIONS,
+        },
+        defaults=MAE_RECIPE,
+        sends=("arrays", "metrics", "local-arrays"),
+        check=check_mim,
+        model="vit-base",
+        models=VIT_MODELS,
+        paper_image_size=224,
+        smallest={
+            **SMALL_VIT,
+            "fedmae.decoder-embed-dim": 32,
+            "fedmae.decoder-depth": 1,
+            "fedmae.decoder-num-heads": 2,
+        },
+        probe=VIT_PROBE,
+        augment="000",
+        peft=True,
+        vit_pool=True,
+    )
+)

@@ -1,0 +1,15 @@
+"""FedSimCLR (paper 000 baseline): ``strategies/fedsimclr.py``, ``clients/fedsimclr.py``."""
+
+from methods import PREFIX_PROBE, Method, register_method
+
+METHOD = register_method(
+    Method(
+        "fedsimclr",
+        "strategies.fedsimclr",
+        "clients.fedsimclr",
+        "FedSimCLR (000 baseline): SimCLR pre-training (in-batch negatives) + FedAvg, then fine-tuning.",
+        options={"fedsimclr.temperature": 0.5},
+        probe=PREFIX_PROBE,
+        peft=True,
+    )
+)

@@ -1,0 +1,17 @@
+"""Single-centre training (paper 004 baseline): ``strategies/local.py``, ``clients/local.py``."""
+
+from methods import Method, register_method
+
+METHOD = register_method(
+    Method(
+        "local",
+        "strategies.local",
+        "clients.local",
+        "Single-centre training: every client trains and tests its own model; no aggregation "
+        "(no global model: a held-out centre trains from random weights, 004 Table XI's ResNet50 row).",
+        sends=("metrics", "pr-curve"),
+        model="resnet50",
+        paper_image_size=256,
+        augment="004",
+    )
+)
