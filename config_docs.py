@@ -104,7 +104,7 @@ def render(
     """The page: core keys by group, then each method's default model (``method_models``: method ->
     (paper model, models it can train, paper image size)), then each method's options
     (``method_options``: method -> its declared options with their defaults, as in the registry) and the
-    values a method gives option keys left unset (``method_defaults``: ``registry.Method.defaults``)."""
+    values a method gives option keys left unset (``method_defaults``: ``Method.defaults``)."""
     core = default_config()
     out = [
         f"<!-- {GENERATED} from fedderm/config.py (Config, CHOICES,",

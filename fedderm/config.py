@@ -73,7 +73,7 @@ class Config:
     cv_folds: int = 0
     cv_fold: int = 0
     # model and local training
-    model: str = ""  # "": the method's paper model (registry.Method.model)
+    model: str = ""  # "": the method's paper model (Method.model, methods/<m>.py)
     vit_pool: str = "avg"
     num_server_rounds: int = 8
     min_clients: int = 2
@@ -399,7 +399,7 @@ KEY_DOCS: dict[str, str] = {
     "encoder with a cosine kNN (k = 20) and a logistic-regression probe on frozen features, trained on "
     "its labelled images, scored on val (splits `probe-knn`, `probe-linear`; self-supervised methods "
     "only; docs/probes.md); `0`: off",
-    # -- method options (registry.py) --
+    # -- method options (methods/<m>.py) --
     "fedclf.feature-sharing": "upload and relay features; `false` = FedMoCo",
     "fedclf.local-negatives": "`false`: remote negatives only (000 Eq. 5); `true`: local and remote negatives (Eq. 4)",
     "fedclf.queue-size": "K: size of the local bank, of the negatives bank and of each client's upload "

@@ -28,7 +28,7 @@ class FLBTStrategy(PRCurves, Tracked, FedAvg):
 
 def build_strategy(cfg, recorder, mu: float | None = None) -> FLBTStrategy:
     """FL-BT with μ = ``flbt.mu`` (or ``mu``: 0 for FedAvg on the 004 network).  The option
-    ranges are checked when the config is parsed (``registry.check_flbt``)."""
+    ranges are checked when the config is parsed (``check_flbt`` in ``methods/flbt.py``)."""
     mu = cfg.option("flbt.mu") if mu is None else mu
     n = cfg.min_clients
     return FLBTStrategy(

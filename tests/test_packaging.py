@@ -16,7 +16,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-APP_NAMES = ("clients", "strategies", "methods", "registry", "records", "sim", "server_app", "client_app", "wire")
+APP_NAMES = (
+    "clients",
+    "strategies",
+    "methods",
+    "registry",
+    "records",
+    "sim",
+    "server_app",
+    "client_app",
+    "wire",
+)
 _SKIP = shutil.ignore_patterns(
     ".git",
     ".venv",

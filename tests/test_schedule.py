@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 import registry
-from methods.fedmae import MIM_OPTIONS
 from fedderm.config import ConfigError
 from fedderm.train import batch_scaled_lr, epoch_lr, make_optimizer, mim_schedule, train_epochs
+from methods.fedmae import MIM_OPTIONS
 
 
 def test_epoch_lr_is_the_mae_reference_schedule():
