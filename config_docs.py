@@ -7,7 +7,8 @@ reference page ``docs/run-config.md``.
 
 Core keys come from :class:`~fedderm.config.Config` (default, type; grouped by the comments in its
 definition) and :data:`~fedderm.config.CHOICES`; method options from each method's declaration
-(``methods/<m>.py``, through the registry); every description from :data:`~fedderm.config.KEY_DOCS`.
+(``methods/<m>.py``, through the registry); every description from :data:`~fedderm.config.KEY_DOCS`
+(core keys) or the method's ``Method.docs``.
 It reads the registry, so it lives beside it at the top of the project (not in ``fedderm/``).  Only the standard library: the
 page is plain Markdown, and the rest of ``pyproject.toml`` is kept byte for byte.
 """
@@ -78,20 +79,23 @@ def _cell(text: str) -> str:
     return "`".join(p.replace("|", "\\|") if i % 2 == 0 else p for i, p in enumerate(parts))
 
 
-def _table(keys: list[str], defaults: Mapping[str, Any]) -> list[str]:
-    missing = [k for k in keys if k not in KEY_DOCS]
+def _table(keys: list[str], defaults: Mapping[str, Any], docs: Mapping[str, str]) -> list[str]:
+    missing = [k for k in keys if k not in docs]
     if missing:
-        raise KeyError(f"run-config keys without a description in fedderm.config.KEY_DOCS: {missing}")
-    multiline = [k for k in keys if not KEY_DOCS[k].strip() or "\n" in KEY_DOCS[k]]
+        raise KeyError(
+            f"run-config keys without a description in fedderm.config.KEY_DOCS (core keys) or their "
+            f"method's Method.docs: {missing}"
+        )
+    multiline = [k for k in keys if not docs[k].strip() or "\n" in docs[k]]
     if multiline:
-        raise ValueError(f"fedderm.config.KEY_DOCS entries must be one non-empty line: {multiline}")
+        raise ValueError(f"run-config key descriptions must be one non-empty line: {multiline}")
     rows = ["| key | default | type | choices | meaning |", "|---|---|---|---|---|"]
     for key in keys:
         default = defaults[key]
         choices = ", ".join(f"`{c}`" for c in CHOICES.get(key, ()))
         rows.append(
             f"| `{key}` | `{_toml(default)}` | {type(default).__name__} | {_cell(choices)} "
-            f"| {_cell(KEY_DOCS[key])} |"
+            f"| {_cell(docs[key])} |"
         )
     return rows
 
@@ -100,15 +104,18 @@ def render(
     method_options: Mapping[str, Mapping[str, Any]],
     method_models: Mapping[str, tuple[str, tuple[str, ...], int]] | None = None,
     method_defaults: Mapping[str, Mapping[str, Any]] | None = None,
+    method_docs: Mapping[str, str] | None = None,
 ) -> str:
     """The page: core keys by group, then each method's default model (``method_models``: method ->
     (paper model, models it can train, paper image size)), then each method's options
     (``method_options``: method -> its declared options with their defaults, as in the registry) and the
-    values a method gives option keys left unset (``method_defaults``: ``Method.defaults``)."""
+    values a method gives option keys left unset (``method_defaults``: ``Method.defaults``).  Each key's
+    description is its line in ``KEY_DOCS`` (core keys) or ``method_docs`` (``Method.docs``)."""
     core = default_config()
+    docs = {**KEY_DOCS, **(method_docs or {})}
     out = [
         f"<!-- {GENERATED} from fedderm/config.py (Config, CHOICES,",
-        "     KEY_DOCS) and methods/ (each method's options). Do not edit: tests/test_config.py checks it. -->",
+        "     KEY_DOCS) and methods/ (each method's options and docs). Do not edit: tests/test_config.py checks it. -->",
         "",
         "# Run config",
         "",
@@ -118,7 +125,7 @@ def render(
         "",
     ]
     for title, keys in core_groups():
-        out += [f"### {title[0].upper()}{title[1:]}", "", *_table(keys, core), ""]
+        out += [f"### {title[0].upper()}{title[1:]}", "", *_table(keys, core, docs), ""]
     if method_models:
         out += [
             "## Default model per method",
@@ -156,7 +163,7 @@ def render(
     ]
     for method, options in method_options.items():
         if options:
-            out += [f"### `{method}`", "", *_table(list(options), options), ""]
+            out += [f"### `{method}`", "", *_table(list(options), options, docs), ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 
@@ -224,6 +231,13 @@ def registry_defaults() -> dict[str, dict[str, Any]]:
     return {name: dict(m.defaults) for name, m in registry.METHODS.items()}
 
 
+def registry_docs() -> dict[str, str]:
+    """Each method option's one-line description (registry ``Method.docs``)."""
+    import registry
+
+    return registry.option_docs()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m config_docs", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -238,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     current = {path: path.read_text() if path.exists() else "" for path in (args.pyproject, args.output)}
     wanted = {
         args.pyproject: render_pyproject(current[args.pyproject], app_config_table(options)),
-        args.output: render(options, registry_models(), registry_defaults()),
+        args.output: render(options, registry_models(), registry_defaults(), registry_docs()),
     }
     stale = [path for path, text in wanted.items() if current[path] != text]
     if args.check:

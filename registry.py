@@ -70,6 +70,14 @@ def method_options() -> dict[str, Any]:
     return options
 
 
+def option_docs() -> dict[str, str]:
+    """Every namespaced key any method declares, with its one-line description (``Method.docs``)."""
+    docs: dict[str, str] = {}
+    for m in METHODS.values():
+        docs.update(m.docs)
+    return docs
+
+
 def resolve_model(cfg: Config) -> Config:
     """``cfg`` with ``model`` set: an unset model (``""``) takes the method's paper model; an unknown
     one, or one the method cannot train, is a ConfigError naming both."""

@@ -292,8 +292,8 @@ def parse_config(
     return cfg
 
 
-#: One line per run-config key, core and method option alike (``"lr"``, ``"fedclf.queue-size"``):
-#: the source of the generated run-config reference in the docs.  Every new key gets an entry.
+#: One line per core run-config key (``"lr"``): the source of the generated run-config reference in
+#: the docs.  Every new core key gets an entry; a method's options have theirs in its ``Method.docs``.
 KEY_DOCS: dict[str, str] = {
     # -- core keys (Config) --
     "method": "the method (`registry.METHODS`; the table in docs/index.md)",
@@ -399,117 +399,4 @@ KEY_DOCS: dict[str, str] = {
     "encoder with a cosine kNN (k = 20) and a logistic-regression probe on frozen features, trained on "
     "its labelled images, scored on val (splits `probe-knn`, `probe-linear`; self-supervised methods "
     "only; docs/probes.md); `0`: off",
-    # -- method options (methods/<m>.py) --
-    "fedclf.feature-sharing": "upload and relay features; `false` = FedMoCo",
-    "fedclf.local-negatives": "`false`: remote negatives only (000 Eq. 5); `true`: local and remote negatives (Eq. 4)",
-    "fedclf.queue-size": "K: size of the local bank, of the negatives bank and of each client's upload "
-    "(also read by `fedmoco`, `localcl`)",
-    "fedclf.temperature": "τ of 000 Eq. 6 (MoCo v2; also read by `fedmoco`, `localcl`)",
-    "fedclf.momentum": "EMA coefficient of the momentum encoder (also read by `fedmoco`, `localcl`)",
-    "fedclf.feature-dtype": "precision of the relayed features on the wire: `float16` | `float32`",
-    "fedclf.relay-clip": "C: every relayed feature vector is clipped to L2 norm C before upload; `0`: off "
-    "(docs/privacy.md)",
-    "fedclf.relay-noise-multiplier": "σ: Gaussian noise N(0, (σC)²) added to every relayed feature vector; "
-    "(ε, δ) per client in summary.json `relay_privacy`; `0`: no noise",
-    "fedclf.relay-delta": "δ of the reported (ε, δ) of the private relay",
-    "fedclf.leakage-audit": "membership attack on the relay every round (nearest relayed feature); "
-    "its ROC-AUC per client in rounds.csv split `leakage-audit`",
-    "fedclf.leakage-views": "the audit's augmented views per candidate image (smallest distance over the "
-    "plain image and them); `0`: the plain image only",
-    "fedclf.leakage-non-members": "the audit's non-members per client: a seeded sample of this many of the "
-    "client's held-out (val + test) images, the same every round; `0`: all of them",
-    "dp.mode": "model-update privacy of `fedavg`/`fedprox`: `off` | `server` (every update clipped to "
-    "`dp.clip-norm`, Gaussian noise on the mean; docs/privacy.md)",
-    "dp.clip-norm": 'C: L2 bound of every client\'s model update w_i − w_global (`dp.mode = "server"`)',
-    "dp.noise-multiplier": "σ: noise std σC/m on the mean of m clipped updates; (ε, δ) in summary.json "
-    "`model_privacy`; `0`: clipping only",
-    "dp.delta": "δ of the reported (ε, δ) of the model updates",
-    "fedsimclr.temperature": 'τ of SimCLR\'s NT-Xent (`fedsimclr`, and `ssl.tasks="simclr"`)',
-    "fedmae.mask-ratio": "share of patches removed per image (000: 0.75; 003's Fed-MAE: 0.6)",
-    "fedmae.exclude": "parameters kept on the clients during the rounds (000 Table V): `none`, `decoder`, "
-    "`patch-embed`, `decoder-embed`, `cls-token`",
-    "fedmae.norm-pix-loss": "`true`: per-patch normalised targets (the MAE reference's option); "
-    "000 Eq. 7 uses raw pixels",
-    "fedmae.decoder-embed-dim": "decoder width",
-    "fedmae.decoder-depth": "decoder blocks",
-    "fedmae.decoder-num-heads": "decoder attention heads (the width must be a multiple of 4 × heads)",
-    "fedmae.init-checkpoint": "an MAE checkpoint (the reference's format) to start from; loaded strictly",
-    "fedmae.pretrain": "`false`: no federated pre-training; fine-tune from `fedmae.init-checkpoint` or from scratch",
-    "fedbeit.mask-ratio": "at most this share of the patches is masked, block-wise (003: 40 %)",
-    "fedbeit.vocab-size": "number of visual tokens (DALL-E: 8192)",
-    "fedbeit.tokenizer": "a TorchScript tokenizer; empty: the random-projection substitute (not the dVAE)",
-    "mim.lr-step": "`fedmae`/`fedbeit` pre-training: `round` steps `lr-schedule` once per round; `iteration` "
-    "sets the lr before every step, warm-up then cosine over all rounds × local epochs (MAE/BEiT); "
-    '`""`: the method\'s recipe (`iteration`)',
-    "mim.warmup-epochs": "`fedmae`/`fedbeit`: linear warm-up over the first N local epochs, counted across rounds "
-    '(003 §IV-B3: 5 for MAE, 10 for BEiT); needs `mim.lr-step="iteration"`; `-1`: the method\'s (5 | 10)',
-    "mim.adam-beta2": "`fedmae`/`fedbeit`: β2 of the pre-training Adam/AdamW (MAE's recipe, followed by 000: 0.95; "
-    "003 and BEiT: 0.999); `-1`: the method's (0.95 | 0.999)",
-    "mim.lr-scaling": "`fedmae`/`fedbeit`: `batch` reads `mim.lr` as a base rate, lr = blr × batch-size/256 "
-    '(MAE/BEiT); `absolute` uses it as given; `""`: the method\'s (`batch`)',
-    "mim.optimizer": "`fedmae`/`fedbeit`: the pre-training optimiser (`optimizer` is not read by it); "
-    '`""`: the method\'s (`adamw`, MAE/BEiT)',
-    "mim.lr": "`fedmae`/`fedbeit`: the pre-training (base) learning rate (`lr` is not read by it); `-1`: the "
-    "method's (MAE blr 1.5e-4, 000 §V-B; BEiT 1.5e-3, 003 Table I)",
-    "mim.weight-decay": "`fedmae`/`fedbeit`: the pre-training weight decay (`weight-decay` is then "
-    "fine-tuning's); `-1`: the method's (0.05, MAE/BEiT)",
-    "sift.variant": "`full` (002), or the Fig. 4 ablations `single`, `trainable-head`, `random-head`, "
-    "`trainable-projector`",
-    "sift.ema-beta": "β of 002 Eq. 2 (long-term model EMA)",
-    "sift.temperature": "τ of 002 Eq. 1 (not stated in the paper)",
-    "sift.text-model": "the language model for the text head: a local folder, an installed model package "
-    "or a Hugging Face name",
-    "sift.text-pooling": "`mean` of the last hidden states (sentence encoders) or `cls` (BERT-style models)",
-    "sift.class-texts": "one text per class, separated by a vertical bar, or a file with one per line "
-    "(relative: to the working or the app folder, e.g. `configs/texts/ham10000.txt`); "
-    "empty: the class names, diagnosis codes spelled out (docs/class-texts.md)",
-    "sift.hop-timeout": "seconds to wait for one client's reply before skipping it (keep >= 15 s in simulation)",
-    "sift.long-bn": "the long-term model's BatchNorm statistics: `recompute` on the client's images, `ema` or `copy`",
-    "feddyn.alpha": "α of FedDyn's dynamic regulariser",
-    "flbt.mu": "μ of 004 Eq. 7 (weight of the Barlow Twins term)",
-    "flbt.lambda": "λ of 004 Eq. 5 (off-diagonal weight)",
-    "flbt.normalize": "`paper` (004 Eq. 6) | `batchnorm` (original Barlow Twins)",
-    "flbt.proj-dim": "projector output size (128 gives 004 Table XII's 27.97 M parameters for ResNet-50)",
-    "ssl.pretrain": "where stage 1 runs: `pseudo` (server, GAN images) | `local` (SSL-Fed) | `federated` (FedSSL)",
-    "ssl.pseudo-per-centre": "pseudo images each centre sends (004: 1000)",
-    "ssl.gan-steps": "GAN updates (one D and one G step each) per centre",
-    "ssl.gan-batch": "GAN batch size",
-    "ssl.gan-width": "channels of the GAN's coarsest block (halved per scale, at least 16)",
-    "ssl.gan-latent": "GAN latent size",
-    "ssl.gan-lr": "Adam learning rate of the GAN's G and D (004 §IV-C)",
-    "ssl.fid-select": "rank generator snapshots by FID to the centre's own images and send the best one's images",
-    "ssl.fid-checkpoints": "generator snapshots compared, evenly spaced over `ssl.gan-steps`",
-    "ssl.fid-keep": "best snapshots whose images are sent, at most `ssl.fid-checkpoints`",
-    "ssl.fid-features": '`""`: a fixed random CNN (not Inception-FID); or a TorchScript feature network',
-    "ssl.tasks": "pretext tasks: `both` | `centre` | `restoration` on pseudo images; `restoration` | `simclr` "
-    "on original images",
-    "ssl.finetune": "stage 2: `flbt` | `fedavg` (SSL-FL) | `local` (SSL-L-FT)",
-    "ssl.epochs": "server pre-training epochs over the pseudo images (per round and centre with `local`/`federated`)",
-    "ssl.rounds": "pre-training rounds with `ssl.pretrain` = `local`/`federated`",
-    "ssl.lr": "pre-training learning rate (Adam)",
-    "ssl.swap-patch": "side of the swapped patches in px (`0` = image-size/8)",
-    "ssl.swaps": "patch pairs swapped per image",
-    "ssl.fedema": '`ssl.pretrain="federated"` (FedSSL-R/S): each centre updates its own pre-training network by '
-    "FedEMA's divergence-aware EMA of the global one (`fedema.tau`, `fedema.lambda`; 004 [67]); `false`: "
-    "plain FedAvg",
-    "moon.mu": "MOON's μ (weight of the model-contrastive loss)",
-    "moon.tau": "MOON's temperature τ",
-    "byol.tau": "`fedbyol`/`fedema`: EMA rate of BYOL's target network, ξ ← τξ + (1 − τ)θ every step "
-    "(FedEMA's 0.99; BYOL's 0.996 → 1 schedule is not implemented)",
-    "byol.hidden-dim": "`fedbyol`/`fedema`: hidden width of the projector and predictor MLPs (BYOL: 4096)",
-    "byol.proj-dim": "`fedbyol`/`fedema`: output size of the projector and predictor (BYOL: 256)",
-    "fedema.tau": "FedEMA's autoscaler target τ: λ = τ / ‖W_g − W_k‖ at a client's first EMA update (paper: 0.7)",
-    "fedema.lambda": "FedEMA's λ in μ = min(λ‖W_g − W_k‖, 1); `-1` (any value ≤ 0): the autoscaler's",
-    "mocov3.temperature": "`fedmocov3`: τ of MoCo v3's ctr(q, k) = CE(q·kᵀ/τ) · 2τ (ViT recipe: 0.2)",
-    "mocov3.momentum": "`fedmocov3`: m of the momentum encoder, θ_k ← mθ_k + (1 − m)θ_q every step "
-    "(MoCo v3's cosine rise to 1 is not implemented)",
-    "mocov3.hidden-dim": "`fedmocov3`: hidden width of the projector and predictor MLPs (MoCo v3: 4096)",
-    "mocov3.proj-dim": "`fedmocov3`: output size of the projector and predictor (MoCo v3: 256)",
-    "mocov3.freeze-patch-embed": "`fedmocov3`: keep the ViT's patch embedding at its random init (MoCo v3 "
-    "§5.2, random patch projection)",
-    "semifl.weight": "`semifl`: weight w of the consistency loss on the unlabelled images (003: not stated)",
-    "semifl.threshold": "`semifl`: pseudo labels below this confidence are masked out (FixMatch); `0`: all "
-    "kept (003 states none)",
-    "semifl.supervised-rounds": "`semifl`: rounds of labelled cross-entropy only before the joint phase; "
-    "`-1`: half of `num-server-rounds` (003: 400 + 400 epochs)",
 }

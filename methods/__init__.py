@@ -47,6 +47,8 @@ class Method:
     ``defaults`` are its paper's values of option keys that are declared unset (:data:`UNSET`:
     ``""``, ``-1``), taken when the run config leaves them unset, as ``model`` is for ``model``;
     a value set in the run config wins (``registry.resolve_defaults``).
+    ``docs`` holds one line per option key: its meaning, for the generated run-config reference
+    (docs/run-config.md; the core keys' lines are :data:`fedderm.config.KEY_DOCS`).
     ``peft``: its fine-tuning stage is the shared one of ``strategies/finetune.py`` with one global
     backbone, so ``peft="lora"`` applies (``strategies/peft.py``).  ``init_checkpoint``: its run
     starts from a classifier, so ``init-checkpoint`` applies.  ``vit_pool``: its classifier is
@@ -72,6 +74,7 @@ class Method:
     peft: bool = False
     init_checkpoint: bool = False
     vit_pool: bool = False
+    docs: Mapping[str, str] = field(default_factory=dict)
 
 
 #: Every registered method by name: the modules of this package, then whatever a caller registers
@@ -80,10 +83,18 @@ METHODS: dict[str, Method] = {}
 
 
 def register_method(method: Method) -> Method:
-    """Add ``method`` to :data:`METHODS` and return it.  A name already taken, or an option key
-    another method declares with a different default, is a ValueError naming both."""
+    """Add ``method`` to :data:`METHODS` and return it.  A name already taken, an option without
+    its one line in ``docs`` (or a line for no option), or an option key another method declares
+    with a different default, is a ValueError naming them."""
     if method.name in METHODS:
         raise ValueError(f"method {method.name!r} is registered twice")
+    undocumented = [k for k in method.options if not str(method.docs.get(k, "")).strip()]
+    stray = [k for k in method.docs if k not in method.options]
+    if undocumented or stray:
+        raise ValueError(
+            f"method {method.name!r}: every option needs one line in Method.docs and every line an "
+            f"option; without a line: {undocumented}, lines for no option: {stray}"
+        )
     for other in METHODS.values():
         for key, value in method.options.items():
             if key in other.options and other.options[key] != value:

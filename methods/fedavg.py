@@ -11,6 +11,15 @@ DP_OPTIONS = {
     "dp.noise-multiplier": 0.0,  # sigma: noise std sigma*C/m on the mean of m clipped updates
     "dp.delta": 1e-5,
 }
+#: one line per option: the run-config reference (docs/run-config.md)
+DP_DOCS = {
+    "dp.mode": "model-update privacy of `fedavg`/`fedprox`: `off` | `server` (every update clipped to "
+    "`dp.clip-norm`, Gaussian noise on the mean; docs/privacy.md)",
+    "dp.clip-norm": 'C: L2 bound of every client\'s model update w_i − w_global (`dp.mode = "server"`)',
+    "dp.noise-multiplier": "σ: noise std σC/m on the mean of m clipped updates; (ε, δ) in summary.json "
+    "`model_privacy`; `0`: clipping only",
+    "dp.delta": "δ of the reported (ε, δ) of the model updates",
+}
 DP_METHODS = ("fedavg", "fedprox")  # = strategies.dp.DP_METHODS (a method spec imports no strategy)
 
 
@@ -51,5 +60,6 @@ METHOD = register_method(
         sends=("arrays", "metrics", "val-metrics"),  # val-metrics: wire.VAL_METRICS (val-in-train)
         init_checkpoint=True,
         vit_pool=True,
+        docs=DP_DOCS,
     )
 )

@@ -3,12 +3,20 @@
 (``methods/fedmae.py``)."""
 
 from methods import SMALL_VIT, VIT_MODELS, VIT_PROBE, Method, register_method
-from methods.fedmae import MAE_RECIPE, MIM_OPTIONS
+from methods.fedmae import MAE_RECIPE, MIM_DOCS, MIM_OPTIONS
 
 #: Fed-BEiT pre-training: BEiT's recipe as 003 §IV-B3 states it: warm-up 10 epochs, cosine decay,
 #: AdamW β1 = 0.9, β2 = 0.999, base rate × batch/256.  Base rate 1.5e-3: BEiT's pre-training
 #: (Bao et al. 2022, appendix: AdamW, lr 1.5e-3, weight decay 0.05) and 003 Table I (Fed-BEiT η on Retina, COVID-FL, Skin-FL).
 BEIT_RECIPE = {**MAE_RECIPE, "mim.warmup-epochs": 10, "mim.adam-beta2": 0.999, "mim.lr": 1.5e-3}
+
+#: one line per option: the run-config reference (docs/run-config.md)
+DOCS = {
+    "fedbeit.mask-ratio": "at most this share of the patches is masked, block-wise (003: 40 %)",
+    "fedbeit.vocab-size": "number of visual tokens (DALL-E: 8192)",
+    "fedbeit.tokenizer": "a TorchScript tokenizer; empty: the random-projection substitute (not the dVAE)",
+}
+
 
 METHOD = register_method(
     Method(
@@ -31,5 +39,6 @@ METHOD = register_method(
         augment="003",
         peft=True,
         vit_pool=True,
+        docs={**DOCS, **MIM_DOCS},
     )
 )

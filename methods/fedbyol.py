@@ -9,6 +9,13 @@ BYOL_OPTIONS = {
     "byol.hidden-dim": 4096,  # projector / predictor hidden width (BYOL §3.3)
     "byol.proj-dim": 256,  # projection size (BYOL §3.3)
 }
+#: one line per option: the run-config reference (docs/run-config.md)
+BYOL_DOCS = {
+    "byol.tau": "`fedbyol`/`fedema`: EMA rate of BYOL's target network, ξ ← τξ + (1 − τ)θ every step "
+    "(FedEMA's 0.99; BYOL's 0.996 → 1 schedule is not implemented)",
+    "byol.hidden-dim": "`fedbyol`/`fedema`: hidden width of the projector and predictor MLPs (BYOL: 4096)",
+    "byol.proj-dim": "`fedbyol`/`fedema`: output size of the projector and predictor (BYOL: 256)",
+}
 
 
 def check_byol(cfg: Config) -> None:
@@ -35,5 +42,6 @@ METHOD = register_method(
         probe=PREFIX_PROBE,
         augment="003",
         peft=True,
+        docs=BYOL_DOCS,
     )
 )

@@ -22,6 +22,27 @@ FEDCLF_OPTIONS = {
     "fedclf.leakage-views": 0,  # augmented views per candidate (min distance over them); 0 = plain image
     "fedclf.leakage-non-members": 0,  # held-out images audited per client (seeded sample); 0 = all
 }
+#: one line per option: the run-config reference (docs/run-config.md)
+FEDCLF_DOCS = {
+    "fedclf.feature-sharing": "upload and relay features; `false` = FedMoCo",
+    "fedclf.local-negatives": "`false`: remote negatives only (000 Eq. 5); `true`: local and remote negatives (Eq. 4)",
+    "fedclf.queue-size": "K: size of the local bank, of the negatives bank and of each client's upload "
+    "(also read by `fedmoco`, `localcl`)",
+    "fedclf.temperature": "τ of 000 Eq. 6 (MoCo v2; also read by `fedmoco`, `localcl`)",
+    "fedclf.momentum": "EMA coefficient of the momentum encoder (also read by `fedmoco`, `localcl`)",
+    "fedclf.feature-dtype": "precision of the relayed features on the wire: `float16` | `float32`",
+    "fedclf.relay-clip": "C: every relayed feature vector is clipped to L2 norm C before upload; `0`: off "
+    "(docs/privacy.md)",
+    "fedclf.relay-noise-multiplier": "σ: Gaussian noise N(0, (σC)²) added to every relayed feature vector; "
+    "(ε, δ) per client in summary.json `relay_privacy`; `0`: no noise",
+    "fedclf.relay-delta": "δ of the reported (ε, δ) of the private relay",
+    "fedclf.leakage-audit": "membership attack on the relay every round (nearest relayed feature); "
+    "its ROC-AUC per client in rounds.csv split `leakage-audit`",
+    "fedclf.leakage-views": "the audit's augmented views per candidate image (smallest distance over the "
+    "plain image and them); `0`: the plain image only",
+    "fedclf.leakage-non-members": "the audit's non-members per client: a seeded sample of this many of the "
+    "client's held-out (val + test) images, the same every round; `0`: all of them",
+}
 
 
 def check_fedclf(cfg: Config) -> None:
@@ -86,5 +107,6 @@ METHOD = register_method(
         check=check_fedclf,
         probe=PREFIX_PROBE,
         peft=True,
+        docs=FEDCLF_DOCS,
     )
 )

@@ -2,6 +2,12 @@
 
 from methods import Method, register_method
 
+#: one line per option: the run-config reference (docs/run-config.md)
+DOCS = {
+    "feddyn.alpha": "α of FedDyn's dynamic regulariser",
+}
+
+
 METHOD = register_method(
     Method(
         "feddyn",
@@ -10,5 +16,6 @@ METHOD = register_method(
         "FedDyn (Acar et al. 2021): dynamic regularisation −⟨h_k, θ⟩ + (feddyn.alpha/2)‖θ − θ_global‖² "
         "on the clients, server correction θ = mean θ_k − h/α.",
         options={"feddyn.alpha": 0.01},
+        docs=DOCS,
     )
 )

@@ -2,11 +2,16 @@
 divergence-aware EMA on the clients; ``strategies/fedema.py``, ``clients/fedema.py``."""
 
 from methods import PREFIX_PROBE, Method, register_method
-from methods.fedbyol import BYOL_OPTIONS, check_byol
+from methods.fedbyol import BYOL_DOCS, BYOL_OPTIONS, check_byol
 
 FEDEMA_OPTIONS = {
     "fedema.tau": 0.7,  # autoscaler target: lambda = tau / divergence at the first EMA update
     "fedema.lambda": -1.0,  # > 0: a fixed lambda instead of the autoscaler
+}
+#: one line per option: the run-config reference (docs/run-config.md)
+FEDEMA_DOCS = {
+    "fedema.tau": "FedEMA's autoscaler target τ: λ = τ / ‖W_g − W_k‖ at a client's first EMA update (paper: 0.7)",
+    "fedema.lambda": "FedEMA's λ in μ = min(λ‖W_g − W_k‖, 1); `-1` (any value ≤ 0): the autoscaler's",
 }
 
 METHOD = register_method(
@@ -24,5 +29,6 @@ METHOD = register_method(
         probe=PREFIX_PROBE,
         augment="003",
         peft=True,
+        docs={**BYOL_DOCS, **FEDEMA_DOCS},
     )
 )

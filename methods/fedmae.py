@@ -19,6 +19,24 @@ MIM_OPTIONS = {
     "mim.lr": -1.0,  # (base) learning rate of pre-training: MAE blr 1.5e-4, BEiT 1.5e-3
     "mim.weight-decay": -1.0,  # MAE/BEiT: 0.05
 }
+#: one line per option: the run-config reference (docs/run-config.md)
+MIM_DOCS = {
+    "mim.lr-step": "`fedmae`/`fedbeit` pre-training: `round` steps `lr-schedule` once per round; `iteration` "
+    "sets the lr before every step, warm-up then cosine over all rounds × local epochs (MAE/BEiT); "
+    '`""`: the method\'s recipe (`iteration`)',
+    "mim.warmup-epochs": "`fedmae`/`fedbeit`: linear warm-up over the first N local epochs, counted across rounds "
+    '(003 §IV-B3: 5 for MAE, 10 for BEiT); needs `mim.lr-step="iteration"`; `-1`: the method\'s (5 | 10)',
+    "mim.adam-beta2": "`fedmae`/`fedbeit`: β2 of the pre-training Adam/AdamW (MAE's recipe, followed by 000: 0.95; "
+    "003 and BEiT: 0.999); `-1`: the method's (0.95 | 0.999)",
+    "mim.lr-scaling": "`fedmae`/`fedbeit`: `batch` reads `mim.lr` as a base rate, lr = blr × batch-size/256 "
+    '(MAE/BEiT); `absolute` uses it as given; `""`: the method\'s (`batch`)',
+    "mim.optimizer": "`fedmae`/`fedbeit`: the pre-training optimiser (`optimizer` is not read by it); "
+    '`""`: the method\'s (`adamw`, MAE/BEiT)',
+    "mim.lr": "`fedmae`/`fedbeit`: the pre-training (base) learning rate (`lr` is not read by it); `-1`: the "
+    "method's (MAE blr 1.5e-4, 000 §V-B; BEiT 1.5e-3, 003 Table I)",
+    "mim.weight-decay": "`fedmae`/`fedbeit`: the pre-training weight decay (`weight-decay` is then "
+    "fine-tuning's); `-1`: the method's (0.05, MAE/BEiT)",
+}
 #: FedMAE / Fed-MAE pre-training: the MAE recipe (He et al. 2022, followed by 000 §V-B): per-iteration
 #: cosine after a linear warm-up (003 §IV-B3: 5 epochs for Fed-MAE), AdamW β2 = 0.95, base rate × batch/256.
 #: Without it (Adam 1e-3, no warm-up, cosine per round) pre-training collapsed the encoder
@@ -74,6 +92,21 @@ def check_mim(cfg: Config) -> None:
     )
 
 
+#: one line per option: the run-config reference (docs/run-config.md)
+DOCS = {
+    "fedmae.mask-ratio": "share of patches removed per image (000: 0.75; 003's Fed-MAE: 0.6)",
+    "fedmae.exclude": "parameters kept on the clients during the rounds (000 Table V): `none`, `decoder`, "
+    "`patch-embed`, `decoder-embed`, `cls-token`",
+    "fedmae.norm-pix-loss": "`true`: per-patch normalised targets (the MAE reference's option); "
+    "000 Eq. 7 uses raw pixels",
+    "fedmae.decoder-embed-dim": "decoder width",
+    "fedmae.decoder-depth": "decoder blocks",
+    "fedmae.decoder-num-heads": "decoder attention heads (the width must be a multiple of 4 × heads)",
+    "fedmae.init-checkpoint": "an MAE checkpoint (the reference's format) to start from; loaded strictly",
+    "fedmae.pretrain": "`false`: no federated pre-training; fine-tune from `fedmae.init-checkpoint` or from scratch",
+}
+
+
 METHOD = register_method(
     Method(
         "fedmae",
@@ -108,5 +141,6 @@ METHOD = register_method(
         augment="000",
         peft=True,
         vit_pool=True,
+        docs={**DOCS, **MIM_DOCS},
     )
 )

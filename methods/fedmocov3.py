@@ -11,6 +11,16 @@ MOCOV3_OPTIONS = {
     "mocov3.proj-dim": 256,  # output size of the projector and predictor
     "mocov3.freeze-patch-embed": True,  # random patch projection (MoCo v3 section 5.2)
 }
+#: one line per option: the run-config reference (docs/run-config.md)
+MOCOV3_DOCS = {
+    "mocov3.temperature": "`fedmocov3`: τ of MoCo v3's ctr(q, k) = CE(q·kᵀ/τ) · 2τ (ViT recipe: 0.2)",
+    "mocov3.momentum": "`fedmocov3`: m of the momentum encoder, θ_k ← mθ_k + (1 − m)θ_q every step "
+    "(MoCo v3's cosine rise to 1 is not implemented)",
+    "mocov3.hidden-dim": "`fedmocov3`: hidden width of the projector and predictor MLPs (MoCo v3: 4096)",
+    "mocov3.proj-dim": "`fedmocov3`: output size of the projector and predictor (MoCo v3: 256)",
+    "mocov3.freeze-patch-embed": "`fedmocov3`: keep the ViT's patch embedding at its random init (MoCo v3 "
+    "§5.2, random patch projection)",
+}
 
 
 def check_mocov3(cfg: Config) -> None:
@@ -38,5 +48,6 @@ METHOD = register_method(
         probe=PREFIX_PROBE,
         augment="003",
         peft=True,
+        docs=MOCOV3_DOCS,
     )
 )

@@ -2,7 +2,7 @@
 (``clients/fedavg.py``, with the proximal term of ``proximal-mu``)."""
 
 from methods import Method, register_method
-from methods.fedavg import DP_OPTIONS
+from methods.fedavg import DP_DOCS, DP_OPTIONS
 
 METHOD = register_method(
     Method(
@@ -15,5 +15,6 @@ METHOD = register_method(
         sends=("arrays", "metrics", "val-metrics"),
         init_checkpoint=True,
         vit_pool=True,
+        docs=DP_DOCS,
     )
 )

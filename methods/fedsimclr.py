@@ -2,6 +2,12 @@
 
 from methods import PREFIX_PROBE, Method, register_method
 
+#: one line per option: the run-config reference (docs/run-config.md)
+DOCS = {
+    "fedsimclr.temperature": 'τ of SimCLR\'s NT-Xent (`fedsimclr`, and `ssl.tasks="simclr"`)',
+}
+
+
 METHOD = register_method(
     Method(
         "fedsimclr",
@@ -11,5 +17,6 @@ METHOD = register_method(
         options={"fedsimclr.temperature": 0.5},
         probe=PREFIX_PROBE,
         peft=True,
+        docs=DOCS,
     )
 )

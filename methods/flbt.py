@@ -67,6 +67,15 @@ def check_flbt(cfg: Config) -> None:
         )
 
 
+#: one line per option: the run-config reference (docs/run-config.md)
+DOCS = {
+    "flbt.mu": "μ of 004 Eq. 7 (weight of the Barlow Twins term)",
+    "flbt.lambda": "λ of 004 Eq. 5 (off-diagonal weight)",
+    "flbt.normalize": "`paper` (004 Eq. 6) | `batchnorm` (original Barlow Twins)",
+    "flbt.proj-dim": "projector output size (128 gives 004 Table XII's 27.97 M parameters for ResNet-50)",
+}
+
+
 METHOD = register_method(
     Method(
         "flbt",
@@ -81,5 +90,6 @@ METHOD = register_method(
         model="resnet50",
         paper_image_size=256,
         augment="004",
+        docs=DOCS,
     )
 )

@@ -3,6 +3,13 @@ The ranges of its ``moon.*`` keys are checked with FL-BT's (``methods/flbt.py``)
 
 from methods import Method, register_method
 
+#: one line per option: the run-config reference (docs/run-config.md)
+DOCS = {
+    "moon.mu": "MOON's μ (weight of the model-contrastive loss)",
+    "moon.tau": "MOON's temperature τ",
+}
+
+
 METHOD = register_method(
     Method(
         "moon",
@@ -16,5 +23,6 @@ METHOD = register_method(
         model="resnet50",
         paper_image_size=256,
         augment="004",
+        docs=DOCS,
     )
 )

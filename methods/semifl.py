@@ -9,6 +9,14 @@ SEMIFL_OPTIONS = {
     "semifl.threshold": 0.0,  # confidence threshold of the pseudo labels (003: none)
     "semifl.supervised-rounds": -1,  # rounds of labelled CE only; -1: half of num-server-rounds (003)
 }
+#: one line per option: the run-config reference (docs/run-config.md)
+SEMIFL_DOCS = {
+    "semifl.weight": "`semifl`: weight w of the consistency loss on the unlabelled images (003: not stated)",
+    "semifl.threshold": "`semifl`: pseudo labels below this confidence are masked out (FixMatch); `0`: all "
+    "kept (003 states none)",
+    "semifl.supervised-rounds": "`semifl`: rounds of labelled cross-entropy only before the joint phase; "
+    "`-1`: half of `num-server-rounds` (003: 400 + 400 epochs)",
+}
 
 
 def check_semifl(cfg: Config) -> None:
@@ -33,5 +41,6 @@ METHOD = register_method(
         paper_image_size=224,
         smallest={"label-fraction": 0.5},
         augment="003",
+        docs=SEMIFL_DOCS,
     )
 )

@@ -4,6 +4,23 @@
 
 from methods import Method, register_method
 
+#: one line per option: the run-config reference (docs/run-config.md)
+DOCS = {
+    "sift.variant": "`full` (002), or the Fig. 4 ablations `single`, `trainable-head`, `random-head`, "
+    "`trainable-projector`",
+    "sift.ema-beta": "β of 002 Eq. 2 (long-term model EMA)",
+    "sift.temperature": "τ of 002 Eq. 1 (not stated in the paper)",
+    "sift.text-model": "the language model for the text head: a local folder, an installed model package "
+    "or a Hugging Face name",
+    "sift.text-pooling": "`mean` of the last hidden states (sentence encoders) or `cls` (BERT-style models)",
+    "sift.class-texts": "one text per class, separated by a vertical bar, or a file with one per line "
+    "(relative: to the working or the app folder, e.g. `configs/texts/ham10000.txt`); "
+    "empty: the class names, diagnosis codes spelled out (docs/class-texts.md)",
+    "sift.hop-timeout": "seconds to wait for one client's reply before skipping it (keep >= 15 s in simulation)",
+    "sift.long-bn": "the long-term model's BatchNorm statistics: `recompute` on the client's images, `ema` or `copy`",
+}
+
+
 METHOD = register_method(
     Method(
         "sift",
@@ -24,5 +41,6 @@ METHOD = register_method(
         },
         sends=("short", "long", "metrics"),
         network="",
+        docs=DOCS,
     )
 )

@@ -73,6 +73,7 @@ TOY = Method(
     client=__name__,
     description="Toy: FedAvg of client models shifted by (partition id + 1), weighted by the same.",
     options={"toy-shift.scale": 1.0},
+    docs={"toy-shift.scale": "multiplies every client's shift (partition id + 1)"},
     check=check_toy,
 )
 
@@ -122,12 +123,27 @@ def test_the_registered_method_is_a_valid_method_with_its_own_option_checked(toy
         registry.load_config({"method": "toy-shift", "toy-shift.scale": 0.0})
 
 
-def test_a_second_method_of_the_same_name_or_a_clashing_option_default_is_refused(toy):
+def test_its_option_and_description_reach_the_generated_run_config_reference(toy):
+    """What ``python -m config_docs`` would write with toy-shift registered: its option's row."""
+    import config_docs
+
+    page = config_docs.render(config_docs.registry_options(), method_docs=config_docs.registry_docs())
+    rows = [line for line in page.splitlines() if line.startswith("| `toy-shift.scale`")]
+    assert rows == [
+        "| `toy-shift.scale` | `1.0` | float |  | multiplies every client's shift (partition id + 1) |"
+    ]
+    assert '"toy-shift.scale" = 1.0' in config_docs.app_config_table(config_docs.registry_options())
+
+
+def test_a_second_method_of_the_same_name_a_clashing_default_or_an_undocumented_option_is_refused(toy):
     with pytest.raises(ValueError, match="'toy-shift' is registered twice"):
         register_method(TOY)
-    clash = Method("toy-two", __name__, __name__, "", options={"toy-shift.scale": 2.0})
+    clash = Method("toy-two", __name__, __name__, "", options={"toy-shift.scale": 2.0}, docs=TOY.docs)
     with pytest.raises(ValueError, match="'toy-shift.scale' = 2.0, but method 'toy-shift'"):
         register_method(clash)
+    bare = Method("toy-two", __name__, __name__, "", options={"toy-two.k": 1})
+    with pytest.raises(ValueError, match=r"without a line: \['toy-two.k'\]"):
+        register_method(bare)
     assert "toy-two" not in METHODS
 
 
