@@ -142,9 +142,9 @@ def record_classes(recorder: RunRecorder, cfg, method, classes: list[str], infos
     }
     if "flbt.proj-dim" in cfg.options:
         meta["proj_dim"] = int(cfg.option("flbt.proj-dim"))
-    if cfg.method == "sift":  # fedderm.inference rebuilds the text-guided classifier from these
-        meta.update(network="sift", sift_variant=cfg.option("sift.variant"))
-        meta["sift_temperature"] = float(cfg.option("sift.temperature"))
+    own = getattr(importlib.import_module(method.strategy), "model_metadata", None)
+    if own is not None:  # the method's own network (SiFT's text head): fedderm.inference rebuilds it
+        meta.update(own(cfg))
     recorder.set_classes(classes, counts, meta)
     log(INFO, "classes (label order): %s", ", ".join(f"{i}={name}" for i, name in enumerate(classes)))
     for pid, per_split in sorted(counts.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else kv[0]):

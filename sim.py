@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -185,10 +186,9 @@ def _resumed_config(run_config: dict) -> dict:
 
 def check_data(run_config: dict, num_supernodes: int) -> list:
     """The data checks, once, before Ray starts (the data is local in a simulation): raises
-    DataError (or ConfigError for SiFT's class texts) with one line naming the client and file."""
+    DataError (or ConfigError from the method's ``Method.data_check``) with one line naming the client and file."""
     import registry
     from fedderm.data import check_federation
-    from fedderm.sift import class_texts
 
     cfg = registry.load_config(run_config)
     if cfg.resume:  # a resumed run continues with its own settings (server_app.resolve_config)
@@ -199,8 +199,10 @@ def check_data(run_config: dict, num_supernodes: int) -> list:
 
         cfg = registry.load_config({**saved_run_config(saved.parent), "resume": cfg.resume})
     clients = check_federation(cfg, num_supernodes)
-    if cfg.method == "sift" and cfg.option("sift.variant") != "trainable-head":
-        class_texts(cfg.option("sift.class-texts"), clients[0].classes)
+    data_check = registry.get_method(cfg.method).data_check
+    if data_check:  # the method's own check of its options against the data (SiFT's class texts)
+        module, name = data_check.split(":")
+        getattr(importlib.import_module(module), name)(cfg, clients)
     return clients
 
 

@@ -265,6 +265,13 @@ def class_texts_file(option: str) -> Path | None:
     return None
 
 
+def check_class_texts(cfg, clients: Sequence) -> None:
+    """``sift.class-texts`` against the class list of the clients' data (``Method.data_check``:
+    ``sim.py`` runs it before a run starts): a ConfigError naming the key."""
+    if cfg.option("sift.variant") != "trainable-head":
+        class_texts(cfg.option("sift.class-texts"), clients[0].classes)
+
+
 def class_texts(option: str, classes: Sequence[str]) -> list[str]:
     """The texts t_c of the C classes (002 §2.2): ``sift.class-texts`` if set, else the class names
     as words (a known diagnosis code spelled out, ``mel`` -> ``melanoma``: 002 §3 embeds "the

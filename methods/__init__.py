@@ -47,6 +47,9 @@ class Method:
     ``defaults`` are its paper's values of option keys that are declared unset (:data:`UNSET`:
     ``""``, ``-1``), taken when the run config leaves them unset, as ``model`` is for ``model``;
     a value set in the run config wins (``registry.resolve_defaults``).
+    ``data_check`` (optional) names the function ``"module:function"`` that checks its options
+    against the clients' data before a simulation starts, ``f(cfg, clients)`` raising
+    ``ConfigError`` (``sim.py``; SiFT's class texts against the class list).
     ``docs`` holds one line per option key: its meaning, for the generated run-config reference
     (docs/run-config.md; the core keys' lines are :data:`fedderm.config.KEY_DOCS`).
     ``peft``: its fine-tuning stage is the shared one of ``strategies/finetune.py`` with one global
@@ -75,6 +78,7 @@ class Method:
     init_checkpoint: bool = False
     vit_pool: bool = False
     docs: Mapping[str, str] = field(default_factory=dict)
+    data_check: str = ""
 
 
 #: Every registered method by name: the modules of this package, then whatever a caller registers

@@ -41,6 +41,7 @@ METHOD = register_method(
         },
         sends=("short", "long", "metrics"),
         network="",
+        data_check="fedderm.sift:check_class_texts",
         docs=DOCS,
     )
 )

@@ -229,6 +229,16 @@ def build_strategy(cfg, recorder) -> SiftStrategy:
     )
 
 
+def model_metadata(cfg) -> dict:
+    """What ``fedderm.inference`` needs, beyond the model's name and size, to rebuild the
+    text-guided classifier of a SiFT run's model files."""
+    return {
+        "network": "sift",
+        "sift_variant": cfg.option("sift.variant"),
+        "sift_temperature": float(cfg.option("sift.temperature")),
+    }
+
+
 def check_options(cfg) -> None:
     """Range checks of the ``sift.*`` keys (types are checked by the config parser)."""
 
