@@ -7,7 +7,7 @@ reference page ``docs/run-config.md``.
 
 Core keys come from :class:`~fedderm.config.Config` (default, type; grouped by the comments in its
 definition) and :data:`~fedderm.config.CHOICES`; method options from each method's declaration
-(``methods/<m>.py``, through the registry); every description from :data:`~fedderm.config.KEY_DOCS`
+(``fedderm/methods/<m>.py``, through the registry); every description from :data:`~fedderm.config.KEY_DOCS`
 (core keys) or the method's ``Method.docs``.
 It reads the registry, so it lives beside it at the top of the project (not in ``fedderm/``).  Only the standard library: the
 page is plain Markdown, and the rest of ``pyproject.toml`` is kept byte for byte.
@@ -115,7 +115,7 @@ def render(
     docs = {**KEY_DOCS, **(method_docs or {})}
     out = [
         f"<!-- {GENERATED} from fedderm/config.py (Config, CHOICES,",
-        "     KEY_DOCS) and methods/ (each method's options and docs). Do not edit: tests/test_config.py checks it. -->",
+        "     KEY_DOCS) and fedderm/methods/ (each method's options and docs). Do not edit: tests/test_config.py checks it. -->",
         "",
         "# Run config",
         "",
@@ -157,7 +157,7 @@ def render(
     out += [
         "## Method options",
         "",
-        "Declared by one method in `methods/<method>.py`; any run may set them, and the methods that share "
+        "Declared by one method in `fedderm/methods/<method>.py`; any run may set them, and the methods that share "
         "a family read each other's (`fedmoco` and `localcl` read `fedclf.*`).",
         "",
     ]

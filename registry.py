@@ -1,7 +1,7 @@
 """The methods' lookup: method name -> :class:`~methods.Method`, and the run config checked against
 every method.
 
-Each method declares itself in ``methods/<m>.py`` (its options, checks, record keys, paper model),
+Each method declares itself in ``fedderm/methods/<m>.py`` (its options, checks, record keys, paper model),
 beside ``strategies/<m>.py`` (what the server does) and ``clients/<m>.py`` (what a client does with a
 message); importing :mod:`methods` registers them all.  Nothing here names a method.
 """
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedderm.config import Config, ConfigError, parse_config
-from methods import METHODS, UNSET, VIT_MODELS, Method, register_method
+from fedderm.methods import METHODS, UNSET, VIT_MODELS, Method, register_method
 
 __all__ = [
     "HOLDOUT_SENDS",

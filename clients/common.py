@@ -87,7 +87,7 @@ class ClientSession:
 
     def augment(self, stage: str) -> Augment:
         """The run's ``augment`` policy for ``stage`` (``pretrain`` | ``finetune``; supervised training
-        is ``finetune``), ``paper`` meaning this method's paper (``Method.augment``, ``methods/<m>.py``)."""
+        is ``finetune``), ``paper`` meaning this method's paper (``Method.augment``, ``fedderm/methods/<m>.py``)."""
         return augment_policy(self.cfg.augment, stage, registry.METHODS[self.cfg.method].augment)
 
     def lr_at(self, base_lr: float, step: int, steps: int) -> float:

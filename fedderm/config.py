@@ -73,7 +73,7 @@ class Config:
     cv_folds: int = 0
     cv_fold: int = 0
     # model and local training
-    model: str = ""  # "": the method's paper model (Method.model, methods/<m>.py)
+    model: str = ""  # "": the method's paper model (Method.model, fedderm/methods/<m>.py)
     vit_pool: str = "avg"
     num_server_rounds: int = 8
     min_clients: int = 2

@@ -22,7 +22,7 @@ import registry
 import sim
 from clients.common import evaluate_split, reply, session
 from fedderm.config import Config, ConfigError
-from methods import METHODS, Method, need, register_method
+from fedderm.methods import METHODS, Method, need, register_method
 from strategies.common import Tracked
 from wire import to_record, values
 
@@ -62,7 +62,7 @@ def evaluate(msg: Message, context: Context) -> Message:
 HANDLERS = {"train": train, "evaluate": evaluate}
 
 
-# -- the specification (a methods/<m>.py: register_method) --
+# -- the specification (a fedderm/methods/<m>.py: register_method) --
 def check_toy(cfg: Config) -> None:
     need(cfg, cfg.option("toy-shift.scale") > 0, "toy-shift.scale", "must be > 0")
 

@@ -16,11 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the layers below, never a layer above nor another column of its own layer.  A name covers
 #: itself and everything under it; the longest matching name places a module.  ``flwr`` is Flower.
 LAYERS: list[list[tuple[str, ...]]] = [
-    [("fedderm",)],  # the core: pure PyTorch/numpy
+    [("fedderm",)],  # the core: pure PyTorch/numpy, and fedderm.methods (each method's specification)
     # Flower, and what drives it (fedderm.flower_private: the app's only private Flower names)
     [("flwr", "fedderm.launcher", "fedderm.node_registry", "fedderm.console", "fedderm.flower_private")],
     [("wire",)],
-    [("methods",)],  # each method's specification: data and checks, no torch, no Flower
     [("registry",)],
     [("strategies",), ("clients",)],  # the two sides never import each other
     [("server_app",), ("client_app",)],
@@ -41,8 +40,8 @@ DYNAMIC: dict[str, str] = {
     "fedderm.launcher": "it imports the app it launches (and the Flower internals it checks)",
     "fedderm.sift": "the installed text-model package that sift.text-model names",
     "clients.probe": "the backbone mapping that Method.probe names (in fedderm.probes)",
-    "methods": "the package imports every module found in it (each registers its method), so that a "
-    "new methods/<m>.py needs no edit elsewhere; those modules import only methods and fedderm.config",
+    "fedderm.methods": "the package imports every module found in it (each registers its method), so that a "
+    "new fedderm/methods/<m>.py needs no edit elsewhere; those modules import only fedderm.methods and fedderm.config",
 }
 
 _SKIP_DIRS = {"tests", "site", "build", "dist", "__pycache__"}

@@ -19,7 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 APP_NAMES = (
     "clients",
     "strategies",
-    "methods",
     "registry",
     "records",
     "sim",

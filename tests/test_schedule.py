@@ -4,12 +4,12 @@ import math
 
 import pytest
 import torch
+from methods.fedmae import MIM_OPTIONS
 from torch import nn
 
 import registry
 from fedderm.config import ConfigError
 from fedderm.train import batch_scaled_lr, epoch_lr, make_optimizer, mim_schedule, train_epochs
-from methods.fedmae import MIM_OPTIONS
 
 
 def test_epoch_lr_is_the_mae_reference_schedule():

@@ -1,7 +1,7 @@
 """Random init (paper 000 baseline): the shared fine-tuning stage alone; ``strategies/random_init.py``,
 ``clients/finetune.py``."""
 
-from methods import Method, register_method
+from fedderm.methods import Method, register_method
 
 METHOD = register_method(
     Method(

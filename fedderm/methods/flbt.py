@@ -3,8 +3,8 @@
 docs/methods/flbt.md.  Its check covers the whole 004 family's keys (``flbt.*``, ``moon.*``, ``ssl.*``)."""
 
 from fedderm.config import Config
-from methods import Method, need, register_method
-from methods.ssl_flbt import SSL_FINETUNE, SSL_PRETRAIN, SSL_TASKS
+from fedderm.methods import Method, need, register_method
+from fedderm.methods.ssl_flbt import SSL_FINETUNE, SSL_PRETRAIN, SSL_TASKS
 
 BT_NORMALISATIONS = ("paper", "batchnorm")  # = fedderm.losses.BT_NORMALISATIONS (no torch here)
 

@@ -1,7 +1,7 @@
 """FedMoCo (paper 000 baseline): FedCLF without the feature relay; ``strategies/fedmoco.py``,
 ``clients/fedmoco.py``.  It reads FedCLF's ``fedclf.*`` MoCo keys (``methods/fedclf.py``)."""
 
-from methods import PREFIX_PROBE, Method, register_method
+from fedderm.methods import PREFIX_PROBE, Method, register_method
 
 METHOD = register_method(
     Method(

@@ -1,6 +1,6 @@
 """FedSimCLR (paper 000 baseline): ``strategies/fedsimclr.py``, ``clients/fedsimclr.py``."""
 
-from methods import PREFIX_PROBE, Method, register_method
+from fedderm.methods import PREFIX_PROBE, Method, register_method
 
 #: one line per option: the run-config reference (docs/run-config.md)
 DOCS = {

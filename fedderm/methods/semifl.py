@@ -1,7 +1,7 @@
 """Semi-FL (Yang et al. 2021; paper 003 Fig. 10b): ``strategies/semifl.py``, ``clients/semifl.py``."""
 
 from fedderm.config import Config
-from methods import Method, need, register_method
+from fedderm.methods import Method, need, register_method
 
 #: labelled CE + consistency loss on the clients' unlabelled images
 SEMIFL_OPTIONS = {

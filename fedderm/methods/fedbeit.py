@@ -2,8 +2,8 @@
 ``fedderm/beit.py``; docs/methods/fedmae-fedbeit.md.  Its ``mim.*`` keys are FedMAE's
 (``methods/fedmae.py``)."""
 
-from methods import SMALL_VIT, VIT_MODELS, VIT_PROBE, Method, register_method
-from methods.fedmae import MAE_RECIPE, MIM_DOCS, MIM_OPTIONS
+from fedderm.methods import SMALL_VIT, VIT_MODELS, VIT_PROBE, Method, register_method
+from fedderm.methods.fedmae import MAE_RECIPE, MIM_DOCS, MIM_OPTIONS
 
 #: Fed-BEiT pre-training: BEiT's recipe as 003 §IV-B3 states it: warm-up 10 epochs, cosine decay,
 #: AdamW β1 = 0.9, β2 = 0.999, base rate × batch/256.  Base rate 1.5e-3: BEiT's pre-training

@@ -2,7 +2,7 @@
 keys are read by FedEMA too (``methods/fedema.py``)."""
 
 from fedderm.config import Config
-from methods import PREFIX_PROBE, Method, need, register_method
+from fedderm.methods import PREFIX_PROBE, Method, need, register_method
 
 BYOL_OPTIONS = {
     "byol.tau": 0.99,  # target EMA rate (FedEMA's framework; BYOL: 0.996 rising to 1)

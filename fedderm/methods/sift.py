@@ -2,7 +2,7 @@
 ``strategies/sift.py`` (its own ``run``), ``clients/sift.py``, the model and text head in
 ``fedderm/sift.py``; docs/methods/sift.md."""
 
-from methods import Method, register_method
+from fedderm.methods import Method, register_method
 
 #: one line per option: the run-config reference (docs/run-config.md)
 DOCS = {

@@ -1,6 +1,6 @@
 """FedDyn (Acar et al. 2021): ``strategies/feddyn.py``, ``clients/feddyn.py``."""
 
-from methods import Method, register_method
+from fedderm.methods import Method, register_method
 
 #: one line per option: the run-config reference (docs/run-config.md)
 DOCS = {

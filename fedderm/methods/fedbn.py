@@ -1,6 +1,6 @@
 """FedBN (Li et al. 2021; paper 004 baseline): ``strategies/fedbn.py``, ``clients/fedbn.py``."""
 
-from methods import Method, register_method
+from fedderm.methods import Method, register_method
 
 METHOD = register_method(
     Method(

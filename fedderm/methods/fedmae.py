@@ -3,7 +3,7 @@
 masked-image-modelling optimiser keys (``mim.*``) are shared with Fed-BEiT (``methods/fedbeit.py``)."""
 
 from fedderm.config import CHOICES, Config, ConfigError
-from methods import SMALL_VIT, VIT_MODELS, VIT_PROBE, Method, need, register_method
+from fedderm.methods import SMALL_VIT, VIT_MODELS, VIT_PROBE, Method, need, register_method
 
 MIM_LR_STEPS = ("round", "iteration")
 MIM_LR_SCALINGS = ("absolute", "batch")

@@ -1,6 +1,6 @@
 """SCAFFOLD (Karimireddy et al. 2020): ``strategies/scaffold.py``, ``clients/scaffold.py``."""
 
-from methods import Method, register_method
+from fedderm.methods import Method, register_method
 
 METHOD = register_method(
     Method(

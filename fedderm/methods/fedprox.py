@@ -1,8 +1,8 @@
 """FedProx (Li et al. 2020): ``strategies/fedprox.py``; its clients are FedAvg's
 (``clients/fedavg.py``, with the proximal term of ``proximal-mu``)."""
 
-from methods import Method, register_method
-from methods.fedavg import DP_DOCS, DP_OPTIONS
+from fedderm.methods import Method, register_method
+from fedderm.methods.fedavg import DP_DOCS, DP_OPTIONS
 
 METHOD = register_method(
     Method(

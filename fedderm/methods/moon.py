@@ -1,7 +1,7 @@
 """MOON (Li, He & Song 2021; paper 004 baseline): ``strategies/moon.py``, ``clients/moon.py``.
 The ranges of its ``moon.*`` keys are checked with FL-BT's (``methods/flbt.py``)."""
 
-from methods import Method, register_method
+from fedderm.methods import Method, register_method
 
 #: one line per option: the run-config reference (docs/run-config.md)
 DOCS = {

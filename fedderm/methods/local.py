@@ -1,6 +1,6 @@
 """Single-centre training (paper 004 baseline): ``strategies/local.py``, ``clients/local.py``."""
 
-from methods import Method, register_method
+from fedderm.methods import Method, register_method
 
 METHOD = register_method(
     Method(

@@ -2,7 +2,7 @@
 ``strategies/fedmocov3.py``, ``clients/fedmocov3.py``."""
 
 from fedderm.config import Config
-from methods import PREFIX_PROBE, SMALL_VIT, VIT_MODELS, Method, need, register_method
+from fedderm.methods import PREFIX_PROBE, SMALL_VIT, VIT_MODELS, Method, need, register_method
 
 MOCOV3_OPTIONS = {
     "mocov3.temperature": 0.2,  # tau of ctr(q, k) (ViT recipes: 0.2)

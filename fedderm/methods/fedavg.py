@@ -2,7 +2,7 @@
 model-update privacy (``dp.*``: ``strategies/dp.py``, docs/privacy.md) is shared with FedProx."""
 
 from fedderm.config import Config, ConfigError
-from methods import Method, register_method
+from fedderm.methods import Method, register_method
 
 #: model-update privacy (strategies/dp.py): server-side fixed clipping + Gaussian noise
 DP_OPTIONS = {

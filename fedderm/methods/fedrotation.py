@@ -1,6 +1,6 @@
 """FedRotation (paper 000 baseline): ``strategies/fedrotation.py``, ``clients/fedrotation.py``."""
 
-from methods import PREFIX_PROBE, Method, register_method
+from fedderm.methods import PREFIX_PROBE, Method, register_method
 
 METHOD = register_method(
     Method(

@@ -1,9 +1,9 @@
-"""Each method's specification, one module per method: ``methods/<m>.py`` registers its
+"""Each method's specification, one module per method: ``fedderm/methods/<m>.py`` registers its
 :class:`Method` (name, strategy and client modules, options with defaults, checks, record keys,
 paper model) with :func:`register_method`, beside the option groups and checks that only it owns.
 
 Importing this package imports every module in it (found on disk, in name order), so a new
-``methods/<m>.py`` is registered without an edit anywhere else.  The modules import only this
+``fedderm/methods/<m>.py`` is registered without an edit anywhere else.  The modules import only this
 package, each other and :mod:`fedderm.config`: no torch, no Flower, so a run config is checked
 in a fraction of a second (``sim.py``).  :mod:`registry` looks methods up and checks a run config
 against all of them.

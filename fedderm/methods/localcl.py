@@ -1,7 +1,7 @@
 """Local CL (paper 000 baseline): MoCo on each client alone; ``strategies/localcl.py``,
 ``clients/localcl.py``.  It reads FedCLF's ``fedclf.*`` MoCo keys (``methods/fedclf.py``)."""
 
-from methods import PREFIX_PROBE, Method, register_method
+from fedderm.methods import PREFIX_PROBE, Method, register_method
 
 METHOD = register_method(
     Method(

@@ -2,7 +2,7 @@
 ``strategies/ssl_flbt.py``, ``clients/ssl_flbt.py``, ``fedderm/ssl_pseudo.py``; docs/methods/flbt.md.
 The ranges of its ``ssl.*`` keys are checked with FL-BT's (``methods/flbt.py``)."""
 
-from methods import Method, register_method
+from fedderm.methods import Method, register_method
 
 SSL_PRETRAIN = ("pseudo", "local", "federated")  # where stage 1 runs (004 Tables V-X)
 SSL_TASKS = ("both", "centre", "restoration", "simclr")  # ssl_pseudo.MULTITASK_TASKS + SimCLR

@@ -1,8 +1,8 @@
 """FedEMA (Zhuang et al., ICLR 2022; paper 003 baseline, 004 FedSSL-R/S): FedBYOL with a
 divergence-aware EMA on the clients; ``strategies/fedema.py``, ``clients/fedema.py``."""
 
-from methods import PREFIX_PROBE, Method, register_method
-from methods.fedbyol import BYOL_DOCS, BYOL_OPTIONS, check_byol
+from fedderm.methods import PREFIX_PROBE, Method, register_method
+from fedderm.methods.fedbyol import BYOL_DOCS, BYOL_OPTIONS, check_byol
 
 FEDEMA_OPTIONS = {
     "fedema.tau": 0.7,  # autoscaler target: lambda = tau / divergence at the first EMA update

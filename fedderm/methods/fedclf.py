@@ -3,7 +3,7 @@ losses in ``fedderm/moco.py``; docs/methods/fedclf.md.  Its ``fedclf.*`` MoCo ke
 FedMoCo and Local CL too."""
 
 from fedderm.config import Config
-from methods import PREFIX_PROBE, Method, need, register_method
+from fedderm.methods import PREFIX_PROBE, Method, need, register_method
 
 # FedCLF's MoCo keys; FedMoCo and Local CL read queue-size, temperature and momentum too.
 FEDCLF_OPTIONS = {
