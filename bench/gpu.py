@@ -1,4 +1,4 @@
-"""One paper-scale row per family on one GPU (issue 21): wall time per round and peak GPU memory.
+"""One paper-scale row per family on one GPU: wall time per round and peak GPU memory.
 
     python -m bench.gpu                          # 4 rows, 10 clients, 64 images per client, 2 rounds
     python -m bench.gpu --rows fedclf,fedmae --rounds 3 --images-per-client 128

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# issue 21: every GPU check in one go, on the GPU machine, from the repository root:
+# every GPU check in one go, on the GPU machine, from the repository root:
 #
 #     OUT=/some/folder bash bench/gpu_session.sh              # on the GPU (≤ 12 minutes on an H100)
 #     OUT=/some/folder bash bench/gpu_session.sh overhead gpu-rows   # only these steps

@@ -1,4 +1,4 @@
-"""Which encoder should the relay's membership attack use? (issue 20, docs/privacy.md "Which encoder").
+"""Which encoder should the relay's membership attack use? (docs/privacy.md "Which encoder").
 
 A direct FedCLF loop (the same ``fedderm.moco`` functions as ``clients/fedclf.py``, FedAvg of the
 replies, no Flower) on scikit-learn's bundled digits, 2 clients with ``--n-train`` training

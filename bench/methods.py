@@ -1,5 +1,5 @@
 """Per-method overhead: the time per round that every fedderm method spends outside its local loops
-(issue 9, benchmark 1 for every method; ``bench/overhead.py`` compares FedAvg with a plain loop).
+(benchmark 1 for every method; ``bench/overhead.py`` compares FedAvg with a plain loop).
 
     python -m bench.methods                                  # every method, its smallest run (tiny models, 16 px)
     python -m bench.methods --methods fedavg,sift --model resnet18 --image-size 64
@@ -16,7 +16,7 @@ Per stage, medians over the rounds after the first (round 1 pays imports and all
 - *in local loops*: the time during which at least one client is inside a local loop;
 - *outside local loops* = per round − in local loops: the time the federation costs on top of the
   clients' training and evaluation (messages, (de)serialisation, aggregation, checkpoints, the
-  simulation engine's pick-up of messages).  Goal (issue 9): no more than Flower's own FedAvg,
+  simulation engine's pick-up of messages).  Goal: no more than Flower's own FedAvg,
   +0.25–0.3 s per round;
 - *server busy*: per round − the time the ServerApp waits for replies (aggregation, screening,
   checkpoints, logging).

@@ -1,4 +1,4 @@
-"""Overhead of fedderm over a plain PyTorch loop doing the same local work (issue 9, benchmark 1).
+"""Overhead of fedderm over a plain PyTorch loop doing the same local work.
 
     python -m bench.overhead                    # ResNet-18, 64 px, 4 clients x 255 images, 5 rounds, 3 x (A, B)
     python -m bench.overhead --method fedprox   # any of: fedavg, fedprox, fedbn

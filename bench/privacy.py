@@ -1,4 +1,4 @@
-"""Privacy–utility table of FedCLF's private relay (issue 20, must-show 2): for every noise
+"""Privacy–utility table of FedCLF's private relay: for every noise
 multiplier σ, the relay's (ε, δ) per client, the leakage audit's membership-attack ROC-AUC and the
 downstream balanced accuracy (FedCLF pre-training, then federated fine-tuning) on real images,
 scikit-learn's bundled digits (``dataset="digits"``).

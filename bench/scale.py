@@ -1,4 +1,4 @@
-"""Scale: 10, 50 and 100 simulated clients with a small model (issue 9, benchmark 3).
+"""Scale: 10, 50 and 100 simulated clients with a small model.
 
     python -m bench.scale                  # tiny-cnn, 32 px, iid, 25 images per client, 3 rounds
     python -m bench.scale --clients 10,50  # other client counts
@@ -9,7 +9,7 @@ on Flower's Ray backend with 1 CPU per client) in a fresh process, and prints th
 (median over rounds; train + val evaluation of every client), the time per round per 1000 training
 samples (flat when time grows linearly with the total number of samples), start-up, and the peak
 memory: the sum of RSS over the process tree (driver, Ray's processes and workers), sampled every
-0.2 s.  The goal of issue 9: 100 clients on 2 cores within 6 GB.
+0.2 s.  The goal: 100 clients on 2 cores within 6 GB.
 """
 
 from __future__ import annotations

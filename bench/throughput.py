@@ -1,4 +1,4 @@
-"""Local-training throughput: fedderm's loops against a plain PyTorch loop (issue 9, benchmark 4).
+"""Local-training throughput: fedderm's loops against a plain PyTorch loop.
 
     python -m bench.throughput            # ResNet-18 64 px (supervised, MoCo), ViT-tiny 64 px (MAE), 1 thread
     python -m bench.throughput --quick    # tiny-cnn / vit-micro at 32 px: a fast check

@@ -166,7 +166,7 @@ def _shift_hue(x: torch.Tensor, hue: torch.Tensor) -> torch.Tensor:
     return torch.einsum("nij,njhw->nihw", m, x).clamp(0, 1)
 
 
-# -- Non-contrastive augmentation policies per stage, named after the paper they come from (issue 15 item 4) --
+# -- Non-contrastive augmentation policies per stage, named after the paper they come from --
 
 
 def random_flips(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -187,7 +187,7 @@ class BEiTPretrainViT(nn.Module):
         BEiT's own scheme (every weight N(0, 0.02) truncated at ±1 std, output projections divided
         by √(2·layer)) is calibrated to ViT-B's width 768; at vit-micro's width 64 its weights are
         about 8× smaller than Xavier's, the encoder's features barely separate the classes and
-        fine-tuning from it is far worse than from the scratch rows' MAE initialisation (issue 15:
+        fine-tuning from it is far worse than from the scratch rows' MAE initialisation (
         docs/methods/fedmae-fedbeit.md, "Fed-BEiT below the ViT from scratch")."""
         pos = sincos_2d(self.pos_embed.shape[-1], self.grid, cls_token=True)
         self.pos_embed.data.copy_(torch.from_numpy(pos).unsqueeze(0))

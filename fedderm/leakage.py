@@ -1,4 +1,4 @@
-"""Leakage audit of FedCLF's feature relay (issue 20, run-config ``fedclf.leakage-audit``): a
+"""Leakage audit of FedCLF's feature relay (run-config ``fedclf.leakage-audit``): a
 membership-inference attack by an honest-but-curious hospital.
 
 The attacker holds the relayed features it received (Q_r, Eq. 2), the current global model and

@@ -1,4 +1,4 @@
-"""Encoder probes during self-supervised pre-training (run-config ``probe-every``, issue 20).
+"""Encoder probes during self-supervised pre-training (run-config ``probe-every``).
 
 Every ``probe-every`` pre-training rounds each client takes the current global encoder, computes
 frozen features of its labelled training images and of its validation images, and scores two

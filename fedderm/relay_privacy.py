@@ -1,4 +1,4 @@
-"""Private feature relay (FedCLF; issue 20): clipping + Gaussian noise on every relayed feature
+"""Private feature relay (FedCLF): clipping + Gaussian noise on every relayed feature
 vector, and its privacy accounting with Opacus' RDP accountant.
 
 Mechanism (per client, per upload): every feature vector f of the upload is clipped to L2 norm

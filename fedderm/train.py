@@ -37,7 +37,7 @@ _PRECISION: contextvars.ContextVar[str] = contextvars.ContextVar("fedderm_precis
 
 def check_precision(precision: str, device: torch.device | str) -> None:
     """Raise naming the run-config key when ``precision`` cannot run on ``device``: fp16 (autocast +
-    GradScaler) is the CUDA path, bf16 the one that runs on both CPU and CUDA (issue 21)."""
+    GradScaler) is the CUDA path, bf16 the one that runs on both CPU and CUDA."""
     if precision not in PRECISIONS:
         raise ValueError(f"run-config key 'precision' must be one of {list(PRECISIONS)}, got {precision!r}")
     if precision == "fp16" and torch.device(device).type != "cuda":

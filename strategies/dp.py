@@ -1,4 +1,4 @@
-"""Model-update privacy for the FedAvg family (issue 20): central DP with server-side fixed
+"""Model-update privacy for the FedAvg family: central DP with server-side fixed
 clipping (Andrew et al. 2021 / McMahan et al. 2018, arXiv:1710.06963), computed as Flower's
 ``DifferentialPrivacyServerSideFixedClipping`` computes it (its helper functions are not public
 API: :func:`clip_update`, :func:`noise_std` and :func:`add_noise` write them out;

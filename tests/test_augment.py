@@ -1,4 +1,4 @@
-"""Augmentation policies per stage, named after their papers (issue 15 item 4; fedderm.augment)."""
+"""Augmentation policies per stage, named after their papers (fedderm.augment)."""
 
 import pytest
 import torch
@@ -174,7 +174,7 @@ def test_fedmae_client_pretrains_and_finetunes_on_the_runs_policy(
 def test_clients_that_flipped_regardless_now_apply_the_runs_policy(
     tmp_path, monkeypatch, method, policy_calls
 ):
-    """Issue 15 item 4: SCAFFOLD's and FedDyn's local training, FedRotation's pre-training and SSL-FL-BT's
+    """SCAFFOLD's and FedDyn's local training, FedRotation's pre-training and SSL-FL-BT's
     GAN stage used random flips whatever ``augment`` said; with ``augment="004"`` they apply 004's
     policy (90° rotations + flips)."""
     import importlib

@@ -1,4 +1,4 @@
-"""Class names and SiFT class texts (issue 15 item 3): known label sets get their real names,
+"""Class names and SiFT class texts: known label sets get their real names,
 ``sift.class-texts`` files are checked, the 002 configs ship the papers' class texts."""
 
 from __future__ import annotations

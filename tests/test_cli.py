@@ -1,5 +1,5 @@
 """sim.py as a user meets it: command-line mistakes, Ctrl-C and resume, a preset plus overrides,
-the console, each method's default model, requires-python (issue 16)."""
+the console, each method's default model, requires-python."""
 
 import importlib.metadata
 import json

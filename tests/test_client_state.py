@@ -1,4 +1,4 @@
-"""Client state that survives (issue 17): the state store, exact resume for every stateful
+"""Client state that survives: the state store, exact resume for every stateful
 method, FedCLF's relay screening."""
 
 import json
@@ -251,7 +251,7 @@ def test_put_without_copy_keeps_the_tensors_and_the_default_copies():
 
 @pytest.mark.parametrize("method", ["scaffold", "feddyn", "moon"])
 def test_one_state_write_per_train_message_and_no_copy_on_put(method, tmp_path, monkeypatch):
-    """Issue 17, must-show 3: a SCAFFOLD/FedDyn/MOON client writes its state once per train
+    """A SCAFFOLD/FedDyn/MOON client writes its state once per train
     message (evaluate messages write nothing) and hands it to the store without a copy."""
     import fedderm.state_store as store
 

@@ -1,4 +1,4 @@
-"""Data checks before training (issue 16 items 2, 3, 8): each bad data set stops ``sim.py`` before
+"""Data checks before training: each bad data set stops ``sim.py`` before
 Ray starts, with a non-zero exit code and one line naming the client or the file/folder."""
 
 from __future__ import annotations

@@ -190,7 +190,7 @@ def test_targets_key_and_exponential_lr():
 
 
 def test_scaffold_server_model_is_the_uniform_mean_of_the_clients(tmp_path):
-    """SCAFFOLD Alg. 1: x ← x + (1/|S|) Σ Δy_i, not FedAvg's example-weighted mean (issue 15 item 6)."""
+    """SCAFFOLD Alg. 1: x ← x + (1/|S|) Σ Δy_i, not FedAvg's example-weighted mean."""
     from flwr.app import Array, ConfigRecord, Message, MetricRecord, RecordDict
     from flwr.common.constant import SUPERLINK_NODE_ID
     from flwr.supercore.task_identity import TaskIdentity
@@ -250,7 +250,7 @@ def _same_bits(a: dict, b: dict) -> bool:
 
 
 def test_server_updates_are_the_formulas_bit_for_bit():
-    """The in-place server updates (issue 17, must-show 3) give the very bits of the formulas
+    """The in-place server updates give the very bits of the formulas
     written out, signed zeros included, and leave their inputs alone."""
     g = torch.Generator().manual_seed(1)
     rand = lambda: {n: _signed_zeros(torch.randn(40, generator=g)) for n in ("a", "b")}  # noqa: E731

@@ -1,4 +1,4 @@
-"""Issue 15, Build 1: Fed-BEiT pre-training must not make fine-tuning worse than starting without
+"""Fed-BEiT pre-training must not make fine-tuning worse than starting without
 it, on real images (scikit-learn's bundled digits at 32 px, one client's share as in the 003 quick
 grids; vit-micro)."""
 

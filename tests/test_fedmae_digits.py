@@ -1,4 +1,4 @@
-"""Issue 15 item 8: MAE pre-training must not destroy what fine-tuning learns, on real images
+"""MAE pre-training must not destroy what fine-tuning learns, on real images
 (scikit-learn's bundled digits, 8×8 upscaled to 32 px; one client's share; vit-micro)."""
 
 import numpy as np
@@ -64,7 +64,7 @@ def _finetune(mae, images, labels, test_x, test_y) -> float:
     return evaluate(clf, test_x, test_y, 10)["balanced_accuracy"]
 
 
-#: fedderm's pre-training schedule before issue 15: Adam 1e-3 as given (weight decay 5e-4), no warm-up,
+#: fedderm's pre-training schedule before the fix: Adam 1e-3 as given (weight decay 5e-4), no warm-up,
 #: cosine per round
 FORMER = {
     "mim.lr-step": "round",
@@ -78,7 +78,7 @@ FORMER = {
 
 
 def test_default_fedmae_pretraining_keeps_the_mae_initialisation_and_the_former_schedule_lost_it_on_digits():
-    """Issue 15 item 8: after a *default* fedmae pre-training (3 rounds × 2 epochs, the MAE recipe's
+    """After a *default* fedmae pre-training (3 rounds × 2 epochs, the MAE recipe's
     schedule: AdamW, blr 1.5e-4, weight decay 0.05, warm-up, cosine per iteration, β2 0.95, lr × batch/256)
     fine-tuning keeps what the MAE's own initialisation gives (at most 0.03 below it), whereas the former
     default schedule collapsed the encoder.  Both MAE-initialised encoders, pre-trained or not, beat

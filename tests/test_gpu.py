@@ -1,6 +1,6 @@
 """Mixed precision, GPU shares and Ray clusters (docs/gpu.md), checked on CPU.
 
-The checks that need CUDA are those of issue 21 marked ``gpu``; these run everywhere.
+The checks that need CUDA are those marked ``gpu``; these run everywhere.
 """
 
 import math
@@ -40,7 +40,7 @@ def _fit(precision, x, y, device="cpu", epochs=6):
 
 
 def test_bf16_learns_on_cpu_like_fp32():
-    """Issue 21 must-show 1: bf16 autocast on CPU learns, in the same accuracy band as fp32; the
+    """Bf16 autocast on CPU learns, in the same accuracy band as fp32; the
     weights stay float32 (what is aggregated and sent) and bf16 really changed the arithmetic."""
     x, y, xt, yt = _split()
     fp32, bf16 = _fit("fp32", x, y), _fit("bf16", x, y)
@@ -97,7 +97,7 @@ def test_gpus_per_client_needs_cuda():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
 def test_gpus_per_client_without_cuda_is_one_line_before_ray(tmp_path):
-    """Issue 21 must-show 3 (CPU half): the command fails at once with one line, exit 2."""
+    """On CPU: the command fails at once with one line, exit 2."""
     out = subprocess.run(
         [sys.executable, "sim.py", "--gpus-per-client", "0.25", "--run-config", f'output-dir="{tmp_path}"'],
         cwd=ROOT,
@@ -218,7 +218,7 @@ def test_gpu_peak_reads_cuda_and_stays_none_on_cpu():
 
 
 def test_clients_gpu_peaks_reach_summary_not_train_metrics(tmp_path, monkeypatch):
-    """Issue 21 "peak memory per client": every train reply carries its client's peak CUDA memory,
+    """Peak memory per client: every train reply carries its client's peak CUDA memory,
     which the server keeps per client and round (summary.json ``gpu_peak_mib``), out of the metrics."""
     from flwr.app import ArrayRecord
 

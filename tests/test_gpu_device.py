@@ -1,4 +1,4 @@
-"""Issue 21 on a real device: every method on CUDA against the same run on CPU, fp16/bf16 learning
+"""On a real device: every method on CUDA against the same run on CPU, fp16/bf16 learning
 on CUDA, and what is bit-exact there (docs/gpu.md, "Tests marked gpu").
 
 Marked ``gpu``: skipped with a reason where CUDA is absent.  ``FEDDERM_TEST_GPU_DEVICE`` names the
@@ -105,7 +105,7 @@ def _run(method: str, device: str, tmp: Path) -> Path:
 
 @pytest.mark.parametrize("method", sorted(registry.METHODS))
 def test_method_on_gpu_is_close_to_cpu(method, tmp_path):
-    """Issue 21: each method's smallest run (tiny model, 2 clients, 16 px) on the GPU side gives
+    """Each method's smallest run (tiny model, 2 clients, 16 px) on the GPU side gives
     finite numbers, losses and final weights within RTOL of the same run on CPU."""
     pytest.importorskip("flwr")
     with _no_tf32():

@@ -1,4 +1,4 @@
-"""Leakage audit of the feature relay (issue 20, fedclf.leakage-audit): the membership attack,
+"""Leakage audit of the feature relay (fedclf.leakage-audit): the membership attack,
 the relay bank's image ids, the switch in a FedCLF run, bad input."""
 
 import numpy as np
@@ -115,7 +115,7 @@ def leaky_run(tmp_path, sigma: float, **overrides) -> tuple[list[dict], list[dic
 
 
 def test_attack_auc_clearly_above_chance_without_noise_and_at_chance_with_large_sigma(tmp_path):
-    """Issue 20, must-show 1, on a tiny real run: round 3's audit (the upload made in round 2, the
+    """On a tiny real run: round 3's audit (the upload made in round 2, the
     global model after round 2) has mean AUC over the 2 clients > 0.5 + 3 null sd of that mean at
     σ = 0, and within 3 null sd of 0.5 at σ = 8; ε is ∞ at σ = 0, finite at σ = 8 and the
     accountant's for the releases counted."""

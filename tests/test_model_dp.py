@@ -1,4 +1,4 @@
-"""Model-update privacy of the FedAvg family (issue 20, strategies/dp.py): server-side fixed clipping
+"""Model-update privacy of the FedAvg family (strategies/dp.py): server-side fixed clipping
 and Gaussian noise with Flower's DP functions; ε with Opacus' RDP accountant."""
 
 from __future__ import annotations

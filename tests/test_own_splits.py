@@ -1,4 +1,4 @@
-"""The data's own train/val/test split (issue 15 item 2): a CSV ``split`` column and an image folder's
+"""The data's own train/val/test split: a CSV ``split`` column and an image folder's
 ``train/``, ``val/``, ``test/`` folders give ``pool.splits``; with ``test-set="global"`` their test
 images are exactly the global test set and no client sees them; with ``per-client`` they are pooled.
 

@@ -114,7 +114,7 @@ def _ordered_pool(n_per_class=200, classes=4):
 
 @pytest.mark.parametrize("alpha", [0.5, 100.0])
 def test_dirichlet_deals_no_contiguous_run_of_any_class(alpha):
-    """Issue 15 item 1: the partitioner gets each class's indices shuffled (by the seed), not
+    """The partitioner gets each class's indices shuffled (by the seed), not
     in file order, so no client holds a consecutive block of a class's indices."""
     labels, _ = _ordered_pool()
     parts = partition_indices("dirichlet", labels, 4, seed=0, alpha=alpha)

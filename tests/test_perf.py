@@ -1,4 +1,4 @@
-"""Performance fixes of issue 9 that change behaviour: polling, partition cache."""
+"""Performance fixes that change behaviour: polling, partition cache."""
 
 import numpy as np
 

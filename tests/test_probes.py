@@ -1,4 +1,4 @@
-"""Encoder probes during pre-training (issue 20, ``probe-every``)."""
+"""Encoder probes during pre-training (``probe-every``)."""
 
 import csv
 import json

@@ -1,5 +1,5 @@
 """``sim.py --ray-address``: a simulation on a running two-node Ray cluster (loopback) gives the numbers
-of the same run on a local single-node Ray (issue 21 must-show 4; docs/gpu.md)."""
+of the same run on a local single-node Ray (docs/gpu.md)."""
 
 import contextlib
 import json

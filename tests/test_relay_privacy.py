@@ -1,4 +1,4 @@
-"""Private feature relay (issue 20, fedclf.relay-*): clipping, noise, accounting, bad input."""
+"""Private feature relay (fedclf.relay-*): clipping, noise, accounting, bad input."""
 
 import json
 import math

@@ -1,4 +1,4 @@
-"""MAE/BEiT optimiser schedule (issue 15 item 5): warm-up, cosine per iteration, AdamW betas, blr scaling."""
+"""MAE/BEiT optimiser schedule: warm-up, cosine per iteration, AdamW betas, blr scaling."""
 
 import math
 
@@ -130,7 +130,7 @@ def test_mim_keys_are_checked():
 
 
 def test_mae_and_beit_recipes_are_the_default_schedules_and_a_set_key_wins(tmp_path):
-    """Issue 15 items 5 and 8: with the mim.* keys unset, fedmae pre-trains with the MAE recipe and
+    """With the mim.* keys unset, fedmae pre-trains with the MAE recipe and
     fedbeit with BEiT's (003 §IV-B3); a key set in the run config wins; config.json (to_flat) records
     the resolved values, so a resume reloads exactly them."""
     mae = registry.load_config({"method": "fedmae"})
@@ -162,7 +162,7 @@ def test_mae_and_beit_recipes_are_the_default_schedules_and_a_set_key_wins(tmp_p
 
 
 def test_mim_optimizer_lr_and_weight_decay_are_the_recipes_for_pretraining_only(monkeypatch):
-    """Issue 15 item 8: fedmae/fedbeit pre-train with their recipe's optimiser (AdamW, MAE blr 1.5e-4 /
+    """Fedmae/fedbeit pre-train with their recipe's optimiser (AdamW, MAE blr 1.5e-4 /
     BEiT 1.5e-3, weight decay 0.05) from ``mim.optimizer``/``mim.lr``/``mim.weight-decay``, not the
     generic ``optimizer``/``lr``/``weight-decay`` (Adam 1e-3, 5e-4); a set key wins; fine-tuning keeps
     its own keys; other methods are untouched."""

@@ -194,7 +194,7 @@ def test_aggregate_mean_sd_over_seeds_missing_and_failed_runs():
 
 
 def test_rows_within_noise_of_chance_are_marked_and_the_rule_is_stated():
-    """Issue 15 item 7: 5 classes, 100 test images: chance 20 %, margin 2·sqrt(0.2·0.8/100) = 8 points;
+    """5 classes, 100 test images: chance 20 %, margin 2·sqrt(0.2·0.8/100) = 8 points;
     over 2 seeds the margin is at least 2 SD.  AUC has no 1/K chance level and is never marked."""
     g = fs.parse_sweep(spec(metrics=["balanced_accuracy", "auc"], axes={"method": ["a", "b", "c", "d"]}), "g")
 

@@ -1,4 +1,4 @@
-"""TensorBoard tracking (issue 20): the server's event files hold the numbers of rounds.csv."""
+"""TensorBoard tracking: the server's event files hold the numbers of rounds.csv."""
 
 import csv
 import math

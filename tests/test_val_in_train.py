@@ -1,4 +1,4 @@
-"""``val-in-train``: round r's val evaluation rides in round r+1's train message (issue 18, "fewer
+"""``val-in-train``: round r's val evaluation rides in round r+1's train message ("fewer
 exchanges per round"): one exchange per round instead of two, and the recorded metrics identical
 to the separate evaluate messages."""
 

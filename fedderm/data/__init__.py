@@ -310,7 +310,7 @@ def fits_on_device(images: torch.Tensor, device: torch.device | str) -> bool:
 class TensorBatches:
     """Mini-batches of in-memory tensors; shuffled by a seeded generator (no worker processes).
 
-    With a CUDA ``device`` the images arrive there (issue 21): copied once per iteration
+    With a CUDA ``device`` the images arrive there: copied once per iteration
     object when they fit (:func:`fits_on_device`) and the batches cut on the GPU, else each batch
     from pinned memory with a non-blocking copy.  Labels stay on the CPU as given.  The shuffle is
     drawn on the CPU generator either way, so the batches hold the same images on every device;

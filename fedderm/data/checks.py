@@ -1,4 +1,4 @@
-"""Data checks that run once, before any training round (issue 16): wrong data must stop the run
+"""Data checks that run once, before any training round: wrong data must stop the run
 with one line naming the client, the file or folder, and the numbers, never look like success.
 
 - fewer than 2 classes;
