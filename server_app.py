@@ -13,6 +13,8 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 import registry
+from fedderm import flower_private
+from fedderm.console import stop_children
 from fedderm.data.checks import check_union
 from fedderm.lora import load_init_checkpoint
 from fedderm.models import create_classifier
@@ -264,6 +266,29 @@ def record_end(recorder: RunRecorder, status: str, error: str) -> bool:
     return True
 
 
+#: how a run that Flower ended (``flwr stop``, a signal to its process) is recorded
+STOPPED = ("stopped", "stopped by flwr stop or a signal to the ServerApp's process")
+_EXIT_HOOK: list[int] = []  # the process that registered :func:`_on_flower_exit`
+
+
+def _on_flower_exit() -> None:
+    """Flower ends the ServerApp's process: record the run in progress as stopped (a run that had
+    already ended keeps its record) and stop the processes this one started (Ray's GCS, raylet,
+    agents and ClientApp actors), which Flower's exit would leave behind."""
+    recorder = CURRENT.get("recorder")
+    if recorder is not None and record_end(recorder, *STOPPED):
+        log(WARNING, "the run was stopped; its folder records it (summary.json: status): %s", recorder.run_dir)
+    stop_children()
+
+
+def stop_on_flower_exit() -> None:
+    """Under ``flwr run``: :func:`_on_flower_exit` runs when Flower ends this process (once per
+    process).  ``sim.py`` handles its signals itself (:func:`fedderm.console.stop_on_signals`)."""
+    if os.getpid() not in _EXIT_HOOK:
+        _EXIT_HOOK.append(os.getpid())
+        flower_private.on_flower_exit(_on_flower_exit)
+
+
 def one_line(err: BaseException) -> str:
     """``err`` as one line (its type and the first line of its message)."""
     return f"{type(err).__name__}: {' '.join(str(err).split())}".rstrip(": ")
@@ -284,6 +309,8 @@ def main(grid: Grid, context: Context) -> None:
     grid.transport = cfg.transport_dtype  # arrays travel in transport-dtype, arrive as float32
     seed_everything(cfg.seed)
     log(INFO, "fedderm: method %s · model %s · %s", cfg.method, cfg.model, method.description)
+    if CLI_RECORD not in context.state:  # flwr run: Flower's exit path ends the process
+        stop_on_flower_exit()
     recorder = None
     CURRENT["grid"] = grid  # sim.py stops it when the simulation runtime fails (Ray did not start)
     try:
