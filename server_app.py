@@ -277,7 +277,9 @@ def _on_flower_exit() -> None:
     agents and ClientApp actors), which Flower's exit would leave behind."""
     recorder = CURRENT.get("recorder")
     if recorder is not None and record_end(recorder, *STOPPED):
-        log(WARNING, "the run was stopped; its folder records it (summary.json: status): %s", recorder.run_dir)
+        log(
+            WARNING, "the run was stopped; its folder records it (summary.json: status): %s", recorder.run_dir
+        )
     stop_children()
 
 

@@ -1,0 +1,99 @@
+"""``flwr stop`` ends a ``flwr run`` simulation cleanly: the run folder records ``stopped`` and no
+process of the run (Ray's included) outlives it.
+
+One real run on a simulation SuperLink of the test's own (Flower's ``flwr run .`` path, with
+``flower-superlink --simulation`` as Flower's local SuperLink starts it), stopped after round 1.
+"""
+
+import json
+import socket
+import time
+
+from deploy.loopback import APP_DIR, Loopback, _bin, _json_tail, free_port, run_config_arg
+
+#: a tiny model on tiny data, more rounds than the test waits for (the stop reaches the run at
+#: Flower's next heartbeat, 17.5-22.5 s later)
+RUN_CONFIG = {
+    "model": "tiny-cnn",
+    "image-size": 16,
+    "synthetic-per-class": 6,
+    "local-epochs": 1,
+    "num-server-rounds": 100,
+}
+
+
+def _wait(predicate, what: str, timeout: float):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"{what} within {timeout:.0f} s"
+        time.sleep(0.5)
+    return value
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _round_one(out) -> bool:
+    return any(
+        line.startswith("1,") for path in out.glob("*/rounds.csv") for line in path.read_text().splitlines()
+    )
+
+
+def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
+    out = tmp_path / "results"
+    with Loopback(tmp_path / "link", 0) as fed:
+        port = free_port()
+        superlink = fed.spawn(
+            "superlink",
+            [
+                _bin("flower-superlink"),
+                "--insecure",
+                "--simulation",
+                "--isolation",
+                "subprocess",
+                "--disable-runtime-dependency-installation",
+                "--database",
+                ":flwr-in-memory:",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            home="superlink",
+        )
+        config = fed.env("cli")["FLWR_HOME"] + "/config.toml"
+        with open(config, "w") as fh:
+            fh.write(
+                f'[superlink]\ndefault = "t"\n\n[superlink.t]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+            )
+        _wait(lambda: _listening(port), "the SuperLink listens", 60)
+        run_config = run_config_arg(
+            {**RUN_CONFIG, "output-dir": str(out), "cache-dir": str(tmp_path / "cache")}
+        )
+        started = _json_tail(
+            fed.flwr("run", str(APP_DIR), "t", "--format", "json", "--run-config", run_config).stdout
+        )
+        assert started.get("success"), started
+        _wait(lambda: _round_one(out), "round 1 is recorded", 300)
+        running = fed.processes()
+        stays = {superlink.popen.pid} | {pid for pid, cmd in running.items() if "flower-superexec" in cmd}
+        run = set(running) - stays  # flwr-simulation (ServerApp, Ray's driver) and Ray's processes
+        assert any("flwr-simulation" in running[pid] for pid in run), running
+        assert any("raylet" in running[pid] for pid in run), running
+
+        assert fed.flwr("stop", str(started["run-id"]), "t").returncode == 0
+        (summary_path,) = out.glob("*/summary.json")
+        summary = _wait(
+            lambda: (s := json.loads(summary_path.read_text()))["status"] != "running" and s,
+            "the run folder records the stop",
+            60,
+        )
+        assert (summary["status"], summary["error"]) == (
+            "stopped",
+            "stopped by flwr stop or a signal to the ServerApp's process",
+        )
+        # the SuperLink and its SuperExec stay up for the next run; nothing else of the run does
+        # (Flower's SuperExec does not reap the ended flwr-simulation: a zombie, not listed)
+        _wait(lambda: not set(fed.processes()) - stays, "every process of the run ends", 30)
