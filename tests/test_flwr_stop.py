@@ -1,15 +1,22 @@
 """``flwr stop`` ends a ``flwr run`` simulation cleanly: the run folder records ``stopped`` and no
-process of the run (Ray's included) outlives it.
+process of the run (Ray's included) outlives it; ``fedderm-run`` (``fedderm.run``) then exits
+non-zero with the run's own line.
 
 One real run on a simulation SuperLink of the test's own (Flower's ``flwr run .`` path, with
 ``flower-superlink --simulation`` as Flower's local SuperLink starts it), stopped after round 1.
 """
 
 import json
+import re
 import socket
+import subprocess
+import sys
 import time
 
-from deploy.loopback import APP_DIR, Loopback, _bin, _json_tail, free_port, run_config_arg
+from deploy.loopback import APP_DIR, Loopback, _bin, free_port, run_config_arg
+from fedderm.run import outcome
+
+_STARTED = re.compile(r"Successfully started run (\d+)")
 
 #: a tiny model on tiny data, more rounds than the test waits for (the stop reaches the run at
 #: Flower's next heartbeat, 17.5-22.5 s later)
@@ -69,13 +76,29 @@ def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
                 f'[superlink]\ndefault = "t"\n\n[superlink.t]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
             )
         _wait(lambda: _listening(port), "the SuperLink listens", 60)
+        # fedderm-run: a run config Flower refuses gets Flower's message and fedderm-check's line
+        refused = fed.flwr("run", str(APP_DIR), "t", "--run-config", "num-server-round=2")
+        assert "Invalid run configuration" in refused.stdout, refused.stdout
+        wrapped = subprocess.run(
+            [sys.executable, "-m", "fedderm.run", str(APP_DIR), "t", "--run-config", "num-server-round=2"],
+            capture_output=True,
+            text=True,
+            env=fed.env("cli"),
+            timeout=120,
+        )
+        assert wrapped.returncode == 2, wrapped.stdout + wrapped.stderr
+        assert "Invalid run configuration" in wrapped.stdout
+        assert "num-server-rounds" in wrapped.stderr  # fedderm-check: did you mean
+
         run_config = run_config_arg(
             {**RUN_CONFIG, "output-dir": str(out), "cache-dir": str(tmp_path / "cache")}
         )
-        started = _json_tail(
-            fed.flwr("run", str(APP_DIR), "t", "--format", "json", "--run-config", run_config).stdout
+        wrapper = fed.spawn(
+            "fedderm-run",
+            [sys.executable, "-m", "fedderm.run", str(APP_DIR), "t", "--run-config", run_config],
+            home="cli",
         )
-        assert started.get("success"), started
+        run_id = _wait(lambda: _STARTED.findall(wrapper.log.read_text()), "the run starts", 120)[0]
         _wait(lambda: _round_one(out), "round 1 is recorded", 300)
         running = fed.processes()
         stays = {superlink.popen.pid} | {pid for pid, cmd in running.items() if "flower-superexec" in cmd}
@@ -83,7 +106,7 @@ def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
         assert any("flwr-simulation" in running[pid] for pid in run), running
         assert any("raylet" in running[pid] for pid in run), running
 
-        assert fed.flwr("stop", str(started["run-id"]), "t").returncode == 0
+        assert fed.flwr("stop", run_id, "t").returncode == 0
         (summary_path,) = out.glob("*/summary.json")
         summary = _wait(
             lambda: (s := json.loads(summary_path.read_text()))["status"] != "running" and s,
@@ -96,4 +119,33 @@ def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
         )
         # the SuperLink and its SuperExec stay up for the next run; nothing else of the run does
         # (Flower's SuperExec does not reap the ended flwr-simulation: a zombie, not listed)
-        _wait(lambda: not set(fed.processes()) - stays, "every process of the run ends", 30)
+        _wait(lambda: not set(fed.processes()) - stays, "every process of the run ends", 60)
+        # fedderm-run ends with the run, non-zero, with the run's own line
+        assert wrapper.popen.wait(timeout=60) == 1
+        tail = wrapper.log.read_text().splitlines()[-2:]
+        assert tail == [
+            "error: stopped by flwr stop or a signal to the ServerApp's process",
+            f"the run's folder records why (summary.json: status, error): {summary_path.parent}",
+        ], tail
+
+
+def _folder(tmp_path, status: str, error: str = ""):
+    (tmp_path / "summary.json").write_text(json.dumps({"status": status, "error": error}))
+    return tmp_path
+
+
+def test_fedderm_run_exit_code_and_line_come_from_the_run_folder_then_flower(tmp_path):
+    assert outcome(("finished:completed", ""), _folder(tmp_path, "done")) == (0, "")
+    assert outcome(("finished:completed", ""), None) == (0, "")
+    first = "RuntimeError: clients refused the run or could not load their data: client 1: no images"
+    assert outcome(("finished:failed", "Simulation failed"), _folder(tmp_path, "failed", first)) == (1, first)
+    assert outcome(("finished:completed", ""), _folder(tmp_path, "done")) == (0, "")
+    assert outcome(("finished:failed", ""), _folder(tmp_path, "done")) == (
+        1,
+        "summary.json says done, Flower says finished:failed",
+    )
+    # the folder never learnt the end (or is on another host): Flower's status, its first line
+    details = "Simulation failed with exception: boom\nTraceback (most recent call last):"
+    expected = (1, "the run ended as finished:failed: Simulation failed with exception: boom")
+    assert outcome(("finished:failed", details), _folder(tmp_path, "running")) == expected
+    assert outcome(("finished:stopped", ""), None) == (1, "the run ended as finished:stopped")
