@@ -7,6 +7,7 @@ One real run on a simulation SuperLink of the test's own (Flower's ``flwr run .`
 """
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -14,7 +15,9 @@ import sys
 import time
 
 from deploy.loopback import APP_DIR, Loopback, _bin, free_port, run_config_arg
+from fedderm import procs
 from fedderm.run import outcome
+from server_app import STOPPED
 
 _STARTED = re.compile(r"Successfully started run (\d+)")
 
@@ -113,10 +116,7 @@ def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
             "the run folder records the stop",
             60,
         )
-        assert (summary["status"], summary["error"]) == (
-            "stopped",
-            "stopped by flwr stop or a signal to the ServerApp's process",
-        )
+        assert (summary["status"], summary["error"]) == STOPPED
         # the SuperLink and its SuperExec stay up for the next run; nothing else of the run does
         # (Flower's SuperExec does not reap the ended flwr-simulation: a zombie, not listed)
         _wait(lambda: not set(fed.processes()) - stays, "every process of the run ends", 60)
@@ -124,7 +124,7 @@ def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
         assert wrapper.popen.wait(timeout=60) == 1
         tail = wrapper.log.read_text().splitlines()[-2:]
         assert tail == [
-            "error: stopped by flwr stop or a signal to the ServerApp's process",
+            f"error: {STOPPED[1]}",
             f"the run's folder records why (summary.json: status, error): {summary_path.parent}",
         ], tail
 
@@ -149,3 +149,47 @@ def test_fedderm_run_exit_code_and_line_come_from_the_run_folder_then_flower(tmp
     expected = (1, "the run ended as finished:failed: Simulation failed with exception: boom")
     assert outcome(("finished:failed", details), _folder(tmp_path, "running")) == expected
     assert outcome(("finished:stopped", ""), None) == (1, "the run ended as finished:stopped")
+
+
+#: a flwr-simulation process as a SIGTERM leaves it: the handler ray.init installs in the main
+#: thread (in place of Flower's) calls sys.exit there, while the ServerApp's thread waits on
+EXIT_AROUND_FLOWER = """
+import subprocess, sys, threading, time
+from pathlib import Path
+import server_app
+from fedderm.results import RunRecorder
+
+recorder = RunRecorder(Path(sys.argv[1]), "fedavg", {})
+recorder.update_extra({"status": "running", "error": ""})
+child = subprocess.Popen(["sleep", "300"])  # as Ray's GCS and raylet are this process's children
+print("child", child.pid, flush=True)
+
+def serverapp():
+    server_app.CURRENT["recorder"] = recorder
+    server_app.stop_on_flower_exit()
+    time.sleep(300)  # waiting for replies that will not come
+
+threading.Thread(target=serverapp).start()
+time.sleep(1)
+sys.exit(15)
+"""
+
+
+def test_an_exit_around_flowers_exit_path_records_the_stop_and_ends_the_process(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(APP_DIR)}
+    started = time.monotonic()
+    res = subprocess.run(
+        [sys.executable, "-c", EXIT_AROUND_FLOWER, str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=APP_DIR,
+        timeout=120,
+    )
+    assert time.monotonic() - started < 60, "the ServerApp's thread held the process"
+    assert res.returncode == 1, res.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["status"], summary["error"]) == STOPPED
+    child = int(res.stdout.split()[1])
+    state = procs.stat(child)
+    assert state is None or state.state == "Z", f"the child {child} outlived the process"
