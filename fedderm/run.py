@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         [_flwr(), "run", *args, *([] if "--stream" in args else ["--stream"])],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        text=True,
+        encoding="utf-8",
+        errors="replace",
         bufsize=1,
     )
     run_id, folder = None, None
