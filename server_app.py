@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
+import threading
 from datetime import datetime
 from logging import INFO, WARNING
 from pathlib import Path
@@ -14,6 +16,8 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 import registry
+from fedderm import flower_private
+from fedderm.console import stop_children
 from fedderm.data.checks import check_union
 from fedderm.lora import load_init_checkpoint
 from fedderm.models import create_classifier
@@ -265,6 +269,54 @@ def record_end(recorder: RunRecorder, status: str, error: str) -> bool:
     return True
 
 
+#: how a run whose process Flower ended is recorded (its exit handlers do not say why)
+STOPPED = (
+    "stopped",
+    "the ServerApp's process was ended before the run (flwr stop or a signal, or Flower's runtime "
+    "failed: flwr log says which)",
+)
+#: the process that registered :func:`_on_flower_exit`; whether Flower's exit path ran in it
+_EXIT: dict[str, int | bool | None] = {"pid": None, "flower": False}
+
+
+def _on_flower_exit() -> None:
+    """Flower ends the ServerApp's process: record the run in progress as stopped (a run that had
+    already ended keeps its record) and stop the processes this one started (Ray's GCS, raylet,
+    agents and ClientApp actors), which Flower's exit would leave behind."""
+    _EXIT["flower"] = True  # Flower's force-exit timer ends the process
+    recorder = CURRENT.get("recorder")
+    if recorder is not None and record_end(recorder, *STOPPED):
+        log(
+            WARNING, "the run was stopped; its folder records it (summary.json: status): %s", recorder.run_dir
+        )
+    stop_children()
+
+
+def _after_main_thread() -> None:
+    """Wait for the main thread to end; if the ServerApp (in a thread of its own) still runs then,
+    the process is leaving without Flower's exit path: a SIGTERM to ``flwr-simulation`` meets the
+    handler ``ray.init`` installed in place of Flower's.  Record the stop, stop the children and
+    end the process, which the ServerApp's thread would hold until its round timeout."""
+    threading.main_thread().join()
+    if "recorder" in CURRENT and not _EXIT["flower"]:
+        _on_flower_exit()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def stop_on_flower_exit() -> None:
+    """Under ``flwr run``: :func:`_on_flower_exit` runs when Flower ends this process, and when the
+    ServerApp runs off the main thread (a simulation), :func:`_after_main_thread` watches for an
+    exit that bypasses Flower's (once per process).  ``sim.py`` handles its signals itself
+    (:func:`fedderm.console.stop_on_signals`)."""
+    if _EXIT["pid"] != os.getpid():
+        _EXIT.update(pid=os.getpid(), flower=False)
+        flower_private.on_flower_exit(_on_flower_exit)
+        if threading.current_thread() is not threading.main_thread():
+            threading.Thread(target=_after_main_thread, name="fedderm-exit-watch", daemon=True).start()
+
+
 def one_line(err: BaseException) -> str:
     """``err`` as one line (its type and the first line of its message)."""
     return f"{type(err).__name__}: {' '.join(str(err).split())}".rstrip(": ")
@@ -285,6 +337,8 @@ def main(grid: Grid, context: Context) -> None:
     grid.transport = cfg.transport_dtype  # arrays travel in transport-dtype, arrive as float32
     seed_everything(cfg.seed)
     log(INFO, "fedderm: method %s · model %s · %s", cfg.method, cfg.model, method.description)
+    if CLI_RECORD not in context.state:  # flwr run: Flower's exit path ends the process
+        stop_on_flower_exit()
     recorder = None
     CURRENT["grid"] = grid  # sim.py stops it when the simulation runtime fails (Ray did not start)
     try:

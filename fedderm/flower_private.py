@@ -47,6 +47,11 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "a deployment's grid moves every record, Array and chunk as one HTTP object per hop: "
         "only there are a message's records packed into one"
     ),
+    ("flwr.supercore.exit", "add_exit_handler"): (
+        "flwr stop reaches a flwr run process as a SIGINT its heartbeat raises; Flower's signal "
+        "handler then runs only the handlers registered here and ends the process (os._exit after "
+        "5 s): the ServerApp's thread, atexit and the app's own signal handlers never run there"
+    ),
     ("flwr.common.serde", "recorddict_to_proto"): (
         "the audit's message sizes are the size of Flower's serialised content (protobuf "
         "ByteSize); records' public count_bytes counts the arrays' and values' bytes only"
@@ -121,6 +126,16 @@ def grid_kind(grid) -> str:
     if isinstance(grid, HttpGrid):
         return "deployment"
     return str(getattr(grid, "fedderm_grid_kind", "other"))
+
+
+def on_flower_exit(handler) -> None:
+    """Call ``handler()`` when Flower ends this process through its own exit path (``flwr stop``,
+    a signal to a ``flwr-simulation``/``flwr-serverapp`` process, the end of the run), before the
+    process leaves; Flower's force-exit timer (5 s) runs meanwhile, so a hung handler cannot hold
+    the process."""
+    from flwr.supercore.exit import add_exit_handler
+
+    add_exit_handler(handler)
 
 
 def content_size(content) -> int:

@@ -176,3 +176,52 @@ def test_off_main_thread_returns_the_value_and_raises_the_error_in_the_caller():
 
     with pytest.raises(KeyError, match="the runtime failed"):
         sim.off_main_thread(fail)
+
+
+#: a ``flwr-simulation`` process as Flower 1.42 runs one (flwr/simulation/app.py): Flower's signal
+#: handlers with its own exit handler, the ServerApp in a thread of its own, and the heartbeat of a
+#: run that ``flwr stop`` ended
+STOPPED_RUN = """
+import threading, time
+from flwr.supercore.exit import register_signal_handlers
+from flwr.supercore.heartbeat import make_task_heartbeat_fn_http
+from flwr.supercore.telemetry import EventType
+from fedderm import flower_private
+
+register_signal_handlers(
+    event_type=EventType.FLWR_SIMULATION_RUN_LEAVE,
+    exit_message="Task stopped by user.",
+    exit_handlers=[lambda: print("flower pushes the final status", flush=True)],
+)
+flower_private.on_flower_exit(lambda: print("the app records the stop", flush=True))
+threading.Thread(target=time.sleep, args=(300,), name="serverapp").start()  # never returns
+
+class StoppedRun:  # the SuperLink's answer to the heartbeat of a stopped run
+    def SendTaskHeartbeat(self, request):
+        return type("Response", (), {"success": False})()
+
+time.sleep(0.5)
+print("stop", time.time(), flush=True)
+threading.Thread(target=make_task_heartbeat_fn_http(StoppedRun()), daemon=True).start()
+time.sleep(300)
+"""
+
+
+def test_flower_stop_runs_the_app_exit_handler_and_ends_the_process():
+    """on_flower_exit (add_exit_handler): when the heartbeat learns that the run was stopped,
+    Flower's SIGINT handler runs the app's handler first, then its own (which pushes the final
+    status), and ends the process within its force-exit delay although the ServerApp's thread is
+    still blocked; neither atexit nor the app's thread could have recorded the stop."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(
+        [sys.executable, "-c", STOPPED_RUN], capture_output=True, text=True, env=env, timeout=120
+    )
+    ended = time.time()
+    lines = res.stdout.splitlines()
+    assert res.returncode == 0, res.stderr  # Flower's graceful exit after SIGINT
+    assert lines[1:] == ["the app records the stop", "flower pushes the final status"], res.stdout
+    assert ended - float(lines[0].split()[1]) < 30, "Flower's force exit did not end the process"
+    assert "Task stopped by user." in res.stderr + res.stdout
