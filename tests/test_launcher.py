@@ -585,8 +585,8 @@ def test_superlink_link_state_holds_idle_pulls(tmp_path, monkeypatch):
     from flwr.proto.fleet_pb2 import PullMessagesRequest
     from flwr.proto.node_pb2 import Node
     from flwr.superlink import main as superlink_main
-    from flwr.superlink.servicer.fleet import fleet_handlers
     from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
+    from flwr.superlink.servicer.fleet import fleet_handlers
 
     monkeypatch.setattr(
         superlink_main,
