@@ -10,7 +10,7 @@
 # for the scratch virtual environment (default: a new temporary folder; an environment already
 # there is reused, so that a change is re-checked without installing again). fedderm is installed there
 # editable and without its own Flower pin, its other dependencies as pyproject.toml states them.
-# A version that passes goes into fedderm.launcher.VERIFIED_FLOWER (docs/deploy.md, "Flower versions").
+# A version that passes goes into fedderm.launcher.VERIFIED_FLOWER (docs/flower-versions.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: bash bench/flower_compat.sh FLOWER_REQUIREMENT [SCRATCH_DIR]" >&2; exit 2; }
