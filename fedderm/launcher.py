@@ -34,7 +34,8 @@ import threading
 import time as _time
 from pathlib import Path
 
-VERIFIED_FLOWER = ("1.41.0", "1.42.0")
+#: Flower versions whose internals, self-tests and deployment tests passed (compared at start)
+VERIFIED_FLOWER = ("1.41.0", "1.42.0", "1.43.0.dev20261026")
 DEFAULT_POLL_INTERVAL = 0.05
 #: set by fedderm-superlink for the processes it starts: server_app.py then calls fast_object_pulls
 ACCELERATED_ENV = "FEDDERM_ACCELERATED"
@@ -761,37 +762,25 @@ class HeldPulls:
         self._slots = threading.BoundedSemaphore(max_held)
 
     def wrap(self, state):
-        """Hold ``state``'s pulls of a SuperNode's messages; returns ``state``."""
-        from flwr.common.constant import SUPERLINK_NODE_ID
+        """Hold ``state``'s pulls of a SuperNode's messages; returns ``state``.
 
-        get_message_ins, store_message_ins = state.get_message_ins, state.store_message_ins
-        store_with_tree = state.store_message_and_object_tree
+        Flower 1.42's Fleet API pulls through ``get_message_ins(node_id, limit)``; 1.43's through
+        ``get_messages(dst_node_id=, limit=)`` (messages stay pending until acknowledged). Each
+        method the installed link state has is wrapped; :func:`self_test_held_pull` checks the
+        one Flower's own Fleet handler calls."""
+        from flwr.common.constant import SUPERLINK_NODE_ID
 
         def stored() -> None:
             with self._cond:
                 self.stored += 1
                 self._cond.notify_all()
 
-        def store(message):
-            message_id = store_message_ins(message)
-            if message_id is not None:
-                stored()
-            return message_id
-
-        def store_and_tree(message, object_tree, session_id):
-            # the ServerApp's push: its transaction is committed when this returns (the wake-up
-            # from store_message_ins inside it may come before the row is visible)
-            result = store_with_tree(message, object_tree, session_id)
-            if result[0] and not message.metadata.reply_to_message_id:
-                stored()
-            return result
-
-        def get(node_id, limit, *, run_id=None):
+        def held(fetch, node_pull: bool):
             with self._cond:
                 seen = self.stored
-            messages = get_message_ins(node_id, limit, run_id=run_id)
-            # the ServerApp's own pulls (SUPERLINK_NODE_ID, a run_id) are answered at once
-            if messages or node_id == SUPERLINK_NODE_ID or run_id is not None or self.hold <= 0:
+            messages = fetch()
+            # the ServerApp's own pulls (SUPERLINK_NODE_ID, a run_id, replies) are answered at once
+            if messages or not node_pull or self.hold <= 0:
                 return messages
             if not self._slots.acquire(blocking=False):
                 return messages
@@ -805,12 +794,67 @@ class HeldPulls:
                                 return messages
                             self._cond.wait(left)
                         seen = self.stored
-                    messages = get_message_ins(node_id, limit, run_id=run_id)
+                    messages = fetch()
                 return messages
             finally:
                 self._slots.release()
 
-        state.store_message_ins, state.get_message_ins = store, get
+        if callable(getattr(state, "get_message_ins", None)):  # Flower 1.42
+            get_message_ins = state.get_message_ins
+
+            def get(node_id, limit, *, run_id=None):
+                node_pull = node_id != SUPERLINK_NODE_ID and run_id is None
+                return held(lambda: get_message_ins(node_id, limit, run_id=run_id), node_pull)
+
+            state.get_message_ins = get
+        if callable(getattr(state, "get_messages", None)):  # Flower 1.43
+            get_messages = state.get_messages
+
+            def get_pending(*, dst_node_id, run_id=None, reply_to_message_ids=None, limit=None):
+                node_pull = (
+                    dst_node_id != SUPERLINK_NODE_ID and run_id is None and reply_to_message_ids is None
+                )
+                return held(
+                    lambda: get_messages(
+                        dst_node_id=dst_node_id,
+                        run_id=run_id,
+                        reply_to_message_ids=reply_to_message_ids,
+                        limit=limit,
+                    ),
+                    node_pull,
+                )
+
+            state.get_messages = get_pending
+        if callable(getattr(state, "store_message_ins", None)):
+            store_message_ins = state.store_message_ins
+
+            def store(message):
+                message_id = store_message_ins(message)
+                if message_id is not None:
+                    stored()
+                return message_id
+
+            state.store_message_ins = store
+        if callable(getattr(state, "store_messages", None)):  # Flower 1.43
+            store_messages = state.store_messages
+
+            def store_many(messages):
+                accepted = store_messages(messages)
+                if any(ok for ok, m in zip(accepted, messages) if not m.metadata.reply_to_message_id):
+                    stored()
+                return accepted
+
+            state.store_messages = store_many
+        store_with_tree = state.store_message_and_object_tree
+
+        def store_and_tree(message, object_tree, session_id):
+            # the ServerApp's push: its transaction is committed when this returns (the wake-up
+            # from the store inside it may come before the row is visible)
+            result = store_with_tree(message, object_tree, session_id)
+            if result[0] and not message.metadata.reply_to_message_id:
+                stored()
+            return result
+
         state.store_message_and_object_tree = store_and_tree
         return state
 
@@ -854,6 +898,107 @@ def superlink_main_(argv: list[str]) -> None:
     flower_superlink()
 
 
+#: each role's stock Flower command, run when the launcher steps aside
+STOCK_COMMANDS = {
+    "supernode": ("flwr.supernode.cli.flower_supernode", "flower_supernode", "flower-supernode"),
+    "superexec": ("flwr.supercore.cli.flower_superexec", "flower_superexec", "flower-superexec"),
+    "superlink": ("flwr.superlink.cli.flower_superlink", "flower_superlink", "flower-superlink"),
+}
+
+
+def flower_version() -> str:
+    import flwr
+
+    return str(flwr.__version__)
+
+
+def self_test_held_pull(hold: float = 0.2) -> str | None:
+    """A SuperNode's pull through Flower's own Fleet handler, on Flower's in-memory link state
+    wrapped by :class:`HeldPulls`, with nothing waiting: it must be held for ``hold`` seconds.
+    Returns what failed, or ``None``."""
+    from flwr.proto.fleet_pb2 import PullMessagesRequest  # pylint: disable=no-name-in-module
+    from flwr.proto.node_pb2 import Node  # pylint: disable=no-name-in-module
+    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
+    from flwr.superlink.servicer.fleet import fleet_handlers
+
+    store = ObjectStoreFactory().store()
+    state = HeldPulls(hold).wrap(InMemoryLinkState(NoOpFederationManager(), store))
+    start = _time.monotonic()
+    reply = fleet_handlers.pull_messages(PullMessagesRequest(node=Node(node_id=4242)), state, store)
+    waited = _time.monotonic() - start
+    if list(reply.messages_list) or waited < 0.8 * hold:
+        return f"held pull: an idle pull through Flower's Fleet handler answered after {waited:.3f} s, not {hold} s"
+    return None
+
+
+def self_test_refusal() -> str | None:
+    """Flower's ``install_from_fab``, as the launcher's child wraps it, refuses a bundle that is
+    not on the allow-list before installing anything. Returns what failed, or ``None``."""
+    rc = importlib.import_module("flwr.supernode.runtime.run_clientapp")
+    original = rc.install_from_fab
+    calls = []
+    rc.install_from_fab = lambda *a, **k: calls.append(a)
+    quiet, _log.disabled = _log.disabled, True  # the refusal's error line is expected here
+    try:
+        _guard_install({"0" * 64}, "self-test")
+        try:
+            rc.install_from_fab(b"not an approved bundle")
+        except PermissionError:
+            return None if not calls else "refusal: the bundle was installed before it was refused"
+        return "refusal: a bundle off the allow-list was installed"
+    finally:
+        rc.install_from_fab, _log.disabled = original, quiet
+
+
+#: the behavioural self-tests each role runs at start (all must pass, or nothing is patched)
+SELF_TESTS = {
+    "superlink": (self_test_held_pull,),
+    "supernode": (self_test_refusal,),
+    "superexec": (self_test_refusal,),
+}
+
+
+def why_stock(role: str) -> str:
+    """Why ``role`` must run stock Flower (``""``: the launcher may patch it): an unverified
+    Flower version, a Flower internal that moved, or a failed self-test."""
+    version = flower_version()
+    if version not in VERIFIED_FLOWER:
+        return (
+            f"flwr {version} is not a version the launcher was verified with ({', '.join(VERIFIED_FLOWER)})"
+        )
+    missing = check_flower_internals()
+    if missing:
+        return f"flwr {version} lacks the internals the launcher was verified with: {', '.join(missing)}"
+    for test in SELF_TESTS.get(role, ()):
+        failure = test()
+        if failure:
+            return f"self-test failed on flwr {version}: {failure}"
+    return ""
+
+
+def run_stock(role: str, argv: list[str], why: str) -> None:
+    """Run ``role``'s stock Flower command with ``argv`` and one warning line; never a half-patched one.
+
+    The allow-list is the launcher's: with one requested, stock Flower cannot honour it, so the
+    SuperNode refuses to start instead of running unapproved bundles."""
+    argv = list(argv)
+    allow_list = _pop_option(argv, "--allow-list") or (
+        os.environ.get("FEDDERM_ALLOW_LIST", "") if role == "superexec" else ""
+    )
+    _pop_option(argv, "--wake-fd")
+    if allow_list:
+        raise SystemExit(
+            f"fedderm-{role}: {why}; stock Flower cannot enforce the allow-list {allow_list}, so this "
+            "SuperNode does not start (install a verified Flower, or start flower-supernode without one)"
+        )
+    module, function, command = STOCK_COMMANDS[role]
+    _log.warning("fedderm-%s: %s: running stock %s, nothing patched", role, why, command)
+    sys.argv = [command, *argv]
+    getattr(importlib.import_module(module), function)()
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     commands = {
@@ -864,15 +1009,13 @@ def main(argv: list[str] | None = None) -> None:
     }
     if not argv or argv[0] not in commands:
         raise SystemExit("usage: python -m fedderm.launcher {superexec|supernode|superlink|app-hash} ...")
-    missing = check_flower_internals()
-    if missing and argv[0] != "app-hash":
-        import flwr
-
-        raise SystemExit(
-            f"fedderm launcher: flwr {flwr.__version__} lacks the internals it was "
-            f"verified with (flwr {', '.join(VERIFIED_FLOWER)}): {', '.join(missing)}"
-        )
-    commands[argv[0]](argv[1:])
+    role, rest = argv[0], argv[1:]
+    if role != "app-hash":
+        why = why_stock(role)
+        if why:
+            run_stock(role, rest, why)
+            return
+    commands[role](rest)
 
 
 def supernode_entry() -> None:

@@ -579,10 +579,14 @@ def test_server_pulls_and_pulls_beyond_the_cap_are_answered_at_once():
 def test_superlink_link_state_holds_idle_pulls(tmp_path, monkeypatch):
     """``fedderm-superlink``'s factories (file and ``:flwr-in-memory:``) hand Flower's real link
     state out with its pulls held: a SuperNode's pull with nothing waiting answers after the hold,
-    the ServerApp's at once; the same instance every time."""
+    the ServerApp's at once; the same instance every time. The SuperNode's pull goes through
+    Flower's own Fleet handler, whichever link-state method the installed Flower pulls with."""
     from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.proto.fleet_pb2 import PullMessagesRequest
+    from flwr.proto.node_pb2 import Node
     from flwr.superlink import main as superlink_main
     from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
+    from flwr.superlink.servicer.fleet import fleet_handlers
 
     monkeypatch.setattr(
         superlink_main,
@@ -593,12 +597,95 @@ def test_superlink_link_state_holds_idle_pulls(tmp_path, monkeypatch):
     launcher.hold_pulls(2.0)
     factories = superlink_main.get_objectstore_linkstate_factories
     for database in (str(tmp_path / "superlink.db"), ":flwr-in-memory:"):
-        _, links = factories(database, NoOpFederationManager())
+        objects, links = factories(database, NoOpFederationManager())
         state = links.state()
         assert links.state() is state
         start = time.monotonic()
-        assert state.get_message_ins(node_id=1234, limit=1) == []
+        request = PullMessagesRequest(node=Node(node_id=1234))
+        assert list(fleet_handlers.pull_messages(request, state, objects.store()).messages_list) == []
         assert 1.95 <= time.monotonic() - start < 6.0, database
         start = time.monotonic()
-        assert state.get_message_ins(node_id=SUPERLINK_NODE_ID, limit=None, run_id=1) == []
+        server_pull = getattr(state, "get_messages", None)
+        if server_pull is not None:  # Flower 1.43
+            assert server_pull(dst_node_id=SUPERLINK_NODE_ID, run_id=1) == []
+        else:
+            assert state.get_message_ins(node_id=SUPERLINK_NODE_ID, limit=None, run_id=1) == []
         assert time.monotonic() - start < 1.5, database
+
+
+def test_held_pull_self_test_passes_on_this_flower_and_names_an_inert_hold(monkeypatch):
+    """The start-up self-test pulls through Flower's own Fleet handler: it passes with the
+    installed Flower and fails, naming the held pull, when the wrap misses the method Flower
+    pulls with (as the 1.42 wrap did on 1.43, whose Fleet handler calls ``get_messages``)."""
+    assert launcher.self_test_held_pull(0.2) is None
+    monkeypatch.setattr(launcher.HeldPulls, "wrap", lambda self, state: state)
+    failure = launcher.self_test_held_pull(0.2)
+    assert failure is not None and failure.startswith("held pull:")
+
+
+def test_refusal_self_test_passes_and_names_a_guard_that_lets_a_bundle_through(monkeypatch):
+    assert launcher.self_test_refusal() is None
+    monkeypatch.setattr(launcher, "_guard_install", lambda allowed, source, warm=None: None)
+    assert launcher.self_test_refusal() == "refusal: a bundle off the allow-list was installed"
+
+
+@pytest.fixture
+def stock_commands(monkeypatch):
+    """Each role's stock Flower command replaced by a recorder of ``sys.argv``."""
+    ran: list[list[str]] = []
+    for module, function, _ in launcher.STOCK_COMMANDS.values():
+        monkeypatch.setattr(importlib.import_module(module), function, lambda: ran.append(list(sys.argv)))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    return ran
+
+
+@pytest.mark.parametrize("role", ["supernode", "superlink", "superexec"])
+def test_an_unverified_flower_runs_stock_with_one_warning_and_patches_nothing(
+    role, monkeypatch, stock_commands, caplog
+):
+    monkeypatch.setattr(launcher, "flower_version", lambda: "9.9.0")
+    monkeypatch.delenv("FEDDERM_ALLOW_LIST", raising=False)
+    patched = []
+    for name in ("supernode_main", "superexec_main", "superlink_main_", "fast_object_pulls", "hold_pulls"):
+        monkeypatch.setattr(launcher, name, lambda *a, _n=name: patched.append(_n))
+    with caplog.at_level("WARNING", logger="flwr"):
+        launcher.main([role, "--insecure", "--wake-fd", "5"])
+    command = launcher.STOCK_COMMANDS[role][2]
+    assert stock_commands == [[command, "--insecure"]] and patched == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "9.9.0" in warnings[0] and command in warnings[0]
+    assert "1.42.0" in warnings[0]  # names the verified versions
+
+
+def test_an_unverified_flower_with_an_allow_list_refuses_to_start(monkeypatch, stock_commands, tmp_path):
+    """Stock Flower has no allow-list: the SuperNode does not start rather than run any bundle."""
+    monkeypatch.setattr(launcher, "flower_version", lambda: "9.9.0")
+    allow = tmp_path / "allow.txt"
+    allow.write_text("0" * 64 + "\n")
+    with pytest.raises(SystemExit, match=r"9\.9\.0.*cannot enforce the allow-list .*allow\.txt"):
+        launcher.main(["supernode", "--insecure", "--allow-list", str(allow)])
+    monkeypatch.setenv("FEDDERM_ALLOW_LIST", str(allow))
+    with pytest.raises(SystemExit, match="cannot enforce the allow-list"):
+        launcher.main(["superexec", "--insecure"])
+    assert stock_commands == []
+
+
+def test_a_failed_self_test_runs_stock_on_a_verified_flower(monkeypatch, stock_commands, caplog):
+    monkeypatch.setattr(launcher, "SELF_TESTS", {"superlink": (lambda: "held pull: answered at once",)})
+    monkeypatch.setattr(
+        launcher, "superlink_main_", lambda argv: pytest.fail("patched despite a failed self-test")
+    )
+    with caplog.at_level("WARNING", logger="flwr"):
+        launcher.main(["superlink", "--insecure"])
+    assert stock_commands == [["flower-superlink", "--insecure"]]
+    assert any(
+        "self-test failed" in r.getMessage() and "answered at once" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_a_verified_flower_whose_self_tests_pass_is_patched(monkeypatch, stock_commands):
+    ran = []
+    monkeypatch.setattr(launcher, "superlink_main_", lambda argv: ran.append(argv))
+    monkeypatch.setattr(launcher, "SELF_TESTS", {"superlink": (lambda: None,)})
+    launcher.main(["superlink", "--insecure"])
+    assert ran == [["--insecure"]] and stock_commands == []
