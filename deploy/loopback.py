@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -135,6 +136,10 @@ class RunOutcome:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    sys.exit(143)
 
 
 class Loopback:
@@ -255,10 +260,20 @@ class Loopback:
         return {pid: procs.cmdline(pid) for pid in _family([], [f"{self.tag}/"])}
 
     def __enter__(self) -> Loopback:
+        """Inside ``with``, a SIGTERM (a CI or benchmark timeout) unwinds like Ctrl-C, so that
+        ``__exit__`` still stops the federation; a handler set by the caller is kept."""
+        self._sigterm = None
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                self._sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            if self._sigterm is not None:
+                signal.signal(signal.SIGTERM, self._sigterm)
 
     # -- the federation ------------------------------------------------------------------
     def prepare(self) -> None:
@@ -697,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     # SIGTERM (e.g. a CI timeout) unwinds like Ctrl-C, so the finally below still stops everything
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     methods, missing = available_methods(args.method or list(METHODS))
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fedderm-loopback-"))
     failures: list[str] = []

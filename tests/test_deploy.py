@@ -488,6 +488,24 @@ def test_stock_flower_loopback_federation_tls_node_auth(tmp_path):
         fed.stop()
 
 
+def test_sigterm_inside_a_loopback_block_stops_its_federation(tmp_path):
+    """Whoever runs a federation in ``with Loopback(...)`` (``python -m bench.deployment``, a
+    script) has it stopped by a SIGTERM too: the signal unwinds through ``__exit__`` (exit 143)."""
+    script = (
+        "import os, signal, sys\n"
+        "from deploy.loopback import Loopback\n"
+        f"fed = Loopback({str(tmp_path / 'fed')!r}, 1)\n"
+        "fed.stop = lambda: print('federation stopped', flush=True)\n"
+        "with fed:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    signal.pause()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 143, out.stderr[-2000:]
+    assert out.stdout.strip() == "federation stopped"
+
+
 @_SKIP_LOOPBACK
 def test_sigterm_to_the_loopback_command_mid_run_leaves_none_of_its_processes(tmp_path):
     """`python -m deploy.loopback` killed with SIGTERM while a run is going (a CI timeout, a
