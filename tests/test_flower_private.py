@@ -203,7 +203,8 @@ class StoppedRun:  # the SuperLink's answer to the heartbeat of a stopped run
 time.sleep(0.5)
 print("stop", time.time(), flush=True)
 threading.Thread(target=make_task_heartbeat_fn_http(StoppedRun()), daemon=True).start()
-time.sleep(300)
+for _ in range(3000):  # the main thread in short waits, as in Flower's own processes (1.43's
+    time.sleep(0.1)  # heartbeat raises SIGINT in its own thread: the main thread runs the handler)
 """
 
 
