@@ -7,12 +7,13 @@ atomically so that a crash never leaves a half-written latest checkpoint.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from fedderm.atomic import atomic_path
 
 DEFAULT_STAGE = "train"
 
@@ -38,9 +39,8 @@ def save_checkpoint(
 ) -> Path:
     """Write ``payload`` for (stage, round); keep the newest ``keep`` of this stage (0 = all)."""
     path = Path(run_dir) / checkpoint_name(stage, server_round)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save({"stage": stage, "round": server_round, **payload}, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save({"stage": stage, "round": server_round, **payload}, tmp)
     if keep:
         for _, old in _rounds(run_dir, stage)[:-keep]:
             old.unlink(missing_ok=True)

@@ -34,6 +34,8 @@ import threading
 import time as _time
 from pathlib import Path
 
+from fedderm.atomic import atomic_write_bytes
+
 #: Flower versions whose internals, self-tests and deployment tests passed (compared at start)
 VERIFIED_FLOWER = ("1.41.0", "1.42.0", "1.43.0.dev20261026")
 DEFAULT_POLL_INTERVAL = 0.05
@@ -286,9 +288,7 @@ def _guard_install(allowed: set[str] | None, source: str, warm: WarmApp | None =
         installed = original(fab_content, *args, **kwargs)
         if isinstance(installed, (str, Path)) and Path(installed).is_dir():
             marker.parent.mkdir(parents=True, exist_ok=True)
-            tmp = marker.with_name(f".{marker.name}.{os.getpid()}")
-            tmp.write_text(str(installed))
-            os.replace(tmp, marker)
+            atomic_write_bytes(marker, str(installed).encode())
         return installed
 
     rc.install_from_fab = install_checked

@@ -33,7 +33,6 @@ import math
 import numbers
 import os
 import re
-import tempfile
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from fedderm.atomic import atomic_path, atomic_write_bytes
 from fedderm.health import HealthCheck
 from fedderm.metrics import CONFUSION_KEY, METRIC_NAMES, mean_over_clients, per_class_metrics
 
@@ -107,26 +107,8 @@ def _file_mode() -> int:
 _FILE_MODE = _file_mode()
 
 
-def _mkstemp(path: Path) -> tuple[int, str]:
-    """Temp file next to ``path`` (same filesystem, so os.replace is atomic)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.chmod(tmp, _FILE_MODE)
-    return fd, tmp
-
-
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
-    fd, tmp = _mkstemp(path)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(path, data, mode=_FILE_MODE, fsync=True)
 
 
 def _write_json(path: Path, obj: Any, sort_keys: bool = False) -> None:
@@ -603,15 +585,8 @@ class RunRecorder:
             meta["fedderm"] = to_json_safe(self.model_meta)
             state_dict._metadata = meta
         path = self.run_dir / name
-        fd, tmp = _mkstemp(path)
-        os.close(fd)
-        try:
+        with atomic_path(path, mode=_FILE_MODE) as tmp:
             torch.save(state_dict, tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
         return path
 
     def summary(self) -> dict[str, Any]:
@@ -755,15 +730,8 @@ class RunRecorder:
         FigureCanvasAgg(fig)
         fig.tight_layout()
         path = self.run_dir / name
-        fd, tmp = _mkstemp(path)
-        os.close(fd)
-        try:
+        with atomic_path(path, mode=_FILE_MODE) as tmp:
             fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")  # no label cut off
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
         return path
 
     def _plot_curves(self) -> Path | None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 from collections.abc import Mapping
@@ -35,6 +34,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from fedderm.atomic import atomic_path
 
 LOG = logging.getLogger("fedderm.state")
 _MANIFEST = re.compile(r"step-(\d+)\.json$")
@@ -45,9 +46,8 @@ class StateError(RuntimeError):
 
 
 def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        write(tmp)
 
 
 class Snapshot:

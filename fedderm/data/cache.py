@@ -11,7 +11,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedderm.atomic import atomic_path
 from fedderm.data.pool import ImagePool
 
 logger = logging.getLogger("fedderm.data")
@@ -114,17 +114,10 @@ def _write_cache(pool: ImagePool, cache_file: Path) -> None:
         "skipped": list(pool.skipped),
         "splits": as_tensor(pool.splits),
     }
-    tmp = None
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_file.parent, prefix=f".{cache_file.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            torch.save(data, f)
-        os.replace(tmp, cache_file)
-        tmp = None
+        with atomic_path(cache_file) as tmp:
+            torch.save(data, tmp)
         logger.info("cached %d images in %s", len(pool), cache_file)
     except OSError as exc:
         logger.warning("could not write cache file %s: %s", cache_file, exc)
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from fedderm.atomic import atomic_path
 
 from .pool import ImagePool
 
@@ -158,7 +159,6 @@ def load_synthetic(
     )
     pool = generate(num_sites, per_class, image_size, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(pool.__dict__, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(pool.__dict__, tmp)
     return pool
