@@ -1,7 +1,7 @@
-"""The Linux process table, read from ``/proc``: one reader for fedderm's process clean-up
+"""The process table through psutil: one reader for fedderm's process clean-up
 (``deploy.loopback``, ``fedderm.console``), the benchmarks' memory sampling and the tests.
 
-Elsewhere (no ``/proc``) the table is empty: nothing is found, nothing is signalled.
+A process that is gone, or that psutil may not read (another user's), is simply not found.
 """
 
 from __future__ import annotations
@@ -10,42 +10,60 @@ import os
 from collections import defaultdict
 from typing import NamedTuple
 
+import psutil
+
 __all__ = ["ProcStat", "stat", "table", "children", "descendants", "cmdline", "environ_value"]
+
+#: psutil's status names as the state letters of proc(5) (``Z`` = zombie)
+_STATE = {
+    psutil.STATUS_RUNNING: "R",
+    psutil.STATUS_SLEEPING: "S",
+    psutil.STATUS_DISK_SLEEP: "D",
+    psutil.STATUS_STOPPED: "T",
+    psutil.STATUS_TRACING_STOP: "t",
+    psutil.STATUS_ZOMBIE: "Z",
+    psutil.STATUS_DEAD: "X",
+    psutil.STATUS_IDLE: "I",
+}
+_FIELDS = ("ppid", "status", "create_time")
+_GONE = (psutil.Error, ProcessLookupError, PermissionError)
 
 
 class ProcStat(NamedTuple):
-    """Fields of ``/proc/<pid>/stat`` (proc(5)): state letter (``Z`` = zombie), parent pid, process
-    group, start time in clock ticks after boot (with the pid, it names a process even once the pid
-    is reused)."""
+    """A process's state letter (``Z`` = zombie), parent pid, process group and start time
+    (seconds since the epoch: with the pid, it names a process even once the pid is reused)."""
 
     state: str
     ppid: int
     pgrp: int
-    start: int
+    start: float
+
+
+def _from_info(pid: int, info: dict) -> ProcStat | None:
+    if any(info.get(k) is None for k in _FIELDS):
+        return None
+    try:
+        pgrp = os.getpgid(pid)
+    except OSError:
+        return None
+    return ProcStat(_STATE.get(info["status"], "?"), info["ppid"], pgrp, info["create_time"])
 
 
 def stat(pid: int) -> ProcStat | None:
     """``pid``'s :class:`ProcStat`; None if it is gone (or not readable)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read().decode(errors="replace")
-        # the command name (field 2) may hold spaces and parentheses: split after its last ")"
-        fields = raw.rsplit(")", 1)[1].split()
-        return ProcStat(fields[0], int(fields[1]), int(fields[2]), int(fields[19]))
-    except (OSError, IndexError, ValueError):
+        return _from_info(pid, psutil.Process(pid).as_dict(_FIELDS))
+    except _GONE:
         return None
 
 
 def table(zombies: bool = False) -> dict[int, ProcStat]:
-    """Every process now in ``/proc``: pid -> :class:`ProcStat` (zombies left out unless asked)."""
+    """Every process now: pid -> :class:`ProcStat` (zombies left out unless asked)."""
     out = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in entries:
-        if name.isdigit() and (st := stat(int(name))) is not None and (zombies or st.state != "Z"):
-            out[int(name)] = st
+    for proc in psutil.process_iter(_FIELDS):
+        st = _from_info(proc.pid, proc.info)
+        if st is not None and (zombies or st.state != "Z"):
+            out[proc.pid] = st
     return out
 
 
@@ -75,23 +93,15 @@ def descendants(roots, procs: dict[int, ProcStat] | None = None) -> list[int]:
 def cmdline(pid: int, limit: int | None = None) -> str:
     """``pid``'s command line, arguments joined by spaces (``?`` if it is gone)."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            raw = fh.read()
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline()).strip()[:limit]
+    except _GONE:
         return "?"
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()[:limit]
 
 
 def environ_value(pid: int, name: str) -> str | None:
     """The value of environment variable ``name`` in ``pid`` (as it started); None if unset, gone
     or another user's process."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            entries = fh.read().split(b"\0")
-    except OSError:
+        return psutil.Process(pid).environ().get(name)
+    except _GONE:
         return None
-    prefix = f"{name}=".encode()
-    for entry in entries:
-        if entry.startswith(prefix):
-            return entry[len(prefix) :].decode(errors="replace")
-    return None
