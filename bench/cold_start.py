@@ -2,7 +2,7 @@
 
     python -m bench.cold_start                          # this checkout: 5 repeats, fedavg + fedmae
     python -m bench.cold_start --baseline dd520ec       # and an earlier commit, alternating with it
-    python -m bench.cold_start --repeats 7 --method fedavg
+    python -m bench.cold_start --repeats 7 --message fedavg:evaluate --message fedavg:query.info
 
 Under stock Flower (``flower-supernode``) every message starts a new ``flwr-clientapp`` process
 that imports the app (``client_app``: Python, Flower, torch and fedderm) and then handles the one
@@ -15,8 +15,9 @@ message.  For each code tree (this checkout, and ``--baseline``'s commit unpacke
   in), and the rest, ``client_app − torch − flwr``: what fedderm adds (its own modules and the
   libraries they import beyond torch and Flower, e.g. torchvision);
 - **message**: one real message through the whole ClientApp (its mods: pack, state, audit,
-  transport; the client session: config, data; the method's handler): the first ``train*``
-  message of the method's smallest run (``registry.smallest_run``), captured once from the
+  transport; the client session: config, data; the method's handler): the first message of a
+  type (``--message METHOD:TYPE``, a prefix of the type; ``train`` by default) of the method's
+  smallest run (``registry.smallest_run``), captured once from the
   ServerApp over the in-process grid of ``tests/loop_grid.py`` with the Context its node has at
   that moment, pickled, then handed to ``client_app.app`` in a fresh process.  Seconds from just
   before the process starts to ``dispatch`` starting the message's work (``to handler``: Python,
@@ -99,9 +100,10 @@ class _Captured(Exception):
     pass
 
 
-def capture(method: str, path: Path, **overrides) -> str:
-    """Run ``method``'s smallest run in this process until the ServerApp pushes its first ``train*``
-    message; pickle that message (as delivered) with its node's Context to ``path``; return its type."""
+def capture(method: str, path: Path, kind: str = "train", **overrides) -> str:
+    """Run ``method``'s smallest run in this process until the ServerApp pushes its first message
+    whose type starts with ``kind`` (the messages before it are handled here); pickle that message
+    (as delivered) with its node's Context to ``path``; return its type."""
     from flwr.app import Context, RecordDict
 
     import registry
@@ -114,7 +116,7 @@ def capture(method: str, path: Path, **overrides) -> str:
         def push_messages(self, messages):
             messages = list(messages)
             for msg in messages:
-                if msg.metadata.message_type.startswith("train"):
+                if msg.metadata.message_type.startswith(kind):
                     msg.metadata.__dict__["_message_id"] = "cold-start"
                     context = self.contexts[msg.metadata.dst_node_id]
                     with open(path, "wb") as f:
@@ -131,7 +133,7 @@ def capture(method: str, path: Path, **overrides) -> str:
         server_app.main(grid, context)
     except _Captured as done:
         return str(done)
-    raise RuntimeError(f"{method}: the ServerApp sent no train message")
+    raise RuntimeError(f"{method}: the ServerApp sent no {kind!r} message")
 
 
 def _env(tree: Path) -> dict:
@@ -216,27 +218,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--baseline", default="", help="a git ref of this checkout to compare with")
     parser.add_argument(
-        "--method",
+        "--message",
         action="append",
         default=None,
-        help="methods to send a message of (default fedavg, fedmae)",
+        help="METHOD[:TYPE] to send the first message of (TYPE a prefix of the message type, default "
+        "train); repeat for several (default fedavg:train and fedmae:train)",
     )
     parser.add_argument("--json", default="", help="also write every figure to this file")
     args = parser.parse_args(argv)
-    methods = args.method or ["fedavg", "fedmae"]
+    messages = [m if ":" in m else f"{m}:train" for m in (args.message or ["fedavg", "fedmae"])]
 
     work = Path(tempfile.mkdtemp(prefix="fedderm-cold-start-"))
     trees = {"this checkout": ROOT}
     if args.baseline:
         trees = {f"baseline {args.baseline}": unpack(args.baseline, work / "baseline"), **trees}
     captured = {}
-    for method in methods:
-        captured[method] = work / f"{method}.pkl"
-        kind = capture(method, captured[method], **{"output-dir": str(work / "results")})
-        print(
-            f"captured: {method}'s first {kind!r} message (smallest run: tiny-cnn or the small ViT)",
-            flush=True,
-        )
+    for i, spec in enumerate(messages):
+        method, kind = spec.split(":", 1)
+        captured[spec] = work / f"message-{i}.pkl"
+        kind = capture(method, captured[spec], kind, **{"output-dir": str(work / "results")})
+        print(f"captured: {method}'s first {kind!r} message of its smallest run", flush=True)
 
     rows: dict[str, dict[str, list]] = {name: {} for name in trees}
     loads = []
@@ -248,11 +249,11 @@ def main(argv: list[str] | None = None) -> int:
             row.setdefault("import", []).append(import_seconds(tree))
             for key, value in importtime(tree).items():
                 row.setdefault(f"importtime {key}", []).append(value)
-            for method in methods:
-                out = message_seconds(tree, captured[method])
-                row.setdefault(f"{method} to handler", []).append(out["handler"])
-                row.setdefault(f"{method} to reply", []).append(out["reply"])
-                row[f"{method} libraries"] = out["libraries"]
+            for spec in messages:
+                out = message_seconds(tree, captured[spec])
+                row.setdefault(f"{spec} to handler", []).append(out["handler"])
+                row.setdefault(f"{spec} to reply", []).append(out["reply"])
+                row[f"{spec} libraries"] = out["libraries"]
         print(f"repeat {r + 1}/{args.repeats} done, load average {os.getloadavg()[0]:.2f}", flush=True)
 
     print(
@@ -269,14 +270,14 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{_median(rows[n][key]):.2f}" for n in names]
         if len(names) == 2:
             a, b = rows[names[0]][key], rows[names[1]][key]
-            ratios = [x / y for x, y in zip(a, b, strict=True) if y and y > 0]
+            ratios = [x / y for x, y in zip(a, b, strict=True) if x is not None and y]
             cells.append(f"{_median(ratios):.2f}×" if ratios else "n/a")
         print(f"| {key} | " + " | ".join(cells) + " |")
-    for method in methods:
+    for spec in messages:
         for n in names:
+            loaded = rows[n][f"{spec} libraries"]
             print(
-                f"{n}: a {method} message's process imported: {', '.join(rows[n][f'{method} libraries']) or 'none of'}"
-                + ("" if rows[n][f"{method} libraries"] else f" {', '.join(LIBRARIES)}")
+                f"{n}: the {spec} message's process imported: {', '.join(loaded) or 'none'} (of {', '.join(LIBRARIES)})"
             )
     if args.json:
         Path(args.json).write_text(
