@@ -228,63 +228,66 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     messages = [m if ":" in m else f"{m}:train" for m in (args.message or ["fedavg", "fedmae"])]
 
-    work = Path(tempfile.mkdtemp(prefix="fedderm-cold-start-"))
-    trees = {"this checkout": ROOT}
-    if args.baseline:
-        trees = {f"baseline {args.baseline}": unpack(args.baseline, work / "baseline"), **trees}
-    captured = {}
-    for i, spec in enumerate(messages):
-        method, kind = spec.split(":", 1)
-        captured[spec] = work / f"message-{i}.pkl"
-        kind = capture(method, captured[spec], kind, **{"output-dir": str(work / "results")})
-        print(f"captured: {method}'s first {kind!r} message of its smallest run", flush=True)
+    with tempfile.TemporaryDirectory(prefix="fedderm-cold-start-") as tmp:
+        work = Path(tmp)
+        trees = {"this checkout": ROOT}
+        if args.baseline:
+            trees = {f"baseline {args.baseline}": unpack(args.baseline, work / "baseline"), **trees}
+        captured = {}
+        for i, spec in enumerate(messages):
+            method, kind = spec.split(":", 1)
+            captured[spec] = work / f"message-{i}.pkl"
+            kind = capture(method, captured[spec], kind, **{"output-dir": str(work / "results")})
+            print(f"captured: {method}'s first {kind!r} message of its smallest run", flush=True)
 
-    rows: dict[str, dict[str, list]] = {name: {} for name in trees}
-    loads = []
-    for r in range(args.repeats):
-        order = list(trees) if r % 2 == 0 else list(reversed(trees))
-        for name in order:
-            tree, row = trees[name], rows[name]
-            loads.append(os.getloadavg()[0])
-            row.setdefault("import", []).append(import_seconds(tree))
-            for key, value in importtime(tree).items():
-                row.setdefault(f"importtime {key}", []).append(value)
-            for spec in messages:
-                out = message_seconds(tree, captured[spec])
-                row.setdefault(f"{spec} to handler", []).append(out["handler"])
-                row.setdefault(f"{spec} to reply", []).append(out["reply"])
-                row[f"{spec} libraries"] = out["libraries"]
-        print(f"repeat {r + 1}/{args.repeats} done, load average {os.getloadavg()[0]:.2f}", flush=True)
+        rows: dict[str, dict[str, list]] = {name: {} for name in trees}
+        loads = []
+        for r in range(args.repeats):
+            order = list(trees) if r % 2 == 0 else list(reversed(trees))
+            for name in order:
+                tree, row = trees[name], rows[name]
+                loads.append(os.getloadavg()[0])
+                row.setdefault("import", []).append(import_seconds(tree))
+                for key, value in importtime(tree).items():
+                    row.setdefault(f"importtime {key}", []).append(value)
+                for spec in messages:
+                    out = message_seconds(tree, captured[spec])
+                    row.setdefault(f"{spec} to handler", []).append(out["handler"])
+                    row.setdefault(f"{spec} to reply", []).append(out["reply"])
+                    row[f"{spec} libraries"] = out["libraries"]
+            print(f"repeat {r + 1}/{args.repeats} done, load average {os.getloadavg()[0]:.2f}", flush=True)
 
-    print(
-        f"\nClientApp cold start, {args.repeats} repeats, medians in seconds "
-        f"(load average over the runs: median {_median(loads):.2f}, min {min(loads):.2f}, max {max(loads):.2f};"
-        f" {os.cpu_count()} CPUs)"
-    )
-    keys = [k for k in next(iter(rows.values())) if not k.endswith("libraries")]
-    names = list(trees)
-    header = "| figure | " + " | ".join(names) + (" | paired ratio (median) |" if len(names) == 2 else " |")
-    print(header)
-    print("|---" * (header.count("|") - 1) + "|")
-    for key in keys:
-        cells = [f"{_median(rows[n][key]):.2f}" for n in names]
-        if len(names) == 2:
-            a, b = rows[names[0]][key], rows[names[1]][key]
-            ratios = [x / y for x, y in zip(a, b, strict=True) if x is not None and y]
-            cells.append(f"{_median(ratios):.2f}×" if ratios else "n/a")
-        print(f"| {key} | " + " | ".join(cells) + " |")
-    for spec in messages:
-        for n in names:
-            loaded = rows[n][f"{spec} libraries"]
-            print(
-                f"{n}: the {spec} message's process imported: {', '.join(loaded) or 'none'} (of {', '.join(LIBRARIES)})"
-            )
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {"rows": rows, "loadavg": loads, "trees": {n: str(t) for n, t in trees.items()}}, indent=1
-            )
+        print(
+            f"\nClientApp cold start, {args.repeats} repeats, medians in seconds "
+            f"(load average over the runs: median {_median(loads):.2f}, min {min(loads):.2f}, max {max(loads):.2f};"
+            f" {os.cpu_count()} CPUs)"
         )
+        keys = [k for k in next(iter(rows.values())) if not k.endswith("libraries")]
+        names = list(trees)
+        header = (
+            "| figure | " + " | ".join(names) + (" | paired ratio (median) |" if len(names) == 2 else " |")
+        )
+        print(header)
+        print("|---" * (header.count("|") - 1) + "|")
+        for key in keys:
+            cells = [f"{_median(rows[n][key]):.2f}" for n in names]
+            if len(names) == 2:
+                a, b = rows[names[0]][key], rows[names[1]][key]
+                ratios = [x / y for x, y in zip(a, b, strict=True) if x is not None and y]
+                cells.append(f"{_median(ratios):.2f}×" if ratios else "n/a")
+            print(f"| {key} | " + " | ".join(cells) + " |")
+        for spec in messages:
+            for n in names:
+                loaded = rows[n][f"{spec} libraries"]
+                print(
+                    f"{n}: the {spec} message's process imported: {', '.join(loaded) or 'none'} (of {', '.join(LIBRARIES)})"
+                )
+        if args.json:
+            Path(args.json).write_text(
+                json.dumps(
+                    {"rows": rows, "loadavg": loads, "trees": {n: str(t) for n, t in trees.items()}}, indent=1
+                )
+            )
     return 0
 
 
