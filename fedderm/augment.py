@@ -25,13 +25,21 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torchvision.transforms.v2 import functional as TF
 
 from .config import AUGMENT_POLICIES
 
 _GRAY = torch.tensor([0.299, 0.587, 0.114])
 # RGB <-> YIQ (NTSC); hue shift = rotation of the (I, Q) chroma plane
 _RGB2YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+
+
+def _tf():
+    """torchvision's ``transforms.v2.functional``, imported on first use: ``import torchvision`` also
+    imports its models and ops (and with them ``torch._dynamo``), seconds that a ClientApp whose
+    policy is ``flip`` (every method's default) need not spend at each start."""
+    from torchvision.transforms.v2 import functional
+
+    return functional
 
 
 @functools.cache
@@ -79,7 +87,7 @@ class ContrastiveAugment:
             torch.argsort(torch.rand(n, 4, generator=generator), dim=1).to(x.device),
         )
         gray = rand(n) < self.gray_p
-        x = torch.where(gray[:, None, None, None], TF.rgb_to_grayscale(x, num_output_channels=3), x)
+        x = torch.where(gray[:, None, None, None], _tf().rgb_to_grayscale(x, num_output_channels=3), x)
         sigma = self.blur_sigma[0] + rand(n) * (self.blur_sigma[1] - self.blur_sigma[0])
         x = self.blur(x, rand(n) < self.blur_p, sigma * self.blur_kernel / 23)
         return x.clamp_(0.0, 1.0)
@@ -210,6 +218,7 @@ class Policy:
 
     def one(self, img: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         size = list(img.shape[-2:])
+        TF = _tf()  # noqa: N806 - torchvision's usual alias
         if self.crop_scale is not None:
             top, left, h, w = crop_params(size, self.crop_scale, (3 / 4, 4 / 3), g)
             img = TF.resized_crop(

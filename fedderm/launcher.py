@@ -316,6 +316,7 @@ def prewarm() -> None:
         "numpy",
         "torch",
         "torchvision",
+        "torchvision.transforms.v2",  # fedderm.augment's policies import it on first use
         "timm",
         "sklearn.metrics",
         "PIL.Image",

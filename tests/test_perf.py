@@ -1,6 +1,7 @@
 """Performance fixes that change behaviour: polling, partition cache."""
 
 import numpy as np
+import pytest
 
 import registry
 from fedderm import data
@@ -85,6 +86,41 @@ def test_the_apps_start_without_scikit_learn():
         .splitlines()[-1]
     )
     assert out == "[]"
+
+
+def test_a_fresh_client_app_process_imports_only_what_a_fedavg_message_needs(tmp_path):
+    """Stock Flower starts a new ClientApp process for every message.  ``import client_app`` loads
+    no torchvision (whose import pulls in torchvision.models and torch._dynamo), timm, transformers,
+    scikit-learn or PEFT, and no method's or shared stage's ``clients`` module; one fedavg train
+    message (tiny CNN) through the whole ClientApp is then answered without an error, and without
+    torchvision, timm or transformers."""
+    from pathlib import Path
+
+    from bench import cold_start
+
+    kind = cold_start.capture("fedavg", tmp_path / "m.pkl", **{"output-dir": str(tmp_path / "runs")})
+    assert kind == "train"
+    out = cold_start.message_seconds(Path(__file__).resolve().parents[1], tmp_path / "m.pkl")
+    assert out["at import"] == ["clients.audit", "clients.common", "clients.state", "clients.transport"]
+    assert out["error"] is None and 0 < out["import"] <= out["handler"] <= out["reply"]
+    assert not {"torchvision", "timm", "transformers"} & set(out["libraries"]), out["libraries"]
+
+
+def test_the_shared_client_stages_route_to_the_modules_that_handle_them():
+    """``client_app.SHARED_CLIENTS`` names, for each shared message type, the module whose
+    ``HANDLERS`` handles it, and a method's own handler comes first."""
+    import importlib
+
+    import client_app
+    import registry
+
+    for kind, module in client_app.SHARED_CLIENTS.items():
+        assert kind in importlib.import_module(module).HANDLERS
+        assert client_app.handler("fedavg", kind) is importlib.import_module(module).HANDLERS[kind]
+    fedavg = importlib.import_module(registry.get_method("fedavg").client)
+    assert client_app.handler("fedavg", "train") is fedavg.HANDLERS["train"]
+    with pytest.raises(ValueError, match="has no client handler for message type 'train.gan'.*train.holdout"):
+        client_app.handler("fedavg", "train.gan")
 
 
 def test_ring_latency_bench_runs_as_the_file_the_issue_names(tmp_path):
