@@ -4,11 +4,11 @@ import math
 
 import pytest
 import torch
-from methods.fedmae import MIM_OPTIONS
 from torch import nn
 
 import registry
 from fedderm.config import ConfigError
+from fedderm.methods.fedmae import MIM_OPTIONS
 from fedderm.train import batch_scaled_lr, epoch_lr, make_optimizer, mim_schedule, train_epochs
 
 
