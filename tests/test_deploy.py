@@ -432,7 +432,7 @@ def _start_detaching(fed, tmp_path, name: str, mode: str) -> tuple[object, int]:
 
 
 def test_stop_and_kill_end_descendants_that_left_the_group_and_orphans(tmp_path):
-    """Issue 18 must-show 4: a child in a session of its own (the SuperLink's SuperExec and
+    """A child in a session of its own (the SuperLink's SuperExec and
     ServerApp) or already orphaned survives a process-group kill; stop() and kill() end it too,
     and leave a process the test itself started (not through Loopback) alone."""
     from deploy.loopback import Loopback
@@ -609,7 +609,7 @@ def test_loopback_federation_tls_node_auth(loopback, tmp_path):
                 name,
             )
             assert entry["images"] == entry["train"] + entry["val"] + entry["test"] > 0
-        # TensorBoard (issue 20): the `flwr run` ServerApp's event file holds rounds.csv's numbers
+        # TensorBoard: the `flwr run` ServerApp's event file holds rounds.csv's numbers
         assert len(list(out.run_dir.glob("events.out.tfevents.*"))) == 1
         checked, scalars = assert_events_match_csv(out.run_dir)
         assert checked > 0 and "val/balanced_accuracy/mean" in scalars
@@ -725,7 +725,7 @@ def test_loopback_runs_the_003_baselines_through_flwr_run(loopback):
 
 @_SKIP_LOOPBACK
 def test_loopback_fedclf_killed_and_resumed_is_bit_identical(loopback):
-    """Issue 17: FedCLF on the loopback federation; the SuperLink and every SuperNode are
+    """FedCLF on the loopback federation; the SuperLink and every SuperNode are
     SIGKILLed after round 2's checkpoint, the federation is started again (the SuperLink on its
     database file: the hospitals' registrations are kept, nobody registers again) and the run
     continued with ``resume``: the same final metrics, rounds and weights as an uninterrupted run."""

@@ -287,7 +287,7 @@ def test_warm_app_keeps_a_bundle_cold_when_its_import_runs_torch_ops(tmp_path):
 
 
 def test_warm_app_preloads_what_the_bundle_declares_and_drops_it_with_the_app(tmp_path):
-    """Issue 18: ``[tool.fedderm] preload`` modules (``pkg.*``: each module of the package, and a
+    """``[tool.fedderm] preload`` modules (``pkg.*``: each module of the package, and a
     module found on PYTHONPATH outside the bundle) are imported in the parent with the ClientApp,
     and dropped with it (a later bundle never reuses them)."""
     bundle = _fake_bundle(
