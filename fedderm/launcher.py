@@ -985,8 +985,9 @@ def run_stock(role: str, argv: list[str], why: str) -> None:
     The allow-list is the launcher's: with one requested, stock Flower cannot honour it, so the
     SuperNode refuses to start instead of running unapproved bundles."""
     argv = list(argv)
+    # a SuperNode's allow-list is --allow-list or FEDDERM_ALLOW_LIST (read by its SuperExec child)
     allow_list = _pop_option(argv, "--allow-list") or (
-        os.environ.get("FEDDERM_ALLOW_LIST", "") if role == "superexec" else ""
+        os.environ.get("FEDDERM_ALLOW_LIST", "") if role != "superlink" else ""
     )
     _pop_option(argv, "--wake-fd")
     if allow_list:

@@ -665,8 +665,9 @@ def test_an_unverified_flower_with_an_allow_list_refuses_to_start(monkeypatch, s
     with pytest.raises(SystemExit, match=r"9\.9\.0.*cannot enforce the allow-list .*allow\.txt"):
         launcher.main(["supernode", "--insecure", "--allow-list", str(allow)])
     monkeypatch.setenv("FEDDERM_ALLOW_LIST", str(allow))
-    with pytest.raises(SystemExit, match="cannot enforce the allow-list"):
-        launcher.main(["superexec", "--insecure"])
+    for role in ("superexec", "supernode"):  # the SuperNode's SuperExec child reads the variable
+        with pytest.raises(SystemExit, match="cannot enforce the allow-list"):
+            launcher.main([role, "--insecure"])
     assert stock_commands == []
 
 
