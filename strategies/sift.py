@@ -22,7 +22,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 import wire
-from fedderm.config import ConfigError
+from fedderm.methods import need
 from fedderm.sift import (
     LONG_BN_MODES,
     VARIANTS,
@@ -242,17 +242,24 @@ def model_metadata(cfg) -> dict:
 def check_options(cfg) -> None:
     """Range checks of the ``sift.*`` keys (types are checked by the config parser)."""
 
-    def need(ok: bool, key: str, what: str) -> None:
-        if not ok:
-            raise ConfigError(f"run-config key {key!r} {what}, got {cfg.option(key)!r}")
-
-    need(cfg.option("sift.variant") in VARIANTS, "sift.variant", f"must be one of {list(VARIANTS)}")
-    need(0 <= cfg.option("sift.ema-beta") < 1, "sift.ema-beta", "must be in [0, 1)")
-    need(cfg.option("sift.temperature") > 0, "sift.temperature", "must be > 0")
-    need(cfg.option("sift.text-pooling") in ("mean", "cls"), "sift.text-pooling", "must be 'mean' or 'cls'")
-    need(cfg.option("sift.long-bn") in LONG_BN_MODES, "sift.long-bn", f"must be one of {list(LONG_BN_MODES)}")
-    need(cfg.option("sift.hop-timeout") > 0, "sift.hop-timeout", "must be > 0 seconds")
+    need(cfg, cfg.option("sift.variant") in VARIANTS, "sift.variant", f"must be one of {list(VARIANTS)}")
+    need(cfg, 0 <= cfg.option("sift.ema-beta") < 1, "sift.ema-beta", "must be in [0, 1)")
+    need(cfg, cfg.option("sift.temperature") > 0, "sift.temperature", "must be > 0")
     need(
+        cfg,
+        cfg.option("sift.text-pooling") in ("mean", "cls"),
+        "sift.text-pooling",
+        "must be 'mean' or 'cls'",
+    )
+    need(
+        cfg,
+        cfg.option("sift.long-bn") in LONG_BN_MODES,
+        "sift.long-bn",
+        f"must be one of {list(LONG_BN_MODES)}",
+    )
+    need(cfg, cfg.option("sift.hop-timeout") > 0, "sift.hop-timeout", "must be > 0 seconds")
+    need(
+        cfg,
         bool(cfg.option("sift.text-model").strip()) or cfg.option("sift.variant") == "trainable-head",
         "sift.text-model",
         "must name a local model folder, an installed model package or a hub model",
