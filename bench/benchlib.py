@@ -142,7 +142,8 @@ def launch_time() -> float:
 
 
 def median(values) -> float:
-    values = [v for v in values if v is not None]
+    """The median of the values that were measured (``None`` and NaN left out); NaN if none was."""
+    values = [v for v in values if v is not None and v == v]
     return statistics.median(values) if values else float("nan")
 
 

@@ -35,16 +35,16 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import os
 import pickle
-import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+from bench.benchlib import median
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -206,11 +206,6 @@ def unpack(ref: str, into: Path) -> Path:
     return into
 
 
-def _median(xs: list[float]) -> float:
-    xs = [x for x in xs if x is not None and not math.isnan(x)]
-    return statistics.median(xs) if xs else float("nan")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -259,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(
             f"\nClientApp cold start, {args.repeats} repeats, medians in seconds "
-            f"(load average over the runs: median {_median(loads):.2f}, min {min(loads):.2f}, max {max(loads):.2f};"
+            f"(load average over the runs: median {median(loads):.2f}, min {min(loads):.2f}, max {max(loads):.2f};"
             f" {os.cpu_count()} CPUs)"
         )
         keys = [k for k in next(iter(rows.values())) if not k.endswith("libraries")]
@@ -270,11 +265,11 @@ def main(argv: list[str] | None = None) -> int:
         print(header)
         print("|---" * (header.count("|") - 1) + "|")
         for key in keys:
-            cells = [f"{_median(rows[n][key]):.2f}" for n in names]
+            cells = [f"{median(rows[n][key]):.2f}" for n in names]
             if len(names) == 2:
                 a, b = rows[names[0]][key], rows[names[1]][key]
                 ratios = [x / y for x, y in zip(a, b, strict=True) if x is not None and y]
-                cells.append(f"{_median(ratios):.2f}×" if ratios else "n/a")
+                cells.append(f"{median(ratios):.2f}×" if ratios else "n/a")
             print(f"| {key} | " + " | ".join(cells) + " |")
         for spec in messages:
             for n in names:
