@@ -50,4 +50,5 @@ for role in ("superlink", "supernode", "superexec"):
 print(f"flower_compat: held-pull self-test (1 s hold): {launcher.self_test_held_pull(1.0) or 'held'}")
 EOF
 "$env/bin/python" -m pytest -n 0 -p no:cacheprovider -q --durations=10 \
-    tests/test_flower_api.py tests/test_flower_private.py tests/test_launcher.py tests/test_flwr_stop.py tests/test_deploy.py
+    tests/test_flower_api.py tests/test_flower_private.py tests/test_launcher.py tests/test_flwr_stop.py tests/test_deploy.py \
+    tests/test_loopback_stock.py tests/test_loopback.py

@@ -142,6 +142,7 @@ TINY = (
 )
 
 
+@pytest.mark.federation
 def test_sigint_in_round_2_keeps_a_checkpoint_exits_130_and_resume_equals_the_full_run(tmp_path):
     preset = tmp_path / "tiny.toml"
     preset.write_text(TINY)
@@ -200,6 +201,7 @@ def test_an_image_above_the_decode_limit_is_named(tmp_path, monkeypatch):
         sources._read_image(path, 16)
 
 
+@pytest.mark.federation
 def test_a_failed_run_exits_non_zero_with_one_line_and_its_folder_records_why(tmp_path):
     # a failure inside the ServerApp, after the run folder exists (random-init has nothing to pre-train)
     out = _sim(

@@ -14,6 +14,9 @@ import subprocess
 import sys
 import time
 
+import pytest
+from proc_helpers import wait_for
+
 from deploy.loopback import APP_DIR, Loopback, _bin, free_port, run_config_arg
 from fedderm import procs
 from fedderm.run import outcome
@@ -32,14 +35,6 @@ RUN_CONFIG = {
 }
 
 
-def _wait(predicate, what: str, timeout: float):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"{what} within {timeout:.0f} s"
-        time.sleep(0.5)
-    return value
-
-
 def _listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -51,6 +46,7 @@ def _round_one(out) -> bool:
     )
 
 
+@pytest.mark.federation
 def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
     out = tmp_path / "results"
     with Loopback(tmp_path / "link", 0) as fed:
@@ -78,7 +74,7 @@ def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
             fh.write(
                 f'[superlink]\ndefault = "t"\n\n[superlink.t]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
             )
-        _wait(lambda: _listening(port), "the SuperLink listens", 60)
+        wait_for(lambda: _listening(port), "the SuperLink listens", 60)
         # fedderm-run: a run config Flower refuses gets Flower's message and fedderm-check's line
         refused = fed.flwr("run", str(APP_DIR), "t", "--run-config", "num-server-round=2")
         assert "Invalid run configuration" in refused.stdout, refused.stdout
@@ -101,8 +97,8 @@ def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
             [sys.executable, "-m", "fedderm.run", str(APP_DIR), "t", "--run-config", run_config],
             home="cli",
         )
-        run_id = _wait(lambda: _STARTED.findall(wrapper.log.read_text()), "the run starts", 120)[0]
-        _wait(lambda: _round_one(out), "round 1 is recorded", 300)
+        run_id = wait_for(lambda: _STARTED.findall(wrapper.log.read_text()), "the run starts", 120)[0]
+        wait_for(lambda: _round_one(out), "round 1 is recorded", 300)
         running = fed.processes()
         stays = {superlink.popen.pid} | {pid for pid, cmd in running.items() if "flower-superexec" in cmd}
         run = set(running) - stays  # flwr-simulation (ServerApp, Ray's driver) and Ray's processes
@@ -111,7 +107,7 @@ def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
 
         assert fed.flwr("stop", run_id, "t").returncode == 0
         (summary_path,) = out.glob("*/summary.json")
-        summary = _wait(
+        summary = wait_for(
             lambda: (s := json.loads(summary_path.read_text()))["status"] != "running" and s,
             "the run folder records the stop",
             60,
@@ -119,7 +115,7 @@ def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
         assert (summary["status"], summary["error"]) == STOPPED
         # the SuperLink and its SuperExec stay up for the next run; nothing else of the run does
         # (Flower's SuperExec does not reap the ended flwr-simulation: a zombie, not listed)
-        _wait(lambda: not set(fed.processes()) - stays, "every process of the run ends", 60)
+        wait_for(lambda: not set(fed.processes()) - stays, "every process of the run ends", 60)
         # fedderm-run ends with the run, non-zero, with the run's own line
         assert wrapper.popen.wait(timeout=60) == 1
         tail = wrapper.log.read_text().splitlines()[-2:]

@@ -1,7 +1,7 @@
 """fedderm.launcher: the warm ClientApp launcher's hooks into Flower, the allow-list, the app hash.
 
 The launcher end to end (forked ClientApps answering real messages, a refused app bundle) is in
-tests/test_deploy.py's loopback federation test.
+tests/test_loopback.py's federation.
 """
 
 from __future__ import annotations

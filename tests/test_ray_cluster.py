@@ -115,6 +115,7 @@ def _run(tmp_path: Path, name: str, ray_address: str = "") -> tuple[dict, dict]:
     return json.loads((run_dir / "summary.json").read_text()), torch.load(run_dir / "model.pt")
 
 
+@pytest.mark.federation
 def test_ray_address_two_node_cluster_gives_the_single_node_numbers(tmp_path, two_node_cluster):
     address, node_dirs = two_node_cluster
     local, local_model = _run(tmp_path, "local")

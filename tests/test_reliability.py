@@ -59,6 +59,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(in_process, tmp_path, 
     assert len(list(crashed.glob("checkpoint-round-*.pt"))) == 3  # rounds 1, 2, 3 (keep-checkpoints=3)
 
 
+@pytest.mark.federation
 def test_a_failing_and_a_silent_client_do_not_stop_the_run(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", f"{ROOT}:{ROOT / 'tests'}")  # Ray workers import tests/faults.py
     monkeypatch.setenv("FEDDERM_TEST_FAULTS", json.dumps([[0, 2, "raise"], [1, 2, "hang"]]))

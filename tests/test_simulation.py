@@ -22,6 +22,7 @@ FAST = {
 }
 
 
+@pytest.mark.federation
 def test_fedavg_on_synthetic_writes_results_and_learns(tmp_path):
     run_dir = sim.simulate(
         {**FAST, "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "cache"), "run-name": "e2e"},

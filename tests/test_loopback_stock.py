@@ -1,0 +1,81 @@
+"""Flower as it ships: a loopback federation of stock `flower-superlink` / `flower-supernode`
+processes (TLS, node auth) with fedderm only as the app; and `python -m deploy.loopback` stopped by a
+SIGTERM mid-run leaving none of its processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from proc_helpers import alive as _alive
+from proc_helpers import skip_loopback, wait_for
+
+from fedderm import procs
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.federation, skip_loopback]
+
+
+def test_stock_flower_loopback_federation_tls_node_auth(tmp_path):
+    """Flower as it ships: `flower-superlink` and `flower-supernode` of the installed Flower,
+    unmodified (TLS, SuperNode authentication, no fedderm launcher), fedderm only as the app run
+    with `flwr run`: a FedAvg round completes with every hospital's test result, and an
+    unregistered SuperNode is refused."""
+    from deploy.loopback import BASE_RUN_CONFIG, Loopback
+
+    lines: list[str] = []
+    fed = Loopback(tmp_path / "fed", 2, per_class=8, echo=lines.append, launcher="flower")
+    try:
+        fed.start()
+        started = fed.processes()
+        assert not any("fedderm.launcher" in cmd for cmd in started.values()), started
+        assert sum("flower-supernode" in cmd for cmd in started.values()) == 2, started
+        assert fed.try_outsider()["refused"]
+        out = fed.run("fedavg", {**BASE_RUN_CONFIG, "num-server-rounds": 1}, timeout=600)
+        assert out.ok, "\n".join(out.problems)
+        assert out.status == "finished:completed" and set(out.summary["final"]["per_client"]) == {"0", "1"}
+    finally:
+        fed.stop()
+
+
+def test_sigterm_to_the_loopback_command_mid_run_leaves_none_of_its_processes(tmp_path):
+    """`python -m deploy.loopback` killed with SIGTERM while a run is going (a CI timeout, a
+    closed terminal): it exits and no process it started (SuperLink, SuperNodes, their SuperExecs,
+    ServerApp, ClientApps, the flwr CLI) is left alive."""
+    import signal
+
+    from deploy.loopback import TAG_VAR
+
+    workdir = tmp_path / "fed"
+    cmd = [sys.executable, "-m", "deploy.loopback", "--hospitals", "2", "--rounds", "3", "--method", "fedavg"]
+    proc = subprocess.Popen(
+        [*cmd, "--workdir", str(workdir)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+    def family() -> list[int]:
+        tag = f"{proc.pid}."
+        return [
+            pid
+            for pid in procs.table()
+            if pid != proc.pid and (procs.environ_value(pid, TAG_VAR) or "").startswith(tag) and _alive(pid)
+        ]
+
+    try:
+        wait_for(lambda: any(workdir.glob("results/*/checkpoint*-round-1.pt")), "round 1 of the run", 600)
+        running = family()
+        assert any("flwr-serverapp" in procs.cmdline(pid) for pid in running), running
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143
+        left = {pid: procs.cmdline(pid, 200) for pid in family()}
+        assert left == {}, left
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
