@@ -9,6 +9,7 @@ inside the functions: importing this module costs nothing.
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 #: (module, name) -> why there is no public way (tests/test_flower_api.py keeps the list exact)
@@ -19,11 +20,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "run_simulation (deprecated in 1.42) takes none of them and returns nothing"
     ),
     ("flwr.supercore.run", "Run"): "the Run that flwr run would register, carrying the run-config overrides",
-    ("flwr.server.superlink.linkstate.utils", "generate_rand_int_from_bytes"): (
-        "run and task ids drawn as Flower draws them for a Run"
-    ),
-    ("flwr.common.constant", "RUN_ID_NUM_BYTES"): "the width of a run id, as Flower draws it",
-    ("flwr.common.constant", "TASK_ID_NUM_BYTES"): "the width of a task id, as Flower draws it",
     (
         "flwr.simulation.run_simulation",
         "NOOP_FEDERATION_ID",
@@ -69,18 +65,22 @@ def fused_run_config(app_dir: str | Path, overrides: dict) -> dict:
 def simulation_run(overrides: dict):
     """The ``Run`` that ``flwr run`` would register, carrying ``overrides``; sets the task identity
     the ServerApp's messages are created with (as Flower's ``run_simulation`` does for its Run)."""
-    from flwr.common.constant import RUN_ID_NUM_BYTES, SUPERLINK_NODE_ID, TASK_ID_NUM_BYTES
-    from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
+    from flwr.common.constant import SUPERLINK_NODE_ID
     from flwr.simulation.run_simulation import NOOP_FEDERATION_ID
     from flwr.supercore.run import Run
     from flwr.supercore.task_identity import TaskIdentity
 
-    run = Run.create_empty(generate_rand_int_from_bytes(RUN_ID_NUM_BYTES))
-    run.primary_task_id = generate_rand_int_from_bytes(TASK_ID_NUM_BYTES)
+    run = Run.create_empty(_random_id())
+    run.primary_task_id = _random_id()
     run.federation_id = NOOP_FEDERATION_ID
     run.override_config = dict(overrides)
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, run.run_id, SUPERLINK_NODE_ID
     return run
+
+
+def _random_id() -> int:
+    """A run or task id: a random positive 63-bit integer (an id only names the Run)."""
+    return secrets.randbits(63) or 1
 
 
 def run_simulation_in_process(
