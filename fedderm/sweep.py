@@ -297,23 +297,32 @@ def parse_sweep(
             raise SweepError(f"{source}: " + _unknown("section", key, list(SECTIONS)))
     if "sweep" not in data:
         raise SweepError(f"{source}: missing [sweep] section")
-    spec = dict(data["sweep"])
     base = _flatten(data.get("run-config", {}))
     bad = [k for k in base if k in REPLICATE_KEYS and k != "output-dir"]
     if bad:
         raise SweepError(
             f"{source} [run-config]: {bad[0]!r} is set per run by the sweep (sweep.seeds, sweep.cv-folds)"
         )
+    layers = [("[quick]", _flatten(data.get("quick", {})))] if quick else []
+    layers.append(("--set", dict(overrides)))
+    spec, late = _layered(dict(data["sweep"]), layers, source)
+    if seeds is not None:
+        spec["seeds"] = list(seeds)
+    sweep = _settings(spec, f"{source} [sweep]", name, source, base, late, quick, valid_keys)
+    _check_unused_overrides(sweep, layers)
+    if load_config is not None:
+        _check_rows(sweep, load_config)
+    return sweep
+
+
+def _layered(spec: dict, layers: list[tuple[str, dict]], source: str) -> tuple[dict, dict]:
+    """``[sweep]`` with the ``sweep.*`` keys of each layer (``[quick]``, then ``--set``) applied, and
+    the layers' run-config keys (applied to every row after its axes)."""
     late: dict[str, Any] = {}
-    layers = [
-        ("[quick]", _flatten(data.get("quick", {}))) if quick else None,
-        ("--set", dict(overrides or {})),
-    ]
-    for where, layer in filter(None, layers):
+    for where, layer in layers:
         for key, value in layer.items():
             if key.startswith("sweep.axes."):
-                spec.setdefault("axes", {})
-                spec["axes"] = {**spec["axes"], key[len("sweep.axes.") :]: value}
+                spec["axes"] = {**spec.get("axes", {}), key[len("sweep.axes.") :]: value}
             elif key.startswith("sweep."):
                 sub = key[len("sweep.") :]
                 if sub not in SWEEP_KEYS:
@@ -327,12 +336,16 @@ def parse_sweep(
                 )
             else:
                 late[key] = value
-    if seeds is not None:
-        spec["seeds"] = list(seeds)
     for key in spec:
         if key not in SWEEP_KEYS:
             raise SweepError(f"{source} [sweep]: " + _unknown("sweep key", key, list(SWEEP_KEYS)))
-    where = f"{source} [sweep]"
+    return spec, late
+
+
+def _settings(
+    spec: dict, where: str, name: str, source: str, base: dict, late: dict, quick: bool, valid_keys
+) -> Sweep:
+    """The :class:`Sweep` of the checked ``[sweep]`` settings."""
 
     def get(key: str, kind: type, default: Any) -> Any:
         value = spec.get(key, default)
@@ -340,7 +353,6 @@ def parse_sweep(
             raise SweepError(f"{where}: {key!r} must be {kind.__name__}, got {value!r}")
         return value
 
-    title = get("title", str, name)
     num_supernodes = get("num-supernodes", int, 2)
     cv_folds = get("cv-folds", int, 0)
     table = get("table", str, "final")
@@ -358,23 +370,12 @@ def parse_sweep(
     metrics = [_metric(m, where) for m in get("metrics", list, ["balanced_accuracy"])]
     if not metrics:
         raise SweepError(f"{where}: 'metrics' is empty")
-    if table == "per-client":
-        bad = [m.key for m in metrics if not m.is_final]
-        if bad:
-            raise SweepError(
-                f'{where}: table = "per-client" takes final metrics only '
-                f"({', '.join(FINAL_METRICS)}), got {bad}"
-            )
-    raw_axes = get("axes", dict, {})
-    axes = {a: _axis(a, v, f"{source} [sweep.axes]", valid_keys) for a, v in raw_axes.items()}
-    for where, layer in filter(None, layers):  # a key every entry of an axis sets would be ignored
-        for key in layer:
-            for a, entries in axes.items():
-                if not key.startswith("sweep.") and all(key in values for _, values in entries):
-                    raise SweepError(
-                        f"{source} {where}: {key!r} is set by every entry of axis {a!r}, so this "
-                        f"value would never be used; set 'sweep.axes.{a}' instead"
-                    )
+    bad = [m.key for m in metrics if not m.is_final]
+    if table == "per-client" and bad:
+        raise SweepError(
+            f'{where}: table = "per-client" takes final metrics only ({", ".join(FINAL_METRICS)}), got {bad}'
+        )
+    axes = {a: _axis(a, v, f"{source} [sweep.axes]", valid_keys) for a, v in get("axes", dict, {}).items()}
     reference = get("reference", dict, {})
     for axis, label in reference.items():
         if axis not in axes:
@@ -384,38 +385,51 @@ def parse_sweep(
             raise SweepError(
                 f"{where}: 'reference' {axis} = {label!r} is not a row label of that axis: {labels}"
             )
-    sweep = Sweep(
-        name,
-        source,
-        title,
-        num_supernodes,
-        [int(s) for s in seed_list],
-        cv_folds,
-        table,
-        metrics,
-        axes,
-        base,
-        late,
-        quick,
-        dict(reference),
+    return Sweep(
+        name=name,
+        source=source,
+        title=get("title", str, name),
+        num_supernodes=num_supernodes,
+        seeds=[int(s) for s in seed_list],
+        cv_folds=cv_folds,
+        table=table,
+        metrics=metrics,
+        axes=axes,
+        base=base,
+        late=late,
+        quick=quick,
+        reference=dict(reference),
     )
-    if load_config is not None:
-        for row in sweep.rows():
-            config = {**sweep.base, **row.overrides, **sweep.late, "seed": sweep.seeds[0]}
-            if sweep.cv_folds:
-                config.update({"cv-folds": sweep.cv_folds, "cv-fold": 0})
-            try:
-                cfg = load_config(config)
-            except ConfigError as err:
-                raise SweepError(
-                    f"{source}{' (--quick)' if quick else ''}, row {row.describe() or '(base)'}: {err}"
-                ) from None
-            if getattr(cfg, "min_clients", 1) > num_supernodes:
-                raise SweepError(
-                    f"{source}, row {row.describe()}: min-clients={cfg.min_clients} > "
-                    f"num-supernodes={num_supernodes}; the run would wait for clients that never come"
-                )
-    return sweep
+
+
+def _check_unused_overrides(sweep: Sweep, layers: list[tuple[str, dict]]) -> None:
+    """A ``[quick]`` or ``--set`` key that every entry of an axis sets would never be used."""
+    for where, layer in layers:
+        for key in layer:
+            for a, entries in sweep.axes.items():
+                if not key.startswith("sweep.") and all(key in values for _, values in entries):
+                    raise SweepError(
+                        f"{sweep.source} {where}: {key!r} is set by every entry of axis {a!r}, so this "
+                        f"value would never be used; set 'sweep.axes.{a}' instead"
+                    )
+
+
+def _check_rows(sweep: Sweep, load_config: Callable[[dict], Any]) -> None:
+    """Every row's run config passes ``load_config`` and asks for no more clients than the sweep has."""
+    for row in sweep.rows():
+        config = {**sweep.base, **row.overrides, **sweep.late, "seed": sweep.seeds[0]}
+        if sweep.cv_folds:
+            config.update({"cv-folds": sweep.cv_folds, "cv-fold": 0})
+        try:
+            cfg = load_config(config)
+        except ConfigError as err:
+            quick = " (--quick)" if sweep.quick else ""
+            raise SweepError(f"{sweep.source}{quick}, row {row.describe() or '(base)'}: {err}") from None
+        if getattr(cfg, "min_clients", 1) > sweep.num_supernodes:
+            raise SweepError(
+                f"{sweep.source}, row {row.describe()}: min-clients={cfg.min_clients} > "
+                f"num-supernodes={sweep.num_supernodes}; the run would wait for clients that never come"
+            )
 
 
 def load_sweep(
