@@ -335,9 +335,9 @@ def test_fedderm_preloads_every_methods_client_handlers():
 def test_importing_the_fedderm_client_app_runs_no_torch_op():
     """What lets the fork server import fedderm's ClientApp once (fork safety)."""
     script = (
-        "from fedderm.accel import warm\nimport sys\ncalls = warm.TorchCalls()\n"
-        "with calls:\n    import client_app\n    warm.import_preload('clients.*')\n"
-        "print(sorted(set(calls.names)))\n"
+        "from fedderm.accel import warm\n"
+        "with warm.torch_calls() as calls:\n    import client_app\n    warm.import_preload('clients.*')\n"
+        "print(sorted(set(calls)))\n"
     )
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=APP_DIR)
     assert res.returncode == 0, res.stderr
@@ -737,6 +737,32 @@ def test_held_pull_self_test_passes_on_this_flower_and_names_an_inert_hold(monke
     monkeypatch.setattr(superlink.HeldPulls, "wrap", lambda self, state: state)
     failure = superlink.self_test_held_pull(0.2)
     assert failure is not None and failure.startswith("held pull:")
+
+
+def test_short_wait_self_test_passes_and_names_an_inert_back_off_and_restores_flowers(monkeypatch):
+    from flwr.supercore.inflatable import inflatable_utils
+
+    before = dict(inflatable_utils.pull_objects.__kwdefaults__)
+    assert waits.self_test_short_wait(0.01) is None
+    assert inflatable_utils.pull_objects.__kwdefaults__ == before  # the self-test patches nothing
+    monkeypatch.setattr(waits, "fast_object_pulls", lambda interval: None)
+    failure = waits.self_test_short_wait(0.01)
+    assert failure.startswith("short wait: Flower's object pull retried after ")
+    assert float(failure.split(" after ")[1].split(" s")[0]) >= 0.8  # Flower's 1 s back-off, ±20 %
+
+
+def test_a_self_test_that_raises_runs_stock(monkeypatch, stock_commands, caplog):
+    def broken():
+        raise AttributeError("moved")
+
+    monkeypatch.setattr(gate, "SELF_TESTS", {"superlink": (broken,)})
+    monkeypatch.setattr(
+        superlink, "superlink_main", lambda argv: pytest.fail("patched despite a failed self-test")
+    )
+    with caplog.at_level("WARNING", logger="flwr"):
+        gate.main(["superlink", "--insecure"])
+    assert stock_commands == [["flower-superlink", "--insecure"]]
+    assert any("broken: AttributeError('moved')" in r.getMessage() for r in caplog.records)
 
 
 def test_refusal_self_test_passes_and_names_a_guard_that_lets_a_bundle_through(monkeypatch):

@@ -21,10 +21,6 @@ _log = logging.getLogger("flwr")  # Flower's console format, next to the SuperNo
 REFUSAL = "refused: app bundle sha256 {digest} is not on this hospital's allow-list ({source})"
 
 
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def read_allow_list(path: str | Path) -> set[str]:
     """sha256 hex digests, one per line (``#`` comments and blank lines ignored)."""
     path = Path(path).expanduser()
@@ -45,7 +41,7 @@ def app_hash(app_dir: str | Path = ".") -> str:
     """The sha256 of the app bundle (FAB) that ``flwr run <app_dir>`` ships: what a hospital pins."""
     from flwr.cli.build import build_fab_from_disk
 
-    return sha256_hex(build_fab_from_disk(Path(app_dir)))
+    return hashlib.sha256(build_fab_from_disk(Path(app_dir))).hexdigest()
 
 
 def guard_install(allowed: set[str] | None, source: str, warm: WarmApp | None = None) -> None:
@@ -56,7 +52,7 @@ def guard_install(allowed: set[str] | None, source: str, warm: WarmApp | None = 
     original = rc.install_from_fab
 
     def install_checked(fab_content: bytes, *args, **kwargs):
-        digest = sha256_hex(fab_content)
+        digest = hashlib.sha256(fab_content).hexdigest()
         if warm is not None and warm.digest != digest:
             warm.drop()  # another bundle than the one the fork server imported: none of its modules
         if allowed is not None and digest not in allowed:

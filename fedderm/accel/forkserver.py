@@ -1,29 +1,16 @@
 """The fork server of ``fedderm-superexec``: a single-threaded process that forks the ClientApps.
 
-Flower's SuperExec runs threads (its parent monitor, its Runtime API client, a health server),
-and a process forked from a multi-threaded one can inherit a lock that another thread held at
-that moment, which no thread in the child will ever release (the hazard CPython warns about).
-So the SuperExec never forks: when it starts, before Flower starts anything, it starts this
-server as a fresh interpreter (:class:`ForkServer`), connected to it by a socket pair.  The
-server runs no thread of its own and only answers the SuperExec's requests, one at a time:
+Flower's SuperExec runs threads, and a process forked from a multi-threaded one can inherit a lock
+that no thread in it will release (the hazard CPython warns about).  So the SuperExec never forks:
+at its start, before Flower starts anything, it starts this server as a fresh interpreter
+(:class:`ForkServer`), connected by a socket pair.  The server runs no thread, imports the approved
+app once (:class:`WarmApp`), forks one child per ClientApp task (the allow-list guard, then
+Flower's ``run_clientapp`` with the task's token), reaps them, and stops them and exits when the
+SuperExec's end of the socket closes (docs/deploy-internals.md, "The fork server").
 
-* ``launch``: import the task's app bundle once if it is approved and installed
-  (:class:`fedderm.WarmApp`), then fork a child that checks the bundle against the
-  allow-list (:func:`fedderm.guard_install`) and calls Flower's ``run_clientapp`` with
-  the task's token, exactly what ``flwr-clientapp --token`` does;
-* ``probe``: the self-test's task (:func:`self_test_fork_server`), forked the same way.
-
-Every fork checks that the server has one Python thread (native pools that libraries start at
-import, OpenBLAS's and jemalloc's, stop or lock themselves around ``fork`` through their own
-``pthread_atfork`` handlers); the reply names the Python and OS thread counts at the fork.
-The server reaps its children (no zombies).  A child stops when the SuperExec ends (Flower's
-parent monitor watches the SuperExec's pid), and when the SuperExec's end of the socket closes
-(the SuperExec stopped or died) the server stops its children and exits.
-
-Python's ``multiprocessing`` forkserver is the same idea, but its server imports a fixed preload
-list when it starts and then only forks: the app bundle to keep imported is known only when a
-task for it arrives (and changes when the hospital approves a new one), so the import has to
-happen in the server between forks, which ``multiprocessing`` does not offer.
+``multiprocessing``'s forkserver imports a fixed list when it starts and then only forks; the app
+bundle to keep imported is known only when its first task arrives (and changes when a hospital
+approves a new one), so this server imports between forks.
 """
 
 from __future__ import annotations
@@ -34,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -43,18 +31,10 @@ from fedderm.accel.allow import guard_install, installed_marker
 from fedderm.accel.warm import WarmApp, drop_modules, fedderm_modules, prewarm
 
 _log = logging.getLogger("flwr")
-
 #: how often the server reaps finished children while no request comes (seconds)
 REAP_INTERVAL = 0.5
-#: how long stopping children (SIGTERM) or the server may take before they are killed (seconds)
+#: how long the children have between SIGTERM and SIGKILL when the server stops (seconds)
 STOP_GRACE = 5.0
-
-
-def os_threads() -> int:
-    """The number of OS threads of this process."""
-    return (
-        len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else threading.active_count()
-    )
 
 
 class TaskForker:
@@ -79,10 +59,10 @@ class TaskForker:
             self.cold.add(digest)
 
     def fork(self, run, conn: Connection | None) -> dict:
-        """Fork a child that calls ``run()`` and exits; returns its pid and the thread counts."""
-        python_threads, native = threading.active_count(), os_threads()
-        if python_threads != 1:
-            raise RuntimeError(f"the fork server runs {python_threads} Python threads: it does not fork")
+        """Fork a child that calls ``run()`` and exits with what it returns; the child's pid."""
+        threads = threading.active_count()
+        if threads != 1:
+            raise RuntimeError(f"the fork server runs {threads} Python threads: it does not fork")
         pid = os.fork()
         if pid == 0:  # the child never returns
             code = 1
@@ -101,46 +81,44 @@ class TaskForker:
                 sys.stderr.flush()
                 os._exit(code)
         self.children.add(pid)
-        return {"pid": pid, "python_threads": python_threads, "os_threads": native, "server": os.getpid()}
+        return {"pid": pid, "python_threads": threads, "server": os.getpid()}
 
     def launch(self, request: dict, conn: Connection | None = None) -> dict:
-        allowed = None if request["allowed"] is None else set(request["allowed"])
-        self.warm_up(request["fab_hash"], allowed)
-        return self.fork(lambda: self._run_task(request, allowed), conn)
+        """Fork the ClientApp of ``request["spec"]`` (Flower's ``ExecutionSpec``)."""
+        spec, allowed = request["spec"], request["allowed"]
+        self.warm_up(spec.fab_hash, allowed)
+        superexec = spec.parent_pid or os.getppid()  # the child stops when the SuperExec ends
+        return self.fork(lambda: self._run_task(spec, allowed, request["source"], superexec), conn)
 
-    def _run_task(self, request: dict, allowed: set[str] | None) -> None:
+    def _run_task(self, spec, allowed: set[str] | None, source: str, superexec: int) -> None:
         """In the child: the allow-list guard, then Flower's ``run_clientapp`` with the task's token."""
         # the app bundle brings its own fedderm: never run the launcher's copy as app code; the
         # app the server imported is kept only for its own bundle (checked again on the bytes)
-        if request["fab_hash"] != self.warm.digest:
+        if spec.fab_hash != self.warm.digest:
             self.warm.drop()
         drop_modules(fedderm_modules() if self.warm.digest is None else [])
-        guard_install(allowed, request["source"], self.warm)
+        guard_install(allowed, source, self.warm)
         from flwr.supercore.tls import validate_and_resolve_root_certificates
         from flwr.supernode.runtime.run_clientapp import run_clientapp
 
         run_clientapp(
-            runtime_api_address=request["runtime_api_address"],
-            token=request["token"],
-            insecure=request["insecure"],
-            certificates=validate_and_resolve_root_certificates(
-                request["root_certificates_path"], request["insecure"]
-            ),
-            parent_pid=request["parent_pid"],
+            runtime_api_address=spec.runtime_api_address,
+            token=spec.token,
+            insecure=spec.insecure,
+            certificates=validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
+            parent_pid=superexec,
             runtime_dependency_install=False,
         )
 
     def probe(self, request: dict, conn: Connection | None = None) -> dict:
-        """Import the probe bundle at ``folder``, fork a child that finds its module already
-        imported, wait for it; ``exit`` 0 means the task ran warm."""
-        module = request["module"]
-        if not self.warm.load("probe", Path(request["folder"])):
-            raise RuntimeError(f"the probe bundle {request['folder']} could not be imported")
+        """Import the probe app at ``folder``, fork a child that exits 0 if it finds the app's
+        ``module`` imported, and wait for it (``exit``)."""
+        if not self.warm.load("self-test", Path(request["folder"])):
+            raise RuntimeError(f"the probe app in {request['folder']} could not be imported")
         try:
-            reply = self.fork(lambda: 0 if module in sys.modules else 3, conn)
+            reply = self.fork(lambda: 0 if request["module"] in sys.modules else 3, conn)
             self.children.discard(reply["pid"])
-            _, status = os.waitpid(reply["pid"], 0)
-            reply["exit"] = os.waitstatus_to_exitcode(status)
+            reply["exit"] = os.waitstatus_to_exitcode(os.waitpid(reply["pid"], 0)[1])
         finally:
             self.warm.drop()
         return reply
@@ -149,7 +127,7 @@ class TaskForker:
         """Wait for every finished child (no zombies)."""
         for pid in list(self.children):
             try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
+                done = os.waitpid(pid, os.WNOHANG)[0]
             except ChildProcessError:
                 done = pid
             if done:
@@ -167,14 +145,11 @@ class TaskForker:
             while self.children and time.monotonic() < deadline:
                 self.reap()
                 time.sleep(0.05)
-            if not self.children:
-                return
 
 
 def serve(fd: int, preload: bool = True) -> None:
-    """The server's loop on socket ``fd``: answer requests until the SuperExec's end closes.
-
-    ``preload``: import what every ClientApp needs first (:func:`fedderm.prewarm`)."""
+    """The server's loop on socket ``fd`` until the SuperExec's end closes; ``preload``: import
+    what every ClientApp needs first (:func:`prewarm`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the SuperExec stops it (end of the socket)
     conn = Connection(fd)
     if preload:
@@ -200,7 +175,7 @@ def serve(fd: int, preload: bool = True) -> None:
 
 
 class ForkServer:
-    """The SuperExec's handle on its fork server: started once, asked one request at a time."""
+    """The SuperExec's handle on its fork server: one request at a time, restarted if it ended."""
 
     def __init__(self, preload: bool = True):
         self.preload = preload
@@ -210,8 +185,8 @@ class ForkServer:
     def start(self) -> ForkServer:
         ours, theirs = socket.socketpair()
         code = "import sys\nfrom fedderm.accel.forkserver import serve\nserve(int(sys.argv[1]), sys.argv[2] == '1')"
-        command = [sys.executable, "-c", code, str(theirs.fileno()), str(int(self.preload))]
         try:
+            command = [sys.executable, "-c", code, str(theirs.fileno()), str(int(self.preload))]
             self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),))
         except BaseException:
             ours.close()
@@ -226,11 +201,11 @@ class ForkServer:
         return self.process is not None and self.process.poll() is None
 
     def ask(self, request: dict) -> dict:
-        """Send ``request``; the server's reply (a server that ended is started again first)."""
+        """The server's reply to ``request`` (raises ``RuntimeError`` with the server's error)."""
         if not self.alive():
             if self.process is not None:
                 _log.warning(
-                    "fedderm launcher: the fork server ended (%s); starting it again", self.process.returncode
+                    "fedderm launcher: the fork server ended (%s); restarting it", self.process.returncode
                 )
                 self.close()
             self.start()
@@ -240,14 +215,14 @@ class ForkServer:
             raise RuntimeError(reply["error"])
         return reply
 
-    def close(self, grace: float = STOP_GRACE) -> None:
+    def close(self) -> None:
         """Close the socket (the server stops its children and exits) and wait for the server."""
         if self.conn is not None:
             self.conn.close()
             self.conn = None
         if self.process is not None:
             try:
-                self.process.wait(timeout=2 * grace + 1)  # SIGTERM, then SIGKILL, each ``grace``
+                self.process.wait(timeout=2 * STOP_GRACE + 1)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
@@ -258,7 +233,7 @@ _SHARED: ForkServer | None = None
 
 
 def shared_server() -> ForkServer:
-    """This SuperExec's fork server (started on first use: by the self-test, at the SuperExec's start)."""
+    """This SuperExec's fork server (started by the self-test, else at the SuperExec's start)."""
     global _SHARED
     if _SHARED is None:
         _SHARED = ForkServer().start()
@@ -268,8 +243,7 @@ def shared_server() -> ForkServer:
 class ForkExecutor:
     """Flower's ``Executor`` protocol: one ClientApp task = one child of the fork server.
 
-    Other task types fall back to Flower's own :class:`SubprocessExecutor`.
-    """
+    Other task types go to Flower's own :class:`SubprocessExecutor`."""
 
     def __init__(self, allowed: set[str] | None, source: str, server: ForkServer | None = None):
         from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
@@ -277,7 +251,7 @@ class ForkExecutor:
         self.allowed, self.source = allowed, source
         self.server = server if server is not None else shared_server()
         self.fallback = SubprocessExecutor()
-        self.last_fork: dict = {}  # the server's reply to the last launch (pid, thread counts)
+        self.last_fork: dict = {}  # the server's reply to the last launch
 
     def get_eligible_capacity(self, supported_task_types, **kwargs):
         return self.fallback.get_eligible_capacity(supported_task_types, **kwargs)
@@ -291,61 +265,34 @@ class ForkExecutor:
 
         if spec.task_type != TaskType.CLIENT_APP:
             return self.fallback.launch(spec)
-        request = {
-            "op": "launch",
-            "allowed": None if self.allowed is None else sorted(self.allowed),
-            "source": self.source,
-            "parent_pid": spec.parent_pid or os.getpid(),  # the SuperExec: the child stops with it
-            **{
-                field: getattr(spec, field)
-                for field in (
-                    "fab_hash",
-                    "runtime_api_address",
-                    "token",
-                    "insecure",
-                    "root_certificates_path",
-                )
-            },
-        }
-        started = time.monotonic()
         try:
-            reply = self.server.ask(request)
+            request = {"op": "launch", "spec": spec, "allowed": self.allowed, "source": self.source}
+            self.last_fork = self.server.ask(request)
         except (OSError, EOFError, RuntimeError) as err:
             return LaunchResult.failed(f"fedderm fork server: {err}")
-        self.last_fork = reply
-        _log.debug(
-            "fedderm launcher: task %s forked as pid %d in %.3f s",
-            spec.task_id,
-            reply["pid"],
-            time.monotonic() - started,
-        )
+        _log.debug("fedderm launcher: task %s forked as pid %d", spec.task_id, self.last_fork["pid"])
         return LaunchResult.accepted()
 
     def reconcile(self) -> None:
-        """The server reaps the tasks; here a server that ended is waited for."""
-        self.server.alive()
+        self.server.alive()  # the server reaps the tasks; a server that ended is waited for here
 
     def close(self) -> None:
         self.server.close()
         self.fallback.close()
 
 
-_PROBE_MODULE = "fedderm_fork_server_probe"
-
-
 def self_test_fork_server() -> str | None:
     """A task runs in a warm process forked by a single-threaded server: the server imports a
-    probe app, forks a child that finds it already imported, and had one Python thread at the
-    fork.  Returns what failed, or ``None``."""
-    import tempfile
-
+    probe app and forks a child that must find it imported, from a server other than this process
+    with one Python thread.  Returns what failed (the server is then stopped), or ``None``."""
+    module = "fedderm_fork_server_probe"
     with tempfile.TemporaryDirectory(prefix="fedderm-probe-") as folder:
-        (Path(folder) / f"{_PROBE_MODULE}.py").write_text("app = 'warm'\n")
+        (Path(folder) / f"{module}.py").write_text("app = 'warm'\n")
         (Path(folder) / "pyproject.toml").write_text(
-            f'[tool.flwr.app.components]\nclientapp = "{_PROBE_MODULE}:app"\n'
+            f'[tool.flwr.app.components]\nclientapp = "{module}:app"\n'
         )
         try:
-            reply = shared_server().ask({"op": "probe", "folder": folder, "module": _PROBE_MODULE})
+            reply = shared_server().ask({"op": "probe", "folder": folder, "module": module})
         except (OSError, EOFError, RuntimeError) as err:
             reply = {"error": str(err)}
     if "error" in reply:

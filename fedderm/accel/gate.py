@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fedderm.accel import forkserver, superlink, supernode
 from fedderm.accel.allow import app_hash, pop_option, self_test_refusal
+from fedderm.accel.waits import self_test_short_wait
 
 _log = logging.getLogger("flwr")
 
@@ -59,8 +60,6 @@ _INTERNALS = (
 
 #: what fedderm.accel.node_registry reads and writes on Flower's in-memory link state and its factory
 _LINKSTATE_ATTRIBUTES = ("nodes", "node_public_key_to_node_id", "owner_to_node_ids", "lock")
-
-
 _FACTORY_ATTRIBUTES = ("state_instance",)
 
 
@@ -80,15 +79,6 @@ def check_flower_internals() -> list[str]:
                 missing.append(f"flwr.server.superlink.linkstate.LinkState.{method}")
     except (ImportError, AttributeError):
         missing.append("flwr.server.superlink.linkstate.LinkState")
-    for fn_name in ("pull_objects", "pull_and_inflate_object_from_tree"):
-        try:
-            fn = getattr(importlib.import_module("flwr.supercore.inflatable.inflatable_utils"), fn_name)
-            if not {"initial_backoff", "backoff_cap"} <= set(fn.__kwdefaults__ or {}):
-                missing.append(
-                    f"flwr.supercore.inflatable.inflatable_utils.{fn_name}(initial_backoff=, backoff_cap=)"
-                )
-        except (ImportError, AttributeError):
-            pass
     try:  # instance attributes fedderm.accel.node_registry relies on
         from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
         from flwr.server.superlink.linkstate.linkstate_factory import LinkStateFactory
@@ -121,9 +111,9 @@ def flower_version() -> str:
 
 #: the behavioural self-tests each role runs at start (all must pass, or nothing is patched)
 SELF_TESTS = {
-    "superlink": (superlink.self_test_held_pull,),
-    "supernode": (self_test_refusal,),
-    "superexec": (self_test_refusal, forkserver.self_test_fork_server),
+    "superlink": (self_test_short_wait, superlink.self_test_held_pull),
+    "supernode": (self_test_short_wait, self_test_refusal),
+    "superexec": (self_test_short_wait, self_test_refusal, forkserver.self_test_fork_server),
 }
 
 
@@ -139,7 +129,10 @@ def why_stock(role: str) -> str:
     if missing:
         return f"flwr {version} lacks the internals the launcher was verified with: {', '.join(missing)}"
     for test in SELF_TESTS.get(role, ()):
-        failure = test()
+        try:
+            failure = test()
+        except Exception as err:  # noqa: BLE001 - a self-test that cannot run has failed
+            failure = f"{test.__name__}: {err!r}"
         if failure:
             return f"self-test failed on flwr {version}: {failure}"
     return ""

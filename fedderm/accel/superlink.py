@@ -15,9 +15,8 @@ from fedderm.accel.waits import ACCELERATED_ENV, env_seconds
 def link_state_in_memory() -> None:
     """Make ``flower-superlink --database FILE`` keep its link state (runs, message headers, node
     liveness) and the messages' objects (the model arrays) in memory, and only the registered
-    SuperNodes in the SQLite FILE (:class:`fedderm.accel.node_registry.RegisteredNodesLinkState`).
-    Flower keeps all of it in FILE: every ResNet-18 message (43 MB) is written to and read back
-    from SQLite, and every request's link-state queries go through SQLAlchemy (docs/deploy.md,
+    SuperNodes in the SQLite FILE (:class:`fedderm.accel.node_registry.RegisteredNodesLinkState`),
+    where Flower writes and reads back every message's arrays through SQLAlchemy (docs/deploy.md,
     "ResNet-18: where a round goes").  ``:flwr-in-memory:`` and non-SQLite URLs are left to Flower."""
     from flwr.supercore.object_store import ObjectStoreFactory
     from flwr.superlink import config_loader
@@ -38,8 +37,6 @@ def link_state_in_memory() -> None:
 
 #: how long the SuperLink holds a SuperNode's pull when no message is waiting (``FEDDERM_PULL_HOLD``)
 DEFAULT_PULL_HOLD = 1.0
-
-
 #: at most this many pulls held at once: each holds one of the SuperLink's 40 request threads
 MAX_HELD_PULLS = 16
 
@@ -52,9 +49,8 @@ def pull_hold() -> float:
 class HeldPulls:
     """Long polling of the Fleet API's PullMessages, inside the SuperLink's link state.
 
-    An idle SuperNode asks for a message every ``FEDDERM_POLL_INTERVAL`` (0.05 s): 20 TLS requests
-    a second per hospital, each authenticated and answered from SQLite, which on two cores took
-    ~40 % of a core at the SuperLink while nothing happened (docs/deploy.md).  Here a pull that
+    An idle SuperNode asks for a message every ``FEDDERM_POLL_INTERVAL``, each request
+    authenticated and answered by the SuperLink (docs/deploy.md).  Here a pull that
     finds nothing waits up to ``hold`` seconds for a message to be stored (any node's: the pull
     then asks again) before it answers "nothing", so an idle SuperNode asks about once per
     ``hold`` and a new message is delivered as soon as it is stored.  The SuperNode is unchanged

@@ -8,8 +8,6 @@ import os
 import time as _time
 
 DEFAULT_POLL_INTERVAL = 0.05
-
-
 #: set by fedderm-superlink for the processes it starts: server_app.py then calls fast_object_pulls
 ACCELERATED_ENV = "FEDDERM_ACCELERATED"
 
@@ -45,6 +43,36 @@ def fast_object_pulls(interval: float | None = None) -> None:
     for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
         fn.__kwdefaults__["initial_backoff"] = interval
         fn.__kwdefaults__["backoff_cap"] = 4 * interval
+
+
+def self_test_short_wait(interval: float = 0.01) -> str | None:
+    """A wait is shortened: after :func:`fast_object_pulls`, Flower's ``pull_objects`` retries an
+    object that is not there yet after about ``interval`` seconds, not its 1 s back-off (Flower's
+    defaults are restored afterwards).  Returns what failed, or ``None``."""
+    from flwr.supercore.inflatable import inflatable_utils as flower
+
+    functions = (flower.pull_objects, flower.pull_and_inflate_object_from_tree)
+    saved = [dict(fn.__kwdefaults__ or {}) for fn in functions]
+    tries: list[float] = []
+
+    def pull(object_id: str) -> bytes:
+        tries.append(_time.monotonic())
+        if len(tries) == 1:
+            raise flower.ObjectUnavailableError(object_id)
+        return b"ready"
+
+    try:
+        fast_object_pulls(interval)
+        flower.pull_objects(["object"], pull)
+    except Exception as err:  # noqa: BLE001 - any failure means Flower's back-off moved
+        return f"short wait: Flower's object pull with the shortened back-off failed ({err!r})"
+    finally:
+        for fn, defaults in zip(functions, saved):
+            fn.__kwdefaults__ = defaults or None
+    waited = tries[1] - tries[0]
+    if waited > 0.5:
+        return f"short wait: Flower's object pull retried after {waited:.3f} s, not {interval} s"
+    return None
 
 
 #: the SuperExec's task poll when the SuperNode wakes it (:class:`WakeableTime`): only a fallback

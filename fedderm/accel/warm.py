@@ -4,6 +4,7 @@ Nothing imported here may run a torch op (the server must stay safe to fork)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -48,35 +49,27 @@ def fedderm_modules() -> list[str]:
     return [m for m in sys.modules if m.partition(".")[0] == "fedderm" and not m.startswith("fedderm.accel")]
 
 
-class TorchCalls:
-    """Record the torch functions called inside ``with`` (a ``TorchFunctionMode``)."""
+@contextlib.contextmanager
+def torch_calls():
+    """The names of the torch functions called inside ``with`` (a ``TorchFunctionMode``)."""
+    from torch.overrides import TorchFunctionMode
 
-    def __init__(self):
-        self.names: list[str] = []
+    names: list[str] = []
 
-    def __enter__(self):
-        from torch.overrides import TorchFunctionMode
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            names.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
 
-        names = self.names
-
-        class Mode(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                names.append(getattr(func, "__name__", str(func)))
-                return func(*args, **(kwargs or {}))
-
-        self._mode = Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._mode.__exit__(*exc)
+    with Mode():
+        yield names
 
 
 class WarmApp:
     """The approved app bundle's ClientApp module, imported once in the fork server.
 
     Flower's ``load_app`` reuses a module already in ``sys.modules``, so every forked child skips
-    the app's import (~1 s per message on a loaded 2-core machine).  The modules the bundle's
+    the app's import.  The modules the bundle's
     ``pyproject.toml`` lists under ``[tool.fedderm] preload`` (``package.*``: every module of the
     package) are imported right after it: what its handlers import only when a message comes
     (fedderm: each method's ``clients/<method>.py``).  Only a bundle that is on the
@@ -91,6 +84,8 @@ class WarmApp:
         self.modules: set[str] = set()
 
     def load(self, digest: str, folder: Path) -> bool:
+        """Import the ClientApp module (and the preload) of the bundle installed in ``folder``;
+        ``False``, nothing kept, if that fails or runs a torch op."""
         import tomllib
 
         self.drop()
@@ -102,40 +97,26 @@ class WarmApp:
                 raise KeyError(f"tool.fedderm.preload must be a list of module names, not {preload!r}")
         except (OSError, KeyError, tomllib.TOMLDecodeError) as err:
             _log.warning(
-                "fedderm launcher: app bundle %s kept cold: no clientapp in %s (%s)",
-                digest[:16],
-                folder / "pyproject.toml",
-                err,
+                "fedderm launcher: app bundle %s kept cold: no clientapp in %s (%s)", digest[:16], folder, err
             )
             return False
         drop_modules(fedderm_modules())  # the bundle brings its own fedderm
         before = set(sys.modules)
         sys.path.insert(0, str(folder))
         self.digest, self.folder = digest, folder
-        calls = TorchCalls()
+        calls, error = [], ""
         try:
-            with calls:
+            with torch_calls() as calls:
                 importlib.import_module(module)
                 for name in preload:  # what the app's handlers import only when a message comes
                     import_preload(name)
         except Exception as err:  # noqa: BLE001 - the child imports it again and reports the error
-            self.modules = self._bundled(set(sys.modules) - before)
-            _log.warning(
-                "fedderm launcher: app bundle %s kept cold: importing %s failed (%r)",
-                digest[:16],
-                module,
-                err,
-            )
-            self.drop()
-            return False
+            error = f"importing {module} failed ({err!r})"
         self.modules = self._bundled(set(sys.modules) - before)
-        unsafe = sorted(set(calls.names) - IMPORT_SAFE_TORCH)
-        if unsafe:
-            _log.warning(
-                "fedderm launcher: app bundle %s kept cold: its import runs torch ops (%s)",
-                digest[:16],
-                ", ".join(unsafe),
-            )
+        unsafe = sorted(set(calls) - IMPORT_SAFE_TORCH)
+        if error or unsafe:
+            why = error or f"its import runs torch ops ({', '.join(unsafe)})"
+            _log.warning("fedderm launcher: app bundle %s kept cold: %s", digest[:16], why)
             self.drop()
             return False
         _log.info(
