@@ -421,8 +421,7 @@ def test_a_task_is_forked_by_the_single_threaded_fork_server_not_the_threaded_su
 _SUPEREXEC_SCRIPT = """
 import os, sys, time
 from fedderm.accel import forkserver
-sys.path.insert(0, sys.argv[2])
-from test_launcher import _client_app_spec
+from test_launcher import _client_app_spec  # tests/ on PYTHONPATH
 executor = forkserver.ForkExecutor(None, "", server=forkserver.ForkServer(preload=False))
 assert executor.launch(_client_app_spec(8, int(sys.argv[1]))).status == "accepted"
 print(executor.server.process.pid, executor.last_fork["pid"], flush=True)
@@ -436,10 +435,11 @@ def test_the_fork_server_and_its_tasks_end_when_the_superexec_is_killed(silent_r
     import psutil
 
     superexec = subprocess.Popen(
-        [sys.executable, "-c", _SUPEREXEC_SCRIPT, str(silent_runtime_api), str(Path(__file__).parent)],
+        [sys.executable, "-c", _SUPEREXEC_SCRIPT, str(silent_runtime_api)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=APP_DIR,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(APP_DIR / "tests"), str(APP_DIR)])},
     )
     try:
         server, task = (psutil.Process(int(pid)) for pid in superexec.stdout.readline().split())
