@@ -121,6 +121,25 @@ def test_app_hash_is_the_sha256_of_the_bundle_flwr_run_ships(tmp_path):
     assert bad.returncode != 0 and "has no pyproject.toml" in bad.stderr
 
 
+def test_each_fedderm_script_runs_the_role_it_is_named_after(monkeypatch):
+    """pyproject.toml's ``fedderm-<role>`` scripts share one entry: the role is the script's name."""
+    import tomllib
+
+    scripts = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["project"]["scripts"]
+    roles = [
+        name.removeprefix("fedderm-")
+        for name, target in scripts.items()
+        if target == "fedderm.accel.gate:entry"
+    ]
+    assert sorted(roles) == ["app-hash", "superexec", "superlink", "supernode"]
+    ran = []
+    monkeypatch.setattr(gate, "main", lambda argv: ran.append(argv))
+    for role in roles:
+        monkeypatch.setattr(sys, "argv", [f"/venv/bin/fedderm-{role}", "--insecure"])
+        gate.entry()
+    assert ran == [[role, "--insecure"] for role in roles]
+
+
 def test_install_guard_refuses_a_bundle_off_the_list_before_installing_it(monkeypatch, caplog):
     rc = importlib.import_module("flwr.supernode.runtime.run_clientapp")
 

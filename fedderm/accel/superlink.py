@@ -117,15 +117,8 @@ class HeldPulls:
                 node_pull = (
                     dst_node_id != SUPERLINK_NODE_ID and run_id is None and reply_to_message_ids is None
                 )
-                return held(
-                    lambda: get_messages(
-                        dst_node_id=dst_node_id,
-                        run_id=run_id,
-                        reply_to_message_ids=reply_to_message_ids,
-                        limit=limit,
-                    ),
-                    node_pull,
-                )
+                args = {"run_id": run_id, "reply_to_message_ids": reply_to_message_ids, "limit": limit}
+                return held(lambda: get_messages(dst_node_id=dst_node_id, **args), node_pull)
 
             state.get_messages = get_pending
         if callable(getattr(state, "store_message_ins", None)):
