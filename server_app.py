@@ -186,7 +186,7 @@ def run_supervised(grid: Grid, cfg, recorder: RunRecorder, classes: list[str]) -
 #: ConfigRecord in the server context's state with ``preset`` (a path or "") and ``overrides``
 #: (JSON of the ``key=value`` pairs).  ``flwr run`` has none: its overrides come from the Run.
 CLI_RECORD = "fedderm.cli"
-#: set by ``fedderm-superlink`` (:mod:`fedderm.launcher`, the optional accelerator) in the environment
+#: set by ``fedderm-superlink`` (:mod:`fedderm.accel`, the optional accelerator) in the environment
 #: of the processes it starts, this ServerApp's included; unset under Flower's own SuperLink
 ACCELERATED = "FEDDERM_ACCELERATED"
 #: Keys a resumed run may change, and the ones config.json adds about the command line and the
@@ -325,7 +325,7 @@ def one_line(err: BaseException) -> str:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     if os.environ.get(ACCELERATED):  # started by fedderm-superlink: the optional accelerator
-        from fedderm.launcher import fast_object_pulls
+        from fedderm.accel.waits import fast_object_pulls
 
         fast_object_pulls()  # its object pulls back off at 0.05 s, not Flower's 1, 2, 4, 8 s
     grid = FastPollGrid(

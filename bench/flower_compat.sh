@@ -10,7 +10,7 @@
 # for the scratch virtual environment (default: a new temporary folder; an environment already
 # there is reused, so that a change is re-checked without installing again). fedderm is installed there
 # editable and without its own Flower pin, its other dependencies as pyproject.toml states them.
-# A version that passes goes into fedderm.launcher.VERIFIED_FLOWER (docs/flower-versions.md).
+# A version that passes goes into fedderm.accel.gate.VERIFIED_FLOWER (docs/flower-versions.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: bash bench/flower_compat.sh FLOWER_REQUIREMENT [SCRATCH_DIR]" >&2; exit 2; }
@@ -41,13 +41,13 @@ fi
 
 export PATH="$env/bin:$PATH" PYTHONPATH="$PWD" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
 "$env/bin/python" - <<'EOF'
-from fedderm import launcher
+from fedderm.accel import gate, superlink
 
-print(f"flower_compat: flwr {launcher.flower_version()}; verified: {', '.join(launcher.VERIFIED_FLOWER)}")
+print(f"flower_compat: flwr {gate.flower_version()}; verified: {', '.join(gate.VERIFIED_FLOWER)}")
 for role in ("superlink", "supernode", "superexec"):
-    why = launcher.why_stock(role)
+    why = gate.why_stock(role)
     print(f"flower_compat: fedderm-{role}: {'patched (self-tests passed)' if not why else 'stock: ' + why}")
-print(f"flower_compat: held-pull self-test (1 s hold): {launcher.self_test_held_pull(1.0) or 'held'}")
+print(f"flower_compat: held-pull self-test (1 s hold): {superlink.self_test_held_pull(1.0) or 'held'}")
 EOF
 "$env/bin/python" -m pytest -n 0 -p no:cacheprovider -q --durations=10 \
     tests/test_flower_api.py tests/test_flower_private.py tests/test_launcher.py tests/test_flwr_stop.py tests/test_deploy.py \

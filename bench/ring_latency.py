@@ -6,7 +6,7 @@
 Starts the TLS + node-auth loopback federation of deploy/loopback.py twice:
   * Flower's own ``flower-supernode``: a new ClientApp process per message, SuperExec poll 1 s,
     idle SuperNode pull 3 s, object-pull back-off 1, 2, 4, 8 s;
-  * fedderm's warm launcher (``python -m fedderm.launcher supernode``): forked pre-warmed
+  * fedderm's warm launcher (``python -m fedderm.accel supernode``): forked pre-warmed
     ClientApps, every idle wait ``FEDDERM_POLL_INTERVAL`` (0.05 s);
 and in each runs bench/ringprobe, which passes an array around the ring one node at a time with
 Flower's ``Grid.send_and_receive`` (3 s between pulls), with fedderm's

@@ -167,7 +167,7 @@ class Loopback:
         self.echo = echo
         if launcher not in ("warm", "flower"):
             raise ValueError(f"launcher must be 'warm' or 'flower', not {launcher!r}")
-        # warm: fedderm.launcher (one pre-warmed, forked ClientApp per message, idle waits cut to
+        # warm: fedderm.accel (one pre-warmed, forked ClientApp per message, idle waits cut to
         # FEDDERM_POLL_INTERVAL, the hospital's allow-list checked); flower: Flower's own processes
         self.launcher = launcher
         self.allow_lists: dict[str, Path] = dict(allow_lists or {})
@@ -301,7 +301,7 @@ class Loopback:
         # fedderm-superlink: link state and objects in memory, registrations in --database (warm launcher)
         command = [_bin("flower-superlink")]
         if self.launcher != "flower":
-            command = [sys.executable, "-m", "fedderm.launcher", "superlink"]
+            command = [sys.executable, "-m", "fedderm.accel", "superlink"]
         self.spawn(
             "superlink",
             [
@@ -383,7 +383,7 @@ class Loopback:
             return [_bin("flower-supernode"), *args]
         if name in self.allow_lists:
             args += ["--allow-list", str(self.allow_lists[name])]
-        return [sys.executable, "-m", "fedderm.launcher", "supernode", *args]
+        return [sys.executable, "-m", "fedderm.accel", "supernode", *args]
 
     def node_config(self, i: int, name: str) -> str:
         return (
@@ -706,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
         "--allow-list",
         default=None,
         help="a file of approved app sha256 hashes given to every hospital "
-        "(default: no allow-list); `python -m fedderm.launcher app-hash .` prints the hash",
+        "(default: no allow-list); `python -m fedderm.accel app-hash .` prints the hash",
     )
     parser.add_argument("--timeout", type=float, default=900, help="seconds allowed per run (default 900)")
     args = parser.parse_args(argv)

@@ -232,7 +232,7 @@ from deploy.loopback import make_hospital_data
 
 make_hospital_data(Path(sys.argv[1]), sys.argv[2:], per_class=12, image_size=32)
 EOF
-APP_HASH="$("$PY" -m fedderm.launcher app-hash "$REPO")" || fail "fedderm-app-hash"
+APP_HASH="$("$PY" -m fedderm.accel app-hash "$REPO")" || fail "fedderm-app-hash"
 printf '# this checkout of fedderm, approved for the Docker test\n%s\n' "$APP_HASH" > "$WORK/approved.txt"
 # Flower's images run as uid 49999: the keys (mode 600) must be theirs; the data stays read-only
 if [ "$(id -u)" = 0 ]; then

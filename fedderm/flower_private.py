@@ -1,7 +1,7 @@
 """The app's only uses of Flower's private names: what its public API does not offer (flwr 1.42).
 
-Everything else in the app (outside the deployment accelerator, ``fedderm/launcher.py`` and
-``fedderm/node_registry.py``) imports only Flower's documented modules; ``tests/test_flower_api.py``
+Everything else in the app (outside the deployment accelerator, the package ``fedderm/accel/``)
+imports only Flower's documented modules; ``tests/test_flower_api.py``
 fails on any other private name or patch, and ``tests/test_flower_private.py`` checks, for each
 entry of :data:`EXCEPTIONS`, what Flower must still do for it to be right.  Flower is imported
 inside the functions: importing this module costs nothing.

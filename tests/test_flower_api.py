@@ -1,7 +1,7 @@
 """The app speaks Flower's public API only.
 
-Every shipped module of the app outside the deployment accelerator (``fedderm/launcher.py``,
-``fedderm/node_registry.py``) may import from Flower (and Ray) only the names Flower (and Ray)
+Every shipped module of the app outside the deployment accelerator (the package
+``fedderm/accel/``) may import from Flower (and Ray) only the names Flower (and Ray)
 document, listed in :data:`PUBLIC` from Flower's API reference
 (https://flower.ai/docs/framework/ref-api/flwr.html: ``flwr.app``, ``flwr.clientapp`` with
 ``flwr.clientapp.mod``, ``flwr.serverapp`` with ``flwr.serverapp.strategy``, ``flwr.simulation``,
@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 #: the deployment accelerator: may use Flower's internals (it checks them itself when it starts)
-ACCELERATOR = ("fedderm/launcher.py", "fedderm/node_registry.py")
+ACCELERATOR = "fedderm/accel"
 #: the one module allowed Flower's private names, each listed in its EXCEPTIONS table
 EXCEPTIONS_MODULE = "fedderm/flower_private.py"
 #: the shipped app: the entry points, the two sides, the wire protocol and the core
@@ -319,7 +319,7 @@ def app_files() -> list[Path]:
     for entry in APP:
         p = ROOT / entry
         files += [p] if p.is_file() else sorted(p.rglob("*.py"))
-    return [f for f in files if str(f.relative_to(ROOT)) not in ACCELERATOR]
+    return [f for f in files if not f.is_relative_to(ROOT / ACCELERATOR)]
 
 
 def app_uses() -> list[Use]:

@@ -1,6 +1,6 @@
-"""fedderm.launcher: the warm ClientApp launcher's hooks into Flower, the allow-list, the app hash.
+"""fedderm.accel: the accelerator's hooks into Flower, its fork server, the allow-list, the app hash.
 
-The launcher end to end (forked ClientApps answering real messages, a refused app bundle) is in
+The accelerator end to end (forked ClientApps answering real messages, a refused app bundle) is in
 tests/test_loopback.py's federation.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fedderm import launcher
+from fedderm.accel import allow, forkserver, gate, superlink, supernode, waits, warm
 
 APP_DIR = Path(__file__).resolve().parents[1]
 
@@ -27,8 +27,8 @@ def test_the_flower_internals_the_launcher_patches_exist():
     """Fails loudly, naming the internal, when a flwr release moves one of them."""
     import flwr
 
-    assert launcher.check_flower_internals() == [], (
-        f"flwr {flwr.__version__}: fedderm.launcher was verified with {launcher.VERIFIED_FLOWER}"
+    assert gate.check_flower_internals() == [], (
+        f"flwr {flwr.__version__}: fedderm.accel was verified with {gate.VERIFIED_FLOWER}"
     )
 
 
@@ -40,7 +40,7 @@ def test_fast_object_pulls_sets_the_shared_backoff_defaults():
     try:
         for fn in fns:  # Flower's defaults (another test may have patched them in this process)
             fn.__kwdefaults__.update(initial_backoff=1, backoff_cap=10)
-        launcher.fast_object_pulls(0.05)
+        waits.fast_object_pulls(0.05)
         for fn in fns:
             assert fn.__kwdefaults__["initial_backoff"] == 0.05
             assert fn.__kwdefaults__["backoff_cap"] == pytest.approx(0.2)
@@ -50,7 +50,7 @@ def test_fast_object_pulls_sets_the_shared_backoff_defaults():
 
 
 def test_clamped_time_caps_sleep_and_delegates_the_rest():
-    clamped = launcher._ClampedTime(0.01)
+    clamped = waits.ClampedTime(0.01)
     start = time.monotonic()
     clamped.sleep(3)  # Flower's idle SuperNode pull
     assert time.monotonic() - start < 0.5
@@ -58,17 +58,17 @@ def test_clamped_time_caps_sleep_and_delegates_the_rest():
 
 
 @pytest.mark.parametrize(
-    ("name", "read", "default", "good", "bads"),
+    ("name", "module", "read", "default", "good", "bads"),
     [
-        ("FEDDERM_POLL_INTERVAL", "poll_interval", "DEFAULT_POLL_INTERVAL", 0.2, ("fast", "0", "100")),
-        ("FEDDERM_PULL_HOLD", "pull_hold", "DEFAULT_PULL_HOLD", 0, ("soon", "-1", "60")),
+        ("FEDDERM_POLL_INTERVAL", waits, "poll_interval", "DEFAULT_POLL_INTERVAL", 0.2, ("fast", "0", "100")),
+        ("FEDDERM_PULL_HOLD", superlink, "pull_hold", "DEFAULT_PULL_HOLD", 0, ("soon", "-1", "60")),
     ],
 )
-def test_seconds_from_environment(monkeypatch, name, read, default, good, bads):
+def test_seconds_from_environment(monkeypatch, name, module, read, default, good, bads):
     """Unset: the default; a value in range: that value; anything else: one line naming the key."""
-    read = getattr(launcher, read)
+    read = getattr(module, read)
     monkeypatch.delenv(name, raising=False)
-    assert read() == getattr(launcher, default)
+    assert read() == getattr(module, default)
     monkeypatch.setenv(name, str(good))
     assert read() == good
     for bad in bads:
@@ -81,12 +81,12 @@ def test_allow_list_parsing_and_errors_name_the_file_and_line(tmp_path):
     good = hashlib.sha256(b"app").hexdigest()
     path = tmp_path / "approved.txt"
     path.write_text(f"# fedderm 0.1.0, reviewed 2026-11-20\n\n{good.upper()}  # v0.1.0\n")
-    assert launcher.read_allow_list(path) == {good}
+    assert allow.read_allow_list(path) == {good}
     path.write_text(f"{good}\nnot-a-hash\n")
     with pytest.raises(SystemExit, match=r"approved.txt:2: 'not-a-hash' is not a sha256"):
-        launcher.read_allow_list(path)
+        allow.read_allow_list(path)
     with pytest.raises(SystemExit, match="missing.txt does not exist"):
-        launcher.read_allow_list(tmp_path / "missing.txt")
+        allow.read_allow_list(tmp_path / "missing.txt")
 
 
 def _copy_app(dst: Path) -> Path:
@@ -99,26 +99,45 @@ def test_app_hash_is_the_sha256_of_the_bundle_flwr_run_ships(tmp_path):
     from flwr.cli.build import build_fab_from_disk
 
     app = _copy_app(tmp_path / "app")
-    digest = launcher.app_hash(app)
+    digest = allow.app_hash(app)
     assert digest == hashlib.sha256(build_fab_from_disk(app)).hexdigest()
-    assert launcher.app_hash(app) == digest  # the same files, the same hash
+    assert allow.app_hash(app) == digest  # the same files, the same hash
     (app / "client_app.py").write_text((app / "client_app.py").read_text() + "\n# changed\n")
-    assert launcher.app_hash(app) != digest  # any edit to shipped code changes what must be approved
+    assert allow.app_hash(app) != digest  # any edit to shipped code changes what must be approved
     out = subprocess.run(
-        [sys.executable, "-m", "fedderm.launcher", "app-hash", str(app)],
+        [sys.executable, "-m", "fedderm.accel", "app-hash", str(app)],
         capture_output=True,
         text=True,
         check=True,
         cwd=APP_DIR,
     )
-    assert out.stdout.strip() == launcher.app_hash(app)
+    assert out.stdout.strip() == allow.app_hash(app)
     bad = subprocess.run(
-        [sys.executable, "-m", "fedderm.launcher", "app-hash", str(tmp_path)],
+        [sys.executable, "-m", "fedderm.accel", "app-hash", str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=APP_DIR,
     )
     assert bad.returncode != 0 and "has no pyproject.toml" in bad.stderr
+
+
+def test_each_fedderm_script_runs_the_role_it_is_named_after(monkeypatch):
+    """pyproject.toml's ``fedderm-<role>`` scripts share one entry: the role is the script's name."""
+    import tomllib
+
+    scripts = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["project"]["scripts"]
+    roles = [
+        name.removeprefix("fedderm-")
+        for name, target in scripts.items()
+        if target == "fedderm.accel.gate:entry"
+    ]
+    assert sorted(roles) == ["app-hash", "superexec", "superlink", "supernode"]
+    ran = []
+    monkeypatch.setattr(gate, "main", lambda argv: ran.append(argv))
+    for role in roles:
+        monkeypatch.setattr(sys, "argv", [f"/venv/bin/fedderm-{role}", "--insecure"])
+        gate.entry()
+    assert ran == [[role, "--insecure"] for role in roles]
 
 
 def test_install_guard_refuses_a_bundle_off_the_list_before_installing_it(monkeypatch, caplog):
@@ -127,7 +146,7 @@ def test_install_guard_refuses_a_bundle_off_the_list_before_installing_it(monkey
     installed = []
     monkeypatch.setattr(rc, "install_from_fab", lambda content, **kw: installed.append(content))
     approved = b"approved bundle"
-    launcher._guard_install({hashlib.sha256(approved).hexdigest()}, "/etc/fedderm/approved.txt")
+    allow.guard_install({hashlib.sha256(approved).hexdigest()}, "/etc/fedderm/approved.txt")
     with pytest.raises(PermissionError, match="not on this hospital's allow-list"):
         rc.install_from_fab(b"something else", skip_prompt=True)
     assert installed == []  # nothing unpacked, so no app code can have run
@@ -141,14 +160,14 @@ def test_no_allow_list_approves_everything(monkeypatch):
 
     installed = []
     monkeypatch.setattr(rc, "install_from_fab", lambda content, **kw: installed.append(content))
-    launcher._guard_install(None, "")
+    allow.guard_install(None, "")
     rc.install_from_fab(b"any", skip_prompt=True)
     assert installed == [b"any"]
 
 
 def test_superexec_popen_is_redirected_to_the_launcher_with_a_wake_up_pipe(monkeypatch):
-    monkeypatch.setattr(launcher, "_WAKE_FDS", [])
-    popen = launcher._SuperExecPopen(["--allow-list", "/x"])
+    monkeypatch.setattr(waits, "WAKE_FDS", [])
+    popen = supernode.SuperExecPopen(["--allow-list", "/x"])
     seen = []
     popen._subprocess = type(
         "S", (), {"Popen": staticmethod(lambda cmd, *a, **k: seen.append((cmd, k))), "PIPE": -1}
@@ -159,7 +178,7 @@ def test_superexec_popen_is_redirected_to_the_launcher_with_a_wake_up_pipe(monke
     assert command[:-2] == [
         sys.executable,
         "-m",
-        "fedderm.launcher",
+        "fedderm.accel",
         "superexec",
         "--insecure",
         "--runtime-api-address",
@@ -169,21 +188,21 @@ def test_superexec_popen_is_redirected_to_the_launcher_with_a_wake_up_pipe(monke
     ]
     assert command[-2] == "--wake-fd" and kwargs["pass_fds"] == (int(command[-1]),)
     assert seen[1] == (["other", "x"], {}) and popen.PIPE == -1
-    (write_fd,) = launcher._WAKE_FDS
+    (write_fd,) = waits.WAKE_FDS
     os.close(write_fd)  # (the read end was closed after the start, as in the SuperNode)
 
 
 def test_superexec_sleep_ends_when_the_supernode_wakes_it(monkeypatch):
     """The SuperExec's task poll sleeps until the SuperNode stored a message (or the fallback)."""
     read_fd, write_fd = os.pipe()
-    monkeypatch.setattr(launcher, "_WAKE_FDS", [write_fd])
-    clock = launcher._WakeableTime(read_fd, fallback=0.3)
+    monkeypatch.setattr(waits, "WAKE_FDS", [write_fd])
+    clock = waits.WakeableTime(read_fd, fallback=0.3)
     start = time.monotonic()
     clock.sleep(0.01)  # nothing to do: sleeps the fallback, not Flower's interval
     assert 0.25 < time.monotonic() - start < 2
-    pull = launcher._waking_object_pull(lambda ids, pull_object_fn: {i: b"x" for i in ids})
+    pull = waits.waking_object_pull(lambda ids, pull_object_fn: {i: b"x" for i in ids})
     assert pull(["a"], pull_object_fn=None) == {"a": b"x"}  # a task exists: the SuperExec is woken
-    launcher.wake_superexec()  # two wake-ups pending: one sleep consumes both
+    waits.wake_superexec()  # two wake-ups pending: one sleep consumes both
     start = time.monotonic()
     clock.sleep(5)
     assert time.monotonic() - start < 0.2
@@ -196,8 +215,8 @@ def test_superexec_sleep_ends_when_the_supernode_wakes_it(monkeypatch):
     start = time.monotonic()
     clock.sleep(0.05)
     assert 0.04 < time.monotonic() - start < 0.25
-    launcher.wake_superexec()  # writing to a closed pipe drops it
-    assert launcher._WAKE_FDS == []
+    waits.wake_superexec()  # writing to a closed pipe drops it
+    assert waits.WAKE_FDS == []
 
 
 def test_install_guard_unpacks_an_approved_bundle_once(monkeypatch, tmp_path):
@@ -214,7 +233,7 @@ def test_install_guard_unpacks_an_approved_bundle_once(monkeypatch, tmp_path):
         return folder
 
     monkeypatch.setattr(rc, "install_from_fab", install)
-    launcher._guard_install(None, "")
+    allow.guard_install(None, "")
     first = rc.install_from_fab(b"bundle one", skip_prompt=True)
     assert rc.install_from_fab(b"bundle one", skip_prompt=True) == first and calls == [b"bundle one"]
     rc.install_from_fab(b"bundle two", skip_prompt=True)  # another hash: installed by Flower
@@ -238,9 +257,9 @@ def _fake_bundle(folder: Path, body: str, extra_toml: str = "") -> Path:
 _WARM_SCRIPT = """
 import sys
 from pathlib import Path
-from fedderm import launcher
+from fedderm.accel.warm import WarmApp
 folder = Path(sys.argv[1])
-warm = launcher.WarmApp()
+warm = WarmApp()
 ok = warm.load("ab" * 32, folder)
 mod = sys.modules.get("app_main")
 print("ok", ok)
@@ -333,33 +352,149 @@ def test_fedderm_preloads_every_methods_client_handlers():
 
 
 def test_importing_the_fedderm_client_app_runs_no_torch_op():
-    """What lets the launcher import fedderm's ClientApp once in its parent (fork safety)."""
+    """What lets the fork server import fedderm's ClientApp once (fork safety)."""
     script = (
-        "from fedderm import launcher\nimport sys\ncalls = launcher._TorchCalls()\n"
-        "with calls:\n    import client_app\n    launcher._import_preload('clients.*')\n"
-        "print(sorted(set(calls.names)))\n"
+        "from fedderm.accel import warm\n"
+        "with warm.torch_calls() as calls:\n    import client_app\n    warm.import_preload('clients.*')\n"
+        "print(sorted(set(calls)))\n"
     )
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=APP_DIR)
     assert res.returncode == 0, res.stderr
     called = set(eval(res.stdout.strip().splitlines()[-1]))  # noqa: S307 - our own printed list
-    assert called <= launcher.IMPORT_SAFE_TORCH, called - launcher.IMPORT_SAFE_TORCH
+    assert called <= warm.IMPORT_SAFE_TORCH, called - warm.IMPORT_SAFE_TORCH
 
 
-def test_executor_warms_only_an_approved_installed_bundle(monkeypatch, tmp_path):
+def test_fork_server_warms_only_an_approved_installed_bundle(monkeypatch, tmp_path):
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
-    executor = launcher.ForkExecutor({"a" * 64}, "/etc/fedderm/approved.txt")
+    forker = forkserver.TaskForker()
     loaded = []
-    monkeypatch.setattr(executor.warm, "load", lambda digest, folder: loaded.append((digest, folder)) or True)
-    executor.warm_up("b" * 64)  # not on the allow-list
-    executor.warm_up("a" * 64)  # approved, but not installed yet (no marker)
+    monkeypatch.setattr(forker.warm, "load", lambda digest, folder: loaded.append((digest, folder)) or True)
+    approved = {"a" * 64}
+    forker.warm_up("b" * 64, approved)  # not on the allow-list
+    forker.warm_up("a" * 64, approved)  # approved, but not installed yet (no marker)
     assert loaded == []
     folder = tmp_path / "home" / "apps" / "fedderm.fedderm.0.1.0.aaaaaaaa"
     folder.mkdir(parents=True)
-    marker = launcher._installed_marker("a" * 64)
+    marker = allow.installed_marker("a" * 64)
     marker.parent.mkdir(parents=True)
     marker.write_text(str(folder))
-    executor.warm_up("a" * 64)
+    forker.warm_up("a" * 64, approved)
     assert loaded == [("a" * 64, folder)]
+
+
+def _client_app_spec(task_id: int, port: int):
+    """A ClientApp task whose Runtime API (``port``: a socket that never answers) keeps it waiting."""
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.superexec.executor.types import ExecutionSpec
+
+    return ExecutionSpec(
+        task_type=TaskType.CLIENT_APP,
+        runtime_api_address=f"127.0.0.1:{port}",
+        token="token",
+        insecure=True,
+        root_certificates_path=None,
+        runtime_dependency_install=False,
+        parent_pid=os.getpid(),
+        suppress_output=False,
+        task_id=task_id,
+    )
+
+
+@pytest.fixture
+def silent_runtime_api():
+    """The port of a listening socket that accepts connections and never answers."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield sock.getsockname()[1]
+
+
+def test_a_task_is_forked_by_the_single_threaded_fork_server_not_the_threaded_superexec(
+    silent_runtime_api,
+):
+    """The SuperExec runs threads (Flower's parent monitor): the ClientApp must not be forked from
+    it but from the fork server, which had one Python thread at the fork; closing the executor
+    (the SuperExec's exit) stops the task and the server and leaves no process behind."""
+    import psutil
+
+    monitor = threading.Event()
+    threading.Thread(target=monitor.wait, daemon=True).start()  # as Flower's parent monitor
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    executor = forkserver.ForkExecutor(None, "", server=forkserver.ForkServer(preload=False))
+    try:
+        assert threading.active_count() >= 2
+        assert executor.launch(_client_app_spec(7, silent_runtime_api)).status == "accepted"
+        task = psutil.Process(executor.last_fork["pid"])
+        assert task.ppid() == executor.server.process.pid != os.getpid()
+        assert executor.last_fork["python_threads"] == 1
+        assert task.status() != psutil.STATUS_ZOMBIE
+    finally:
+        executor.close()
+        monitor.set()
+    assert not psutil.pid_exists(task.pid)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+
+
+_SUPEREXEC_SCRIPT = """
+import os, sys, time
+from fedderm.accel import forkserver
+from test_launcher import _client_app_spec  # tests/ on PYTHONPATH
+executor = forkserver.ForkExecutor(None, "", server=forkserver.ForkServer(preload=False))
+assert executor.launch(_client_app_spec(8, int(sys.argv[1]))).status == "accepted"
+print(executor.server.process.pid, executor.last_fork["pid"], flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_fork_server_and_its_tasks_end_when_the_superexec_is_killed(silent_runtime_api):
+    """A SuperExec killed outright (SIGKILL: no exit handler runs) leaves neither its fork server
+    nor a running ClientApp behind."""
+    import psutil
+
+    superexec = subprocess.Popen(
+        [sys.executable, "-c", _SUPEREXEC_SCRIPT, str(silent_runtime_api)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=APP_DIR,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(APP_DIR / "tests"), str(APP_DIR)])},
+    )
+    try:
+        server, task = (psutil.Process(int(pid)) for pid in superexec.stdout.readline().split())
+        assert task.ppid() == server.pid and server.ppid() == superexec.pid
+        assert task.status() != psutil.STATUS_ZOMBIE
+    finally:
+        superexec.kill()
+        superexec.wait()
+    gone, alive = psutil.wait_procs([server, task], timeout=30)
+    assert alive == []
+
+
+def test_fork_server_self_test_passes_and_names_a_threaded_or_cold_fork(monkeypatch):
+    monkeypatch.setattr(forkserver, "_SHARED", forkserver.ForkServer(preload=False).start())
+    try:
+        assert forkserver.self_test_fork_server() is None
+    finally:
+        forkserver._SHARED.close()
+
+    class Answers:
+        def __init__(self, **reply):
+            self.reply = {"server": os.getpid() + 1, "python_threads": 1, "exit": 0, **reply}
+
+        def ask(self, request):
+            return self.reply
+
+        def close(self):  # a failed self-test stops the server: the SuperExec runs stock Flower
+            self.closed = True
+
+    for reply, failure in [
+        ({"server": os.getpid(), "python_threads": 3}, "forked by pid"),
+        ({"exit": 3}, "did not find the app imported"),
+    ]:
+        server = Answers(**reply)
+        monkeypatch.setattr(forkserver, "_SHARED", server)
+        assert failure in forkserver.self_test_fork_server() and server.closed
 
 
 def test_superlink_keeps_link_state_and_objects_in_memory_and_registrations_in_the_database_file(
@@ -374,13 +509,13 @@ def test_superlink_keeps_link_state_and_objects_in_memory_and_registrations_in_t
     from flwr.superlink import main as superlink_main
     from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
 
-    from fedderm.node_registry import RegisteredNodesLinkState
+    from fedderm.accel.node_registry import RegisteredNodesLinkState
 
     flower, _ = config_loader.get_objectstore_linkstate_factories(str(tmp_path / "flower.db"), None)
     assert not isinstance(flower.store(), InMemoryObjectStore)  # Flower's: objects in the SQLite file
 
     monkeypatch.setattr(superlink_main, "get_objectstore_linkstate_factories", None)
-    launcher.link_state_in_memory()
+    superlink.link_state_in_memory()
     factories = superlink_main.get_objectstore_linkstate_factories
     db = tmp_path / "superlink.db"
     objects, links = factories(str(db), NoOpFederationManager())
@@ -399,7 +534,7 @@ def _registry(db, objects=None):
     from flwr.supercore.object_store import ObjectStoreFactory
     from flwr.superlink.federation.noop_federation_manager import NoOpFederationManager
 
-    from fedderm.node_registry import link_state_factory
+    from fedderm.accel.node_registry import link_state_factory
 
     objects = objects or ObjectStoreFactory()
     return link_state_factory(db, NoOpFederationManager(), objects).state()
@@ -502,7 +637,7 @@ class _FakeLinkState:
 
 
 def _held(hold: float, max_held: int = 16) -> _FakeLinkState:
-    return launcher.HeldPulls(hold, max_held).wrap(_FakeLinkState())
+    return superlink.HeldPulls(hold, max_held).wrap(_FakeLinkState())
 
 
 def _pull_in_thread(state, node_id: int) -> tuple:
@@ -593,8 +728,8 @@ def test_superlink_link_state_holds_idle_pulls(tmp_path, monkeypatch):
         "get_objectstore_linkstate_factories",
         superlink_main.get_objectstore_linkstate_factories,
     )
-    launcher.link_state_in_memory()
-    launcher.hold_pulls(2.0)
+    superlink.link_state_in_memory()
+    superlink.hold_pulls(2.0)
     factories = superlink_main.get_objectstore_linkstate_factories
     for database in (str(tmp_path / "superlink.db"), ":flwr-in-memory:"):
         objects, links = factories(database, NoOpFederationManager())
@@ -617,23 +752,49 @@ def test_held_pull_self_test_passes_on_this_flower_and_names_an_inert_hold(monke
     """The start-up self-test pulls through Flower's own Fleet handler: it passes with the
     installed Flower and fails, naming the held pull, when the wrap misses the method Flower
     pulls with (as the 1.42 wrap did on 1.43, whose Fleet handler calls ``get_messages``)."""
-    assert launcher.self_test_held_pull(0.2) is None
-    monkeypatch.setattr(launcher.HeldPulls, "wrap", lambda self, state: state)
-    failure = launcher.self_test_held_pull(0.2)
+    assert superlink.self_test_held_pull(0.2) is None
+    monkeypatch.setattr(superlink.HeldPulls, "wrap", lambda self, state: state)
+    failure = superlink.self_test_held_pull(0.2)
     assert failure is not None and failure.startswith("held pull:")
 
 
+def test_short_wait_self_test_passes_and_names_an_inert_back_off_and_restores_flowers(monkeypatch):
+    from flwr.supercore.inflatable import inflatable_utils
+
+    before = dict(inflatable_utils.pull_objects.__kwdefaults__)
+    assert waits.self_test_short_wait(0.01) is None
+    assert inflatable_utils.pull_objects.__kwdefaults__ == before  # the self-test patches nothing
+    monkeypatch.setattr(waits, "fast_object_pulls", lambda interval: None)
+    failure = waits.self_test_short_wait(0.01)
+    assert failure.startswith("short wait: Flower's object pull retried after ")
+    assert float(failure.split(" after ")[1].split(" s")[0]) >= 0.8  # Flower's 1 s back-off, ±20 %
+
+
+def test_a_self_test_that_raises_runs_stock(monkeypatch, stock_commands, caplog):
+    def broken():
+        raise AttributeError("moved")
+
+    monkeypatch.setattr(gate, "SELF_TESTS", {"superlink": (broken,)})
+    monkeypatch.setattr(
+        superlink, "superlink_main", lambda argv: pytest.fail("patched despite a failed self-test")
+    )
+    with caplog.at_level("WARNING", logger="flwr"):
+        gate.main(["superlink", "--insecure"])
+    assert stock_commands == [["flower-superlink", "--insecure"]]
+    assert any("broken: AttributeError('moved')" in r.getMessage() for r in caplog.records)
+
+
 def test_refusal_self_test_passes_and_names_a_guard_that_lets_a_bundle_through(monkeypatch):
-    assert launcher.self_test_refusal() is None
-    monkeypatch.setattr(launcher, "_guard_install", lambda allowed, source, warm=None: None)
-    assert launcher.self_test_refusal() == "refusal: a bundle off the allow-list was installed"
+    assert allow.self_test_refusal() is None
+    monkeypatch.setattr(allow, "guard_install", lambda allowed, source, warm=None: None)
+    assert allow.self_test_refusal() == "refusal: a bundle off the allow-list was installed"
 
 
 @pytest.fixture
 def stock_commands(monkeypatch):
     """Each role's stock Flower command replaced by a recorder of ``sys.argv``."""
     ran: list[list[str]] = []
-    for module, function, _ in launcher.STOCK_COMMANDS.values():
+    for module, function, _ in gate.STOCK_COMMANDS.values():
         monkeypatch.setattr(importlib.import_module(module), function, lambda: ran.append(list(sys.argv)))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     return ran
@@ -643,14 +804,21 @@ def stock_commands(monkeypatch):
 def test_an_unverified_flower_runs_stock_with_one_warning_and_patches_nothing(
     role, monkeypatch, stock_commands, caplog
 ):
-    monkeypatch.setattr(launcher, "flower_version", lambda: "9.9.0")
+    monkeypatch.setattr(gate, "flower_version", lambda: "9.9.0")
     monkeypatch.delenv("FEDDERM_ALLOW_LIST", raising=False)
     patched = []
-    for name in ("supernode_main", "superexec_main", "superlink_main_", "fast_object_pulls", "hold_pulls"):
-        monkeypatch.setattr(launcher, name, lambda *a, _n=name: patched.append(_n))
+    for module, name in [
+        (supernode, "supernode_main"),
+        (supernode, "superexec_main"),
+        (supernode, "fast_object_pulls"),
+        (superlink, "superlink_main"),
+        (superlink, "hold_pulls"),
+        (forkserver, "shared_server"),  # no fork server for a stock SuperExec
+    ]:
+        monkeypatch.setattr(module, name, lambda *a, _n=name: patched.append(_n))
     with caplog.at_level("WARNING", logger="flwr"):
-        launcher.main([role, "--insecure", "--wake-fd", "5"])
-    command = launcher.STOCK_COMMANDS[role][2]
+        gate.main([role, "--insecure", "--wake-fd", "5"])
+    command = gate.STOCK_COMMANDS[role][2]
     assert stock_commands == [[command, "--insecure"]] and patched == []
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "9.9.0" in warnings[0] and command in warnings[0]
@@ -659,25 +827,25 @@ def test_an_unverified_flower_runs_stock_with_one_warning_and_patches_nothing(
 
 def test_an_unverified_flower_with_an_allow_list_refuses_to_start(monkeypatch, stock_commands, tmp_path):
     """Stock Flower has no allow-list: the SuperNode does not start rather than run any bundle."""
-    monkeypatch.setattr(launcher, "flower_version", lambda: "9.9.0")
+    monkeypatch.setattr(gate, "flower_version", lambda: "9.9.0")
     allow = tmp_path / "allow.txt"
     allow.write_text("0" * 64 + "\n")
     with pytest.raises(SystemExit, match=r"9\.9\.0.*cannot enforce the allow-list .*allow\.txt"):
-        launcher.main(["supernode", "--insecure", "--allow-list", str(allow)])
+        gate.main(["supernode", "--insecure", "--allow-list", str(allow)])
     monkeypatch.setenv("FEDDERM_ALLOW_LIST", str(allow))
     for role in ("superexec", "supernode"):  # the SuperNode's SuperExec child reads the variable
         with pytest.raises(SystemExit, match="cannot enforce the allow-list"):
-            launcher.main([role, "--insecure"])
+            gate.main([role, "--insecure"])
     assert stock_commands == []
 
 
 def test_a_failed_self_test_runs_stock_on_a_verified_flower(monkeypatch, stock_commands, caplog):
-    monkeypatch.setattr(launcher, "SELF_TESTS", {"superlink": (lambda: "held pull: answered at once",)})
+    monkeypatch.setattr(gate, "SELF_TESTS", {"superlink": (lambda: "held pull: answered at once",)})
     monkeypatch.setattr(
-        launcher, "superlink_main_", lambda argv: pytest.fail("patched despite a failed self-test")
+        superlink, "superlink_main", lambda argv: pytest.fail("patched despite a failed self-test")
     )
     with caplog.at_level("WARNING", logger="flwr"):
-        launcher.main(["superlink", "--insecure"])
+        gate.main(["superlink", "--insecure"])
     assert stock_commands == [["flower-superlink", "--insecure"]]
     assert any(
         "self-test failed" in r.getMessage() and "answered at once" in r.getMessage() for r in caplog.records
@@ -686,7 +854,7 @@ def test_a_failed_self_test_runs_stock_on_a_verified_flower(monkeypatch, stock_c
 
 def test_a_verified_flower_whose_self_tests_pass_is_patched(monkeypatch, stock_commands):
     ran = []
-    monkeypatch.setattr(launcher, "superlink_main_", lambda argv: ran.append(argv))
-    monkeypatch.setattr(launcher, "SELF_TESTS", {"superlink": (lambda: None,)})
-    launcher.main(["superlink", "--insecure"])
+    monkeypatch.setattr(superlink, "superlink_main", lambda argv: ran.append(argv))
+    monkeypatch.setattr(gate, "SELF_TESTS", {"superlink": (lambda: None,)})
+    gate.main(["superlink", "--insecure"])
     assert ran == [["--insecure"]] and stock_commands == []

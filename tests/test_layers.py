@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[list[tuple[str, ...]]] = [
     [("fedderm",)],  # the core: pure PyTorch/numpy, and fedderm.methods (each method's specification)
     # Flower, and what drives it (fedderm.flower_private: the app's only private Flower names)
-    [("flwr", "fedderm.launcher", "fedderm.node_registry", "fedderm.console", "fedderm.flower_private")],
+    [("flwr", "fedderm.accel", "fedderm.console", "fedderm.flower_private")],
     [("wire",)],
     [("registry",)],
     [("strategies",), ("clients",)],  # the two sides never import each other
@@ -39,7 +39,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 #: Modules below the apps that import a module whose name they compute (the graph cannot see where
 #: to), each with the reason; the apps and the tools above them may.
 DYNAMIC: dict[str, str] = {
-    "fedderm.launcher": "it imports the app it launches (and the Flower internals it checks)",
+    "fedderm.accel.warm": "it imports the app it launches",
+    "fedderm.accel.gate": "it imports the Flower internals it checks, and each role's stock Flower command",
     "fedderm.sift": "the installed text-model package that sift.text-model names",
     "clients.probe": "the backbone mapping that Method.probe names (in fedderm.probes)",
     "fedderm.methods": "the package imports every module found in it (each registers its method), so that a "

@@ -21,7 +21,7 @@ def loopback(tmp_path_factory):
     """One SuperLink + 3 SuperNodes (TLS, node auth, fedderm's warm launcher, each hospital with
     an allow-list holding this app's hash), started once for the loopback tests of this module."""
     from deploy.loopback import APP_DIR, Loopback
-    from fedderm.launcher import app_hash
+    from fedderm.accel.allow import app_hash
 
     root = tmp_path_factory.mktemp("loopback")
     lines: list[str] = []
@@ -50,7 +50,7 @@ def test_loopback_federation_tls_node_auth(loopback, tmp_path):
     from test_tracking import assert_events_match_csv
 
     from deploy.loopback import APP_DIR, BASE_RUN_CONFIG, METHODS, available_methods
-    from fedderm.launcher import app_hash
+    from fedderm.accel.allow import app_hash
 
     fed, approved_hash = loopback, loopback.approved_hash
     methods, _ = available_methods(list(METHODS))
@@ -232,7 +232,7 @@ def test_loopback_stop_leaves_no_process(loopback):
     assert len(group_members(groups)) > 4  # their SuperExecs live in the same groups
     started = fed.processes()  # also the SuperLink's SuperExec, in a session of its own
     assert any("flower-superexec" in cmd for cmd in started.values()), started
-    assert sum("fedderm.launcher superexec" in cmd for cmd in started.values()) >= len(fed.hospitals)
+    assert sum("fedderm.accel superexec" in cmd for cmd in started.values()) >= len(fed.hospitals)
     fed.stop()
     assert group_members(groups) == [] and fed.procs == [] and fed.processes() == {}
     assert not any(alive(pid) for pid in started), {p: c for p, c in started.items() if alive(p)}

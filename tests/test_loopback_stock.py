@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.federation, skip_loopback]
 
 def test_stock_flower_loopback_federation_tls_node_auth(tmp_path):
     """Flower as it ships: `flower-superlink` and `flower-supernode` of the installed Flower,
-    unmodified (TLS, SuperNode authentication, no fedderm launcher), fedderm only as the app run
+    unmodified (TLS, SuperNode authentication, no fedderm accelerator), fedderm only as the app run
     with `flwr run`: a FedAvg round completes with every hospital's test result, and an
     unregistered SuperNode is refused."""
     from deploy.loopback import BASE_RUN_CONFIG, Loopback
@@ -31,7 +31,7 @@ def test_stock_flower_loopback_federation_tls_node_auth(tmp_path):
     try:
         fed.start()
         started = fed.processes()
-        assert not any("fedderm.launcher" in cmd for cmd in started.values()), started
+        assert not any("fedderm.accel" in cmd for cmd in started.values()), started
         assert sum("flower-supernode" in cmd for cmd in started.values()) == 2, started
         assert fed.try_outsider()["refused"]
         out = fed.run("fedavg", {**BASE_RUN_CONFIG, "num-server-rounds": 1}, timeout=600)

@@ -32,14 +32,14 @@ def _exchange(mode: str):
     if mode == "flower":
         return lambda grid, msgs, timeout: list(grid.send_and_receive(msgs, timeout=timeout))
     if mode == "fast":
-        from fedderm.launcher import fast_object_pulls
+        from fedderm.accel.waits import fast_object_pulls
         from strategies.fastpoll import send_and_receive_fast  # fedderm's helper (PYTHONPATH = repo root)
 
         fast_object_pulls()  # as fedderm's ServerApp does in a deployment
 
         return send_and_receive_fast
     if mode == "fedderm":
-        from fedderm.launcher import fast_object_pulls
+        from fedderm.accel.waits import fast_object_pulls
         from strategies.fastpoll import FastPollGrid
 
         fast_object_pulls()

@@ -2,9 +2,8 @@
 the registered SuperNodes kept in FILE.
 
 Flower's ``SqlLinkState`` puts every link-state query (each object a SuperNode pulls or pushes,
-each poll, each heartbeat) through SQLAlchemy into the SQLite file; on two cores that costs
-~1.4 s of a 10.5 s ResNet-18 round against Flower's ``InMemoryLinkState`` (docs/deploy.md,
-"ResNet-18: where a round goes").  What a restarted SuperLink must not forget is which SuperNodes
+each poll, each heartbeat) through SQLAlchemy into the SQLite file (docs/deploy.md, "ResNet-18:
+where a round goes").  What a restarted SuperLink must not forget is which SuperNodes
 were registered (their public keys and node ids): that is written to FILE at each registration
 and unregistration (SQLite's default rollback journal, ``synchronous=FULL``: a registration is on
 disk when ``flwr supernode register`` returns) and read back at start.  Runs and messages live

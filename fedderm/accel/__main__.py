@@ -1,0 +1,3 @@
+from fedderm.accel.gate import main
+
+main()

@@ -1,0 +1,127 @@
+"""The hospital's allow-list: app bundles (FABs) by sha256, checked in each ClientApp's process
+before Flower installs the bundle, so that an unapproved bundle runs no code at the hospital."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fedderm.atomic import atomic_write_bytes
+
+if TYPE_CHECKING:
+    from fedderm.accel.warm import WarmApp
+
+_log = logging.getLogger("flwr")  # Flower's console format, next to the SuperNode's own lines
+
+
+REFUSAL = "refused: app bundle sha256 {digest} is not on this hospital's allow-list ({source})"
+
+
+def read_allow_list(path: str | Path) -> set[str]:
+    """sha256 hex digests, one per line (``#`` comments and blank lines ignored)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise SystemExit(f"fedderm launcher: allow-list file {path} does not exist")
+    digests = set()
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        token = line.split("#", 1)[0].strip().lower()
+        if not token:
+            continue
+        if len(token) != 64 or any(c not in "0123456789abcdef" for c in token):
+            raise SystemExit(f"fedderm launcher: {path}:{number}: {token!r} is not a sha256 hex digest")
+        digests.add(token)
+    return digests
+
+
+def app_hash(app_dir: str | Path = ".") -> str:
+    """The sha256 of the app bundle (FAB) that ``flwr run <app_dir>`` ships: what a hospital pins."""
+    from flwr.cli.build import build_fab_from_disk
+
+    return hashlib.sha256(build_fab_from_disk(Path(app_dir))).hexdigest()
+
+
+def guard_install(allowed: set[str] | None, source: str, warm: WarmApp | None = None) -> None:
+    """Wrap Flower's FAB installation in the child: refuse a bundle not on the allow-list.
+
+    ``warm``: the app the fork server imported; dropped unless it is this very bundle (its sha256)."""
+    rc = importlib.import_module("flwr.supernode.runtime.run_clientapp")
+    original = rc.install_from_fab
+
+    def install_checked(fab_content: bytes, *args, **kwargs):
+        digest = hashlib.sha256(fab_content).hexdigest()
+        if warm is not None and warm.digest != digest:
+            warm.drop()  # another bundle than the one the fork server imported: none of its modules
+        if allowed is not None and digest not in allowed:
+            message = REFUSAL.format(digest=digest, source=source)
+            _log.error("fedderm launcher: %s", message)
+            raise PermissionError(message)
+        _log.info(
+            "fedderm launcher: app bundle sha256 %s approved%s",
+            digest[:16],
+            " (imported once in the launcher)" if warm is not None and warm.digest == digest else "",
+        )
+        marker = installed_marker(digest, *args, **kwargs)
+        if marker.is_file() and Path(marker.read_text()).is_dir():
+            return Path(marker.read_text())  # unpacked and verified by Flower for this very hash
+        installed = original(fab_content, *args, **kwargs)
+        if isinstance(installed, (str, Path)) and Path(installed).is_dir():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(marker, str(installed).encode())
+        return installed
+
+    rc.install_from_fab = install_checked
+
+
+def installed_marker(digest: str, install_dir=None, *args, **kwargs) -> Path:
+    """Where the launcher notes that Flower installed the bundle with this full sha256.
+
+    Flower's ``install_from_fab`` unzips and re-hashes the whole bundle for every message, then
+    keeps the folder it installed the first time (``apps/<publisher>.<name>.<version>.<hash8>``);
+    the marker lets the next message skip the unzip (the same trust: Flower reuses that folder)."""
+    from flwr.supercore.utils import get_flwr_home
+
+    base = Path(install_dir).expanduser() if install_dir else get_flwr_home()
+    return base / "apps" / ".fedderm-installed" / digest
+
+
+def self_test_refusal() -> str | None:
+    """Flower's ``install_from_fab``, as the launcher's child wraps it, refuses a bundle that is
+    not on the allow-list before installing anything. Returns what failed, or ``None``."""
+    rc = importlib.import_module("flwr.supernode.runtime.run_clientapp")
+    original = rc.install_from_fab
+    calls = []
+    rc.install_from_fab = lambda *a, **k: calls.append(a)
+    quiet, _log.disabled = _log.disabled, True  # the refusal's error line is expected here
+    try:
+        guard_install({"0" * 64}, "self-test")
+        try:
+            rc.install_from_fab(b"not an approved bundle")
+        except PermissionError:
+            return None if not calls else "refusal: the bundle was installed before it was refused"
+        return "refusal: a bundle off the allow-list was installed"
+    finally:
+        rc.install_from_fab, _log.disabled = original, quiet
+
+
+def pop_option(argv: list[str], name: str) -> str | None:
+    """Remove ``--name VALUE`` / ``--name=VALUE`` from ``argv`` and return VALUE."""
+    for i, token in enumerate(argv):
+        if token == name and i + 1 < len(argv):
+            value = argv[i + 1]
+            del argv[i : i + 2]
+            return value
+        if token.startswith(name + "="):
+            del argv[i]
+            return token.split("=", 1)[1]
+    return None
+
+
+def allow_list_from(argv: list[str]) -> tuple[set[str] | None, str]:
+    path = pop_option(argv, "--allow-list") or os.environ.get("FEDDERM_ALLOW_LIST", "")
+    if not path:
+        return None, ""
+    return read_allow_list(path), str(Path(path).expanduser())
