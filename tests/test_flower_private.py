@@ -85,19 +85,19 @@ def test_the_accelerated_superlink_marks_the_processes_it_starts(monkeypatch):
     import importlib
 
     import server_app
-    from fedderm import launcher
+    from fedderm.accel import superlink, waits
 
     cli = importlib.import_module("flwr.superlink.cli.flower_superlink")
     monkeypatch.delenv(server_app.ACCELERATED, raising=False)
-    monkeypatch.setattr(launcher, "link_state_in_memory", lambda: None)
-    monkeypatch.setattr(launcher, "hold_pulls", lambda: None)
+    monkeypatch.setattr(superlink, "link_state_in_memory", lambda: None)
+    monkeypatch.setattr(superlink, "hold_pulls", lambda: None)
     seen = {}
     monkeypatch.setattr(
         cli, "flower_superlink", lambda: seen.update(env=os.environ.get(server_app.ACCELERATED))
     )
     monkeypatch.setattr("sys.argv", ["x"])
-    launcher.superlink_main_(["--insecure"])
-    assert seen["env"] == "1" and launcher.ACCELERATED_ENV == server_app.ACCELERATED
+    superlink.superlink_main(["--insecure"])
+    assert seen["env"] == "1" and waits.ACCELERATED_ENV == server_app.ACCELERATED
 
 
 def test_the_in_process_simulation_takes_a_prepared_context_and_gives_clients_the_overrides(monkeypatch):
