@@ -18,7 +18,9 @@ from fedderm.state_store import StateStore
 
 TINY = {**TINY_RUN, "finetune-rounds": 1, "finetune-epochs": 1}
 MOCO = {"fedclf.queue-size": 24}
-#: every method whose clients keep state between rounds (and SiFT, whose state is the server's)
+#: every method whose clients keep state between rounds (and SiFT, whose state is the server's), and
+#: the stateless baselines of 003 whose resume rests on the server's checkpoint alone
+STATELESS = ("sift", "flbt", "fedmocov3", "semifl")
 METHODS = {
     "fedclf": MOCO,
     "fedmoco": MOCO,
@@ -40,6 +42,8 @@ METHODS = {
         "ssl.rounds": 3,
         "ssl.epochs": 1,
     },
+    "fedmocov3": {"model": "vit-micro", "image-size": 16, "mocov3.hidden-dim": 32, "mocov3.proj-dim": 16},
+    "semifl": {"label-fraction": 0.5},
     "fedmae": {
         "model": "vit-micro",
         "fedmae.decoder-embed-dim": 32,
@@ -117,7 +121,7 @@ def test_resume_after_a_crash_is_bit_identical(method, tmp_path, monkeypatch, fl
     for name in wa:
         assert wa[name].keys() == wb[name].keys()
         assert all(torch.equal(wa[name][k], wb[name][k]) for k in wa[name]), name
-    if method not in ("sift", "flbt"):  # stateless clients; the others had gone past step 2
+    if method not in STATELESS:  # the others' clients had gone past step 2
         assert stored
         assert "rolled back to step" in flwr_log.text
 
