@@ -13,14 +13,15 @@ from flwr.clientapp import ClientApp
 from loop_grid import TINY_RUN, run_app
 
 import client_app as real
+import registry
 import strategies.common as common
 from fedderm.state_store import StateStore
 
 TINY = {**TINY_RUN, "finetune-rounds": 1, "finetune-epochs": 1}
 MOCO = {"fedclf.queue-size": 24}
 #: every method whose clients keep state between rounds (and SiFT, whose state is the server's), and
-#: the stateless baselines of 003 whose resume rests on the server's checkpoint alone
-STATELESS = ("sift", "flbt", "fedmocov3", "semifl")
+#: the stateless baselines of 003 (their methods' smallest settings), whose resume rests on the
+#: server's checkpoint alone
 METHODS = {
     "fedclf": MOCO,
     "fedmoco": MOCO,
@@ -42,8 +43,8 @@ METHODS = {
         "ssl.rounds": 3,
         "ssl.epochs": 1,
     },
-    "fedmocov3": {"model": "vit-micro", "image-size": 16, "mocov3.hidden-dim": 32, "mocov3.proj-dim": 16},
-    "semifl": {"label-fraction": 0.5},
+    "fedmocov3": registry.get_method("fedmocov3").smallest,
+    "semifl": registry.get_method("semifl").smallest,
     "fedmae": {
         "model": "vit-micro",
         "fedmae.decoder-embed-dim": 32,
@@ -51,6 +52,8 @@ METHODS = {
         "fedmae.decoder-num-heads": 2,
     },
 }
+#: methods whose clients keep no state between rounds
+STATELESS = ("sift", "flbt", "fedmocov3", "semifl")
 
 
 class Killed(Exception):
