@@ -45,7 +45,7 @@ def _tf():
 @functools.cache
 def _yiq2rgb() -> torch.Tensor:
     """The inverse of ``_RGB2YIQ``, computed on first use: importing this module runs no torch op
-    (the deployment accelerator imports the app in a fork server, see fedderm.accel.warm)."""
+    (the deployment accelerator imports the libraries once in a fork server, see fedderm.accel.forkserver)."""
     return torch.linalg.inv(_RGB2YIQ)
 
 

@@ -16,7 +16,7 @@ def pr_curves(y_true, y_prob, num_classes: int, max_points: int = 101) -> dict[s
     Returns flat keys ``precision-<c>``, ``recall-<c>`` (at most ``max_points`` points, first and
     last kept) and ``ap-<c>`` -- the shape of a Flower ConfigRecord.
     """
-    # imported here, as in fedderm.metrics: scikit-learn (with scipy and pandas) costs ~1.4 s to
+    # imported here, as in fedderm.metrics: scikit-learn (with scipy and pandas) is slow to
     # import, which the ServerApp's start-up need not pay (it only draws the curves)
     from sklearn.metrics import average_precision_score, precision_recall_curve
 

@@ -16,7 +16,7 @@ import wire
 from fedderm.flower_private import grid_kind
 
 POLL_INTERVAL = 0.1  # seconds between pulls in send_and_receive_fast
-#: between pulls on the simulation's in-memory grid, where a pull costs ~0.3 ms: every wave of
+#: between pulls on the simulation's in-memory grid, where a pull is cheap: every wave of
 #: messages (train, evaluate, ring hop) ends within 20 ms of its last reply instead of 100 ms
 IN_MEMORY_POLL_INTERVAL = 0.02
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fedderm.accel import allow, forkserver, gate, superlink, supernode, waits, warm
+from fedderm.accel import allow, forkserver, gate, superlink, supernode, waits
 
 APP_DIR = Path(__file__).resolve().parents[1]
 
@@ -243,145 +244,6 @@ def test_install_guard_unpacks_an_approved_bundle_once(monkeypatch, tmp_path):
     assert calls == [b"bundle one", b"bundle two", b"bundle one"]
 
 
-def _fake_bundle(folder: Path, body: str, extra_toml: str = "") -> Path:
-    """An installed app folder: pyproject naming ``app_main:app`` and a ``fedderm`` of its own."""
-    (folder / "fedderm").mkdir(parents=True)
-    (folder / "fedderm" / "__init__.py").write_text("BUNDLED = True\n")
-    (folder / "app_main.py").write_text(body)
-    (folder / "pyproject.toml").write_text(
-        '[tool.flwr.app.components]\nserverapp = "x:app"\nclientapp = "app_main:app"\n' + extra_toml
-    )
-    return folder
-
-
-_WARM_SCRIPT = """
-import sys
-from pathlib import Path
-from fedderm.accel.warm import WarmApp
-folder = Path(sys.argv[1])
-warm = WarmApp()
-ok = warm.load("ab" * 32, folder)
-mod = sys.modules.get("app_main")
-print("ok", ok)
-print("fedderm", getattr(sys.modules.get("fedderm"), "BUNDLED", False))
-print("modules", sorted(warm.modules))
-print("app", getattr(mod, "app", None))
-warm.drop()
-print("after", "app_main" in sys.modules, str(folder) in sys.path, warm.digest)
-"""
-
-
-def _warm(folder: Path, pythonpath: Path | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    if pythonpath is not None:  # an app module outside the bundle, as deploy/loopback.py sets it
-        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), env.get("PYTHONPATH", "")])
-    res = subprocess.run(
-        [sys.executable, "-c", _WARM_SCRIPT, str(folder)],
-        capture_output=True,
-        text=True,
-        cwd=APP_DIR,
-        env=env,
-    )
-    assert res.returncode == 0, res.stderr
-    return dict(line.split(" ", 1) for line in res.stdout.splitlines())
-
-
-def test_warm_app_imports_the_bundle_from_its_own_folder_and_drops_it(tmp_path):
-    """The parent imports the installed bundle's ClientApp module (and the bundle's own fedderm,
-    not the launcher's copy) once; dropping it removes its modules and its folder from sys.path."""
-    body = "import fedderm\nimport torch\nGRAY = torch.tensor([1.0])\napp = 'the app'\n"
-    out = _warm(_fake_bundle(tmp_path / "app", body))
-    assert out["ok"] == "True"
-    assert out["fedderm"] == "True"  # the bundle's fedderm, not the launcher's
-    assert out["modules"] == "['app_main', 'fedderm']"
-    assert out["app"] == "the app"
-    assert out["after"] == "False False None"
-
-
-def test_warm_app_keeps_a_bundle_cold_when_its_import_runs_torch_ops(tmp_path):
-    """A torch op in the parent before fork is unsafe: such a bundle is not kept imported."""
-    out = _warm(_fake_bundle(tmp_path / "app", "import torch\napp = torch.linalg.inv(torch.eye(3))\n"))
-    assert out["ok"] == "False" and out["app"] == "None"
-    assert out["after"] == "False False None"
-
-
-def test_warm_app_preloads_what_the_bundle_declares_and_drops_it_with_the_app(tmp_path):
-    """``[tool.fedderm] preload`` modules (``pkg.*``: each module of the package, and a
-    module found on PYTHONPATH outside the bundle) are imported in the parent with the ClientApp,
-    and dropped with it (a later bundle never reuses them)."""
-    bundle = _fake_bundle(
-        tmp_path / "app", "app = 'the app'\n", '[tool.fedderm]\npreload = ["handlers.*", "outside"]\n'
-    )
-    (bundle / "handlers").mkdir()
-    (bundle / "handlers" / "__init__.py").write_text("")
-    for name in ("one", "two"):
-        (bundle / "handlers" / f"{name}.py").write_text("import torch\nZERO = torch.tensor(0)\n")
-    (tmp_path / "path").mkdir()
-    (tmp_path / "path" / "outside.py").write_text("import fedderm\n")
-    out = _warm(bundle, pythonpath=tmp_path / "path")
-    assert out["ok"] == "True"
-    assert out["modules"] == "['app_main', 'fedderm', 'handlers', 'handlers.one', 'handlers.two', 'outside']"
-    assert out["after"] == "False False None"
-
-
-@pytest.mark.parametrize(
-    "preload",
-    ['["handlers.*"]', '"handlers.one"', '["missing_module"]'],
-    ids=["torch-op", "not-a-list", "missing"],
-)
-def test_warm_app_keeps_a_bundle_cold_when_its_preload_is_unsafe_or_bad(tmp_path, preload):
-    bundle = _fake_bundle(tmp_path / "app", "app = 'the app'\n", f"[tool.fedderm]\npreload = {preload}\n")
-    (bundle / "handlers").mkdir()
-    (bundle / "handlers" / "__init__.py").write_text("")
-    (bundle / "handlers" / "one.py").write_text("import torch\nI = torch.linalg.inv(torch.eye(3))\n")
-    out = _warm(bundle)
-    assert out["ok"] == "False" and out["app"] == "None"
-    assert out["after"] == "False False None"
-
-
-def test_fedderm_preloads_every_methods_client_handlers():
-    """fedderm's bundle declares ``clients.*``: every module a method's ``client`` names is in it."""
-    import tomllib
-
-    import registry
-
-    preload = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["fedderm"]["preload"]
-    assert preload == ["clients.*"]
-    in_package = {f"clients.{p.stem}" for p in (APP_DIR / "clients").glob("*.py") if p.stem != "__init__"}
-    assert {m.client for m in registry.METHODS.values()} <= in_package
-
-
-def test_importing_the_fedderm_client_app_runs_no_torch_op():
-    """What lets the fork server import fedderm's ClientApp once (fork safety)."""
-    script = (
-        "from fedderm.accel import warm\n"
-        "with warm.torch_calls() as calls:\n    import client_app\n    warm.import_preload('clients.*')\n"
-        "print(sorted(set(calls)))\n"
-    )
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=APP_DIR)
-    assert res.returncode == 0, res.stderr
-    called = set(eval(res.stdout.strip().splitlines()[-1]))  # noqa: S307 - our own printed list
-    assert called <= warm.IMPORT_SAFE_TORCH, called - warm.IMPORT_SAFE_TORCH
-
-
-def test_fork_server_warms_only_an_approved_installed_bundle(monkeypatch, tmp_path):
-    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
-    forker = forkserver.TaskForker()
-    loaded = []
-    monkeypatch.setattr(forker.warm, "load", lambda digest, folder: loaded.append((digest, folder)) or True)
-    approved = {"a" * 64}
-    forker.warm_up("b" * 64, approved)  # not on the allow-list
-    forker.warm_up("a" * 64, approved)  # approved, but not installed yet (no marker)
-    assert loaded == []
-    folder = tmp_path / "home" / "apps" / "fedderm.fedderm.0.1.0.aaaaaaaa"
-    folder.mkdir(parents=True)
-    marker = allow.installed_marker("a" * 64)
-    marker.parent.mkdir(parents=True)
-    marker.write_text(str(folder))
-    forker.warm_up("a" * 64, approved)
-    assert loaded == [("a" * 64, folder)]
-
-
 def _client_app_spec(task_id: int, port: int):
     """A ClientApp task whose Runtime API (``port``: a socket that never answers) keeps it waiting."""
     from flwr.supercore.constant import TaskType
@@ -411,57 +273,75 @@ def silent_runtime_api():
         yield sock.getsockname()[1]
 
 
-def test_a_task_is_forked_by_the_single_threaded_fork_server_not_the_threaded_superexec(
-    silent_runtime_api,
-):
-    """The SuperExec runs threads (Flower's parent monitor): the ClientApp must not be forked from
-    it but from the fork server, which had one Python thread at the fork; closing the executor
-    (the SuperExec's exit) stops the task and the server and leaves no process behind."""
-    import psutil
-
-    monitor = threading.Event()
-    threading.Thread(target=monitor.wait, daemon=True).start()  # as Flower's parent monitor
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    executor = forkserver.ForkExecutor(None, "", server=forkserver.ForkServer(preload=False))
-    try:
-        assert threading.active_count() >= 2
-        assert executor.launch(_client_app_spec(7, silent_runtime_api)).status == "accepted"
-        task = psutil.Process(executor.last_fork["pid"])
-        assert task.ppid() == executor.server.process.pid != os.getpid()
-        assert executor.last_fork["python_threads"] == 1
-        assert task.status() != psutil.STATUS_ZOMBIE
-    finally:
-        executor.close()
-        monitor.set()
-    assert not psutil.pid_exists(task.pid)
-    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
-
-
+# A SuperExec stand-in: a thread running (as Flower's parent monitor), the fork server started,
+# one ClientApp task launched; prints the pids, then closes the executor or waits to be killed.
 _SUPEREXEC_SCRIPT = """
-import os, sys, time
+import os, sys, threading, time
 from fedderm.accel import forkserver
 from test_launcher import _client_app_spec  # tests/ on PYTHONPATH
-executor = forkserver.ForkExecutor(None, "", server=forkserver.ForkServer(preload=False))
-assert executor.launch(_client_app_spec(8, int(sys.argv[1]))).status == "accepted"
-print(executor.server.process.pid, executor.last_fork["pid"], flush=True)
-time.sleep(600)
+
+if __name__ == "__main__":
+    import psutil
+
+    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+    forkserver.start_fork_server(preload=("flwr.supernode.runtime.run_clientapp",))
+    executor = forkserver.ForkExecutor(None, "", preload=("flwr.supernode.runtime.run_clientapp",))
+    assert executor.launch(_client_app_spec(8, int(sys.argv[1]))).status == "accepted"
+    task = executor.tasks[0].pid
+    print(threading.active_count(), psutil.Process(task).ppid(), task, flush=True)
+    if sys.argv[2] == "close":
+        sys.stdin.readline()
+        executor.close()
+        print("closed", flush=True)
+    time.sleep(600)
 """
 
 
-def test_the_fork_server_and_its_tasks_end_when_the_superexec_is_killed(silent_runtime_api):
-    """A SuperExec killed outright (SIGKILL: no exit handler runs) leaves neither its fork server
-    nor a running ClientApp behind."""
-    import psutil
-
-    superexec = subprocess.Popen(
-        [sys.executable, "-c", _SUPEREXEC_SCRIPT, str(silent_runtime_api)],
+def _superexec(port: int, then: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", _SUPEREXEC_SCRIPT, str(port), then],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         cwd=APP_DIR,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(APP_DIR / "tests"), str(APP_DIR)])},
     )
+
+
+def test_a_task_is_forked_by_the_fork_server_not_the_threaded_superexec(silent_runtime_api):
+    """The SuperExec runs threads (Flower's parent monitor): the ClientApp is a child of the
+    fork server, a fresh interpreter the SuperExec started; closing the executor (the
+    SuperExec's exit) stops the task."""
+    import psutil
+
+    superexec = _superexec(silent_runtime_api, "close")
     try:
-        server, task = (psutil.Process(int(pid)) for pid in superexec.stdout.readline().split())
+        threads, server, task = (int(x) for x in superexec.stdout.readline().split())
+        server, task = psutil.Process(server), psutil.Process(task)
+        assert threads >= 2
+        assert task.ppid() == server.pid != superexec.pid and server.ppid() == superexec.pid
+        assert "multiprocessing.forkserver" in " ".join(server.cmdline())
+        assert task.status() != psutil.STATUS_ZOMBIE
+        superexec.stdin.write("\n")
+        superexec.stdin.flush()
+        assert superexec.stdout.readline().strip() == "closed"
+        assert not task.is_running() or task.status() == psutil.STATUS_ZOMBIE
+    finally:
+        superexec.kill()
+        superexec.wait()
+    gone, alive = psutil.wait_procs([server], timeout=30)
+    assert alive == []
+
+
+def test_the_fork_server_and_its_tasks_end_when_the_superexec_is_killed(silent_runtime_api):
+    """A SuperExec killed outright (SIGKILL: no exit handler runs) leaves neither its fork server
+    nor a running ClientApp behind (the task's Flower parent monitor watches the SuperExec)."""
+    import psutil
+
+    superexec = _superexec(silent_runtime_api, "wait")
+    try:
+        _, server, task = (int(x) for x in superexec.stdout.readline().split())
+        server, task = psutil.Process(server), psutil.Process(task)
         assert task.ppid() == server.pid and server.ppid() == superexec.pid
         assert task.status() != psutil.STATUS_ZOMBIE
     finally:
@@ -471,30 +351,29 @@ def test_the_fork_server_and_its_tasks_end_when_the_superexec_is_killed(silent_r
     assert alive == []
 
 
-def test_fork_server_self_test_passes_and_names_a_threaded_or_cold_fork(monkeypatch):
-    monkeypatch.setattr(forkserver, "_SHARED", forkserver.ForkServer(preload=False).start())
-    try:
-        assert forkserver.self_test_fork_server() is None
-    finally:
-        forkserver._SHARED.close()
+_SELF_TEST_SCRIPT = """
+from fedderm.accel import forkserver
 
-    class Answers:
-        def __init__(self, **reply):
-            self.reply = {"server": os.getpid() + 1, "python_threads": 1, "exit": 0, **reply}
+if __name__ == "__main__":
+    print(forkserver.self_test_fork_server(preload=("json",)))
+"""
 
-        def ask(self, request):
-            return self.reply
 
-        def close(self):  # a failed self-test stops the server: the SuperExec runs stock Flower
-            self.closed = True
+def test_fork_server_self_test_passes_with_the_server_and_names_a_task_not_forked_by_it(monkeypatch):
+    res = subprocess.run(
+        [sys.executable, "-c", _SELF_TEST_SCRIPT], capture_output=True, text=True, cwd=APP_DIR
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "None"
 
-    for reply, failure in [
-        ({"server": os.getpid(), "python_threads": 3}, "forked by pid"),
-        ({"exit": 3}, "did not find the app imported"),
-    ]:
-        server = Answers(**reply)
-        monkeypatch.setattr(forkserver, "_SHARED", server)
-        assert failure in forkserver.self_test_fork_server() and server.closed
+    class ForkContext:  # tasks forked by this very process, not by a fork server
+        def __getattr__(self, name):
+            return getattr(multiprocessing.get_context("fork"), name)
+
+    monkeypatch.setattr(forkserver, "start_fork_server", lambda preload: None)
+    monkeypatch.setattr(forkserver, "fork_context", lambda preload: ForkContext())
+    failure = forkserver.self_test_fork_server(preload=("json",))
+    assert failure is not None and f"forked by pid {os.getpid()}" in failure
 
 
 def test_superlink_keeps_link_state_and_objects_in_memory_and_registrations_in_the_database_file(
@@ -786,7 +665,7 @@ def test_a_self_test_that_raises_runs_stock(monkeypatch, stock_commands, caplog)
 
 def test_refusal_self_test_passes_and_names_a_guard_that_lets_a_bundle_through(monkeypatch):
     assert allow.self_test_refusal() is None
-    monkeypatch.setattr(allow, "guard_install", lambda allowed, source, warm=None: None)
+    monkeypatch.setattr(allow, "guard_install", lambda allowed, source: None)
     assert allow.self_test_refusal() == "refusal: a bundle off the allow-list was installed"
 
 
@@ -813,7 +692,7 @@ def test_an_unverified_flower_runs_stock_with_one_warning_and_patches_nothing(
         (supernode, "fast_object_pulls"),
         (superlink, "superlink_main"),
         (superlink, "hold_pulls"),
-        (forkserver, "shared_server"),  # no fork server for a stock SuperExec
+        (forkserver, "start_fork_server"),  # no fork server for a stock SuperExec
     ]:
         monkeypatch.setattr(module, name, lambda *a, _n=name: patched.append(_n))
     with caplog.at_level("WARNING", logger="flwr"):

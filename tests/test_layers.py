@@ -39,7 +39,6 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 #: Modules below the apps that import a module whose name they compute (the graph cannot see where
 #: to), each with the reason; the apps and the tools above them may.
 DYNAMIC: dict[str, str] = {
-    "fedderm.accel.warm": "it imports the app it launches",
     "fedderm.accel.gate": "it imports the Flower internals it checks, and each role's stock Flower command",
     "fedderm.sift": "the installed text-model package that sift.text-model names",
     "clients.probe": "the backbone mapping that Method.probe names (in fedderm.probes)",

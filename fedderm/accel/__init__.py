@@ -4,8 +4,8 @@ The app never imports it; stock ``flower-superlink`` / ``flower-supernode`` run 
 
 * :mod:`~fedderm.accel.gate`: per role, patch (a verified Flower whose internals and behavioural
   self-tests pass) or run stock Flower with one warning; the ``fedderm-<role>`` scripts.
-* :mod:`~fedderm.accel.forkserver` and :mod:`~fedderm.accel.warm`: each ClientApp task forked by a
-  single-threaded server that imported torch, Flower and the approved app once.
+* :mod:`~fedderm.accel.forkserver`: each ClientApp task forked by the standard library's
+  single-threaded fork server, which imported torch and Flower once.
 * :mod:`~fedderm.accel.allow`: the hospital's allow-list of app bundle hashes, checked in the task.
 * :mod:`~fedderm.accel.waits` and :mod:`~fedderm.accel.supernode`: Flower's sleeps capped at
   ``FEDDERM_POLL_INTERVAL``; the SuperNode wakes its SuperExec when a task exists.

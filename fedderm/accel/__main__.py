@@ -1,3 +1,4 @@
 from fedderm.accel.gate import main
 
-main()
+if __name__ == "__main__":  # not when multiprocessing prepares a forked task
+    main()

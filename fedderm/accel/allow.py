@@ -8,12 +8,8 @@ import importlib
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from fedderm.atomic import atomic_write_bytes
-
-if TYPE_CHECKING:
-    from fedderm.accel.warm import WarmApp
 
 _log = logging.getLogger("flwr")  # Flower's console format, next to the SuperNode's own lines
 
@@ -44,26 +40,18 @@ def app_hash(app_dir: str | Path = ".") -> str:
     return hashlib.sha256(build_fab_from_disk(Path(app_dir))).hexdigest()
 
 
-def guard_install(allowed: set[str] | None, source: str, warm: WarmApp | None = None) -> None:
-    """Wrap Flower's FAB installation in the child: refuse a bundle not on the allow-list.
-
-    ``warm``: the app the fork server imported; dropped unless it is this very bundle (its sha256)."""
+def guard_install(allowed: set[str] | None, source: str) -> None:
+    """Wrap Flower's FAB installation in the child: refuse a bundle not on the allow-list."""
     rc = importlib.import_module("flwr.supernode.runtime.run_clientapp")
     original = rc.install_from_fab
 
     def install_checked(fab_content: bytes, *args, **kwargs):
         digest = hashlib.sha256(fab_content).hexdigest()
-        if warm is not None and warm.digest != digest:
-            warm.drop()  # another bundle than the one the fork server imported: none of its modules
         if allowed is not None and digest not in allowed:
             message = REFUSAL.format(digest=digest, source=source)
             _log.error("fedderm launcher: %s", message)
             raise PermissionError(message)
-        _log.info(
-            "fedderm launcher: app bundle sha256 %s approved%s",
-            digest[:16],
-            " (imported once in the launcher)" if warm is not None and warm.digest == digest else "",
-        )
+        _log.info("fedderm launcher: app bundle sha256 %s approved", digest[:16])
         marker = installed_marker(digest, *args, **kwargs)
         if marker.is_file() and Path(marker.read_text()).is_dir():
             return Path(marker.read_text())  # unpacked and verified by Flower for this very hash

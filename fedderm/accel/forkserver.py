@@ -1,243 +1,109 @@
-"""The fork server of ``fedderm-superexec``: a single-threaded process that forks the ClientApps.
+"""The ClientApps of ``fedderm-superexec``, forked by the standard library's fork server.
 
 Flower's SuperExec runs threads, and a process forked from a multi-threaded one can inherit a lock
 that no thread in it will release (the hazard CPython warns about).  So the SuperExec never forks:
-at its start, before Flower starts anything, it starts this server as a fresh interpreter
-(:class:`ForkServer`), connected by a socket pair.  The server runs no thread, imports the approved
-app once (:class:`WarmApp`), forks one child per ClientApp task (the allow-list guard, then
-Flower's ``run_clientapp`` with the task's token), reaps them, and stops them and exits when the
-SuperExec's end of the socket closes (docs/deploy-internals.md, "The fork server").
-
-``multiprocessing``'s forkserver imports a fixed list when it starts and then only forks; the app
-bundle to keep imported is known only when its first task arrives (and changes when a hospital
-approves a new one), so this server imports between forks.
+at its start, before Flower starts anything, it starts :mod:`multiprocessing`'s fork server
+(:func:`start_fork_server`), a fresh single-threaded interpreter that imports the libraries every
+ClientApp needs (:data:`LIBRARIES`) once.  Each ClientApp task is a child of that server
+(:class:`ForkExecutor`): the allow-list guard, then Flower's ``run_clientapp`` with the task's token.
+No app code is ever imported in the server: each child imports the (approved) app bundle itself
+(docs/deploy-internals.md, "The fork server").
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import multiprocessing
 import os
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from multiprocessing.connection import Connection
-from pathlib import Path
+from multiprocessing import forkserver as _stdlib_forkserver
 
-from fedderm.accel.allow import guard_install, installed_marker
-from fedderm.accel.warm import WarmApp, drop_modules, fedderm_modules, prewarm
+from fedderm.accel.allow import guard_install
 
 _log = logging.getLogger("flwr")
-#: how often the server reaps finished children while no request comes (seconds)
-REAP_INTERVAL = 0.5
-#: how long the children have between SIGTERM and SIGKILL when the server stops (seconds)
+#: imported once in the fork server: what every ClientApp imports (no torch op runs at import)
+LIBRARIES = (
+    "numpy",
+    "torch",
+    "torchvision",
+    "torchvision.transforms.v2",
+    "timm",
+    "sklearn.metrics",
+    "PIL.Image",
+    "flwr.clientapp",
+    "flwr.app",
+    "flwr.supernode.runtime.run_clientapp",
+)
+#: how long the tasks have between SIGTERM and SIGKILL when the SuperExec closes (seconds)
 STOP_GRACE = 5.0
 
 
-class TaskForker:
-    """The fork server's state: the app imported once, bundles kept cold, the live children."""
+def fork_context(preload: tuple[str, ...] = LIBRARIES):
+    """The ``forkserver`` multiprocessing context, its server importing ``preload`` when it starts
+    (a module that does not import is skipped by the server)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(preload))
+    return context
 
-    def __init__(self):
-        self.warm = WarmApp()
-        self.cold: set[str] = set()  # bundles whose import cannot be kept in the server
-        self.children: set[int] = set()
 
-    def warm_up(self, digest: str | None, allowed: set[str] | None) -> None:
-        """Import the app of bundle ``digest`` here if it is approved and installed."""
-        if not digest or digest == self.warm.digest or digest in self.cold:
-            return
-        if allowed is not None and digest not in allowed:
-            return  # the child refuses it; nothing of it is imported here
-        marker = installed_marker(digest)
-        folder = Path(marker.read_text()) if marker.is_file() else None
-        if folder is None or not folder.is_dir():
-            return  # the first child installs it (Flower verifies it) and writes the marker
-        if not self.warm.load(digest, folder):
-            self.cold.add(digest)
+def start_fork_server(preload: tuple[str, ...] = LIBRARIES) -> None:
+    """Start the fork server now (a fresh interpreter, not a fork), before Flower starts any
+    thread here.  It exits when this process and every task it forked have ended."""
+    fork_context(preload)
+    _stdlib_forkserver.ensure_running()
 
-    def fork(self, run, conn: Connection | None) -> dict:
-        """Fork a child that calls ``run()`` and exits with what it returns; the child's pid."""
-        threads = threading.active_count()
-        if threads != 1:
-            raise RuntimeError(f"the fork server runs {threads} Python threads: it does not fork")
-        pid = os.fork()
-        if pid == 0:  # the child never returns
-            code = 1
-            try:
-                if conn is not None:
-                    conn.close()  # the SuperExec's requests are the server's
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    signal.signal(sig, signal.SIG_DFL)
-                code = run() or 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            except BaseException:  # noqa: BLE001 - a child must never return into the server's loop
-                _log.exception("fedderm launcher: task child failed")
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        self.children.add(pid)
-        return {"pid": pid, "python_threads": threads, "server": os.getpid()}
 
-    def launch(self, request: dict, conn: Connection | None = None) -> dict:
-        """Fork the ClientApp of ``request["spec"]`` (Flower's ``ExecutionSpec``)."""
-        spec, allowed = request["spec"], request["allowed"]
-        self.warm_up(spec.fab_hash, allowed)
-        superexec = spec.parent_pid or os.getppid()  # the child stops when the SuperExec ends
-        return self.fork(lambda: self._run_task(spec, allowed, request["source"], superexec), conn)
+def fedderm_modules() -> list[str]:
+    """The launcher's own copy of fedderm (never run as app code), the accelerator excepted."""
+    return [m for m in sys.modules if m.partition(".")[0] == "fedderm" and not m.startswith("fedderm.accel")]
 
-    def _run_task(self, spec, allowed: set[str] | None, source: str, superexec: int) -> None:
-        """In the child: the allow-list guard, then Flower's ``run_clientapp`` with the task's token."""
-        # the app bundle brings its own fedderm: never run the launcher's copy as app code; the
-        # app the server imported is kept only for its own bundle (checked again on the bytes)
-        if spec.fab_hash != self.warm.digest:
-            self.warm.drop()
-        drop_modules(fedderm_modules() if self.warm.digest is None else [])
-        guard_install(allowed, source, self.warm)
-        from flwr.supercore.tls import validate_and_resolve_root_certificates
-        from flwr.supernode.runtime.run_clientapp import run_clientapp
 
+def run_task(task: dict, allowed: set[str] | None, source: str) -> None:
+    """In the forked child: the allow-list guard, then Flower's ``run_clientapp`` with the task's token.
+
+    The app bundle brings its own fedderm: the launcher's copy is dropped first."""
+    for name in fedderm_modules():
+        sys.modules.pop(name, None)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Flower's parent monitor raises SIGINT to stop it
+        signal.signal(sig, signal.SIG_DFL)
+    _end_when_gone(task["parent_pid"])
+    guard_install(allowed, source)
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+    from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+    try:
         run_clientapp(
-            runtime_api_address=spec.runtime_api_address,
-            token=spec.token,
-            insecure=spec.insecure,
-            certificates=validate_and_resolve_root_certificates(spec.root_certificates_path, spec.insecure),
-            parent_pid=superexec,
+            runtime_api_address=task["runtime_api_address"],
+            token=task["token"],
+            insecure=task["insecure"],
+            certificates=validate_and_resolve_root_certificates(
+                task["root_certificates_path"], task["insecure"]
+            ),
+            parent_pid=task["parent_pid"],  # the child stops when the SuperExec ends
             runtime_dependency_install=False,
         )
-
-    def probe(self, request: dict, conn: Connection | None = None) -> dict:
-        """Import the probe app at ``folder``, fork a child that exits 0 if it finds the app's
-        ``module`` imported, and wait for it (``exit``)."""
-        if not self.warm.load("self-test", Path(request["folder"])):
-            raise RuntimeError(f"the probe app in {request['folder']} could not be imported")
-        try:
-            reply = self.fork(lambda: 0 if request["module"] in sys.modules else 3, conn)
-            self.children.discard(reply["pid"])
-            reply["exit"] = os.waitstatus_to_exitcode(os.waitpid(reply["pid"], 0)[1])
-        finally:
-            self.warm.drop()
-        return reply
-
-    def reap(self) -> None:
-        """Wait for every finished child (no zombies)."""
-        for pid in list(self.children):
-            try:
-                done = os.waitpid(pid, os.WNOHANG)[0]
-            except ChildProcessError:
-                done = pid
-            if done:
-                self.children.discard(pid)
-
-    def stop(self, grace: float = STOP_GRACE) -> None:
-        """SIGTERM every live child, then SIGKILL what is left after ``grace`` seconds."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in self.children:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + grace
-            while self.children and time.monotonic() < deadline:
-                self.reap()
-                time.sleep(0.05)
-
-
-def serve(fd: int, preload: bool = True) -> None:
-    """The server's loop on socket ``fd`` until the SuperExec's end closes; ``preload``: import
-    what every ClientApp needs first (:func:`prewarm`)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the SuperExec stops it (end of the socket)
-    conn = Connection(fd)
-    if preload:
-        prewarm()
-    forker = TaskForker()
-    handlers = {"launch": forker.launch, "probe": forker.probe}
-    try:
-        while True:
-            forker.reap()
-            if not conn.poll(REAP_INTERVAL):
-                continue
-            try:
-                request = conn.recv()
-            except (EOFError, OSError):
-                return
-            try:
-                reply = handlers[request["op"]](request, conn)
-            except Exception as err:  # noqa: BLE001 - the SuperExec reports it as a failed launch
-                reply = {"error": f"{type(err).__name__}: {err}"}
-            conn.send(reply)
     finally:
-        forker.stop()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)  # done: no wait for threads the task's libraries left running
 
 
-class ForkServer:
-    """The SuperExec's handle on its fork server: one request at a time, restarted if it ended."""
+def _end_when_gone(pid: int, grace: float = STOP_GRACE) -> None:
+    """Once the SuperExec ``pid`` is gone, give Flower's own stop (its parent monitor, which then
+    pushes the task's output) ``grace`` seconds, then end this task (a thread in the task)."""
+    import psutil
 
-    def __init__(self, preload: bool = True):
-        self.preload = preload
-        self.process: subprocess.Popen | None = None
-        self.conn: Connection | None = None
+    def watch() -> None:
+        while psutil.pid_exists(pid):
+            time.sleep(0.5)
+        time.sleep(grace)
+        os._exit(1)
 
-    def start(self) -> ForkServer:
-        ours, theirs = socket.socketpair()
-        code = "import sys\nfrom fedderm.accel.forkserver import serve\nserve(int(sys.argv[1]), sys.argv[2] == '1')"
-        try:
-            command = [sys.executable, "-c", code, str(theirs.fileno()), str(int(self.preload))]
-            self.process = subprocess.Popen(command, pass_fds=(theirs.fileno(),))
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self.conn = Connection(ours.detach())
-        return self
-
-    def alive(self) -> bool:
-        """Whether the server runs (a server that ended is waited for here)."""
-        return self.process is not None and self.process.poll() is None
-
-    def ask(self, request: dict) -> dict:
-        """The server's reply to ``request`` (raises ``RuntimeError`` with the server's error)."""
-        if not self.alive():
-            if self.process is not None:
-                _log.warning(
-                    "fedderm launcher: the fork server ended (%s); restarting it", self.process.returncode
-                )
-                self.close()
-            self.start()
-        self.conn.send(request)
-        reply = self.conn.recv()
-        if "error" in reply:
-            raise RuntimeError(reply["error"])
-        return reply
-
-    def close(self) -> None:
-        """Close the socket (the server stops its children and exits) and wait for the server."""
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-        if self.process is not None:
-            try:
-                self.process.wait(timeout=2 * STOP_GRACE + 1)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-            self.process = None
-
-
-_SHARED: ForkServer | None = None
-
-
-def shared_server() -> ForkServer:
-    """This SuperExec's fork server (started by the self-test, else at the SuperExec's start)."""
-    global _SHARED
-    if _SHARED is None:
-        _SHARED = ForkServer().start()
-    return _SHARED
+    threading.Thread(target=watch, name="fedderm-superexec-watch", daemon=True).start()
 
 
 class ForkExecutor:
@@ -245,13 +111,14 @@ class ForkExecutor:
 
     Other task types go to Flower's own :class:`SubprocessExecutor`."""
 
-    def __init__(self, allowed: set[str] | None, source: str, server: ForkServer | None = None):
+    def __init__(self, allowed: set[str] | None, source: str, preload: tuple[str, ...] = LIBRARIES):
         from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
 
         self.allowed, self.source = allowed, source
-        self.server = server if server is not None else shared_server()
+        self.context = fork_context(preload)
         self.fallback = SubprocessExecutor()
-        self.last_fork: dict = {}  # the server's reply to the last launch
+        self.tasks: list[multiprocessing.Process] = []
+        atexit.register(self.stop_tasks)  # before multiprocessing's own exit handler joins them
 
     def get_eligible_capacity(self, supported_task_types, **kwargs):
         return self.fallback.get_eligible_capacity(supported_task_types, **kwargs)
@@ -265,45 +132,74 @@ class ForkExecutor:
 
         if spec.task_type != TaskType.CLIENT_APP:
             return self.fallback.launch(spec)
+        task = {
+            "runtime_api_address": spec.runtime_api_address,
+            "token": spec.token,
+            "insecure": spec.insecure,
+            "root_certificates_path": spec.root_certificates_path,
+            "parent_pid": spec.parent_pid or os.getpid(),
+        }
+        process = self.context.Process(
+            target=run_task, args=(task, self.allowed, self.source), name=f"clientapp-{spec.task_id}"
+        )
         try:
-            request = {"op": "launch", "spec": spec, "allowed": self.allowed, "source": self.source}
-            self.last_fork = self.server.ask(request)
-        except (OSError, EOFError, RuntimeError) as err:
-            return LaunchResult.failed(f"fedderm fork server: {err}")
-        _log.debug("fedderm launcher: task %s forked as pid %d", spec.task_id, self.last_fork["pid"])
+            process.start()
+        except (OSError, EOFError, ValueError) as err:
+            return LaunchResult.failed(f"fedderm fork server: {err!r}")
+        self.reconcile()
+        self.tasks.append(process)
+        _log.debug("fedderm launcher: task %s forked as pid %d", spec.task_id, process.pid)
         return LaunchResult.accepted()
 
     def reconcile(self) -> None:
-        self.server.alive()  # the server reaps the tasks; a server that ended is waited for here
+        """Forget the finished tasks (the fork server reaps them)."""
+        self.tasks = [p for p in self.tasks if p.is_alive()]
+
+    def stop_tasks(self, grace: float = STOP_GRACE) -> None:
+        """SIGTERM every live task, SIGKILL what is left after ``grace`` seconds."""
+        for process in self.tasks:
+            if process.is_alive():
+                process.terminate()
+        for process in self.tasks:
+            process.join(grace)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self.tasks = []
 
     def close(self) -> None:
-        self.server.close()
+        self.stop_tasks()
         self.fallback.close()
 
 
-def self_test_fork_server() -> str | None:
-    """A task runs in a warm process forked by a single-threaded server: the server imports a
-    probe app and forks a child that must find it imported, from a server other than this process
-    with one Python thread.  Returns what failed (the server is then stopped), or ``None``."""
-    module = "fedderm_fork_server_probe"
-    with tempfile.TemporaryDirectory(prefix="fedderm-probe-") as folder:
-        (Path(folder) / f"{module}.py").write_text("app = 'warm'\n")
-        (Path(folder) / "pyproject.toml").write_text(
-            f'[tool.flwr.app.components]\nclientapp = "{module}:app"\n'
-        )
-        try:
-            reply = shared_server().ask({"op": "probe", "folder": folder, "module": module})
-        except (OSError, EOFError, RuntimeError) as err:
-            reply = {"error": str(err)}
-    if "error" in reply:
-        failure = f"fork server: {reply['error']}"
-    elif reply["server"] == os.getpid() or reply["python_threads"] != 1:
-        failure = (
-            f"fork server: forked by pid {reply['server']} with {reply['python_threads']} Python threads"
-        )
-    elif reply["exit"] != 0:
-        failure = f"fork server: the task did not find the app imported in the server (exit {reply['exit']})"
-    else:
-        return None
-    shared_server().close()  # the SuperExec runs stock Flower: no fork server
-    return failure
+def _probe(reply) -> None:
+    """In a probe child: who forked it, and whether the libraries were already imported."""
+    import psutil
+
+    parent = psutil.Process(os.getppid())
+    reply.send({"parent": parent.pid, "cmdline": " ".join(parent.cmdline()), "warm": "torch" in sys.modules})
+    reply.close()
+
+
+def self_test_fork_server(preload: tuple[str, ...] = LIBRARIES) -> str | None:
+    """A task runs in a warm process forked by the fork server: a probe child must have the
+    server (not this process) as its parent and find torch already imported.  Returns what
+    failed, or ``None``."""
+    try:
+        start_fork_server(preload)
+        context = fork_context(preload)
+        ours, theirs = context.Pipe(duplex=False)
+        child = context.Process(target=_probe, args=(theirs,), name="fedderm-fork-probe")
+        child.start()
+        theirs.close()
+        reply = ours.recv() if ours.poll(60) else {}
+        child.join(10)
+    except (OSError, EOFError, ValueError, RuntimeError) as err:
+        return f"fork server: {err!r}"
+    if not reply:
+        return "fork server: the probe task did not answer within 60 s"
+    if reply["parent"] == os.getpid() or "multiprocessing.forkserver" not in reply["cmdline"]:
+        return f"fork server: the task was forked by pid {reply['parent']} ({reply['cmdline'][:80]})"
+    if "torch" in preload and not reply["warm"]:
+        return "fork server: the task did not find the libraries imported in the server"
+    return None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fedderm.accel import waits
 from fedderm.accel.allow import allow_list_from, pop_option, read_allow_list
-from fedderm.accel.forkserver import ForkExecutor, shared_server
+from fedderm.accel.forkserver import ForkExecutor, start_fork_server
 from fedderm.accel.waits import (
     ClampedTime,
     WakeableTime,
@@ -29,7 +29,7 @@ def superexec_main(argv: list[str]) -> None:
 
     The fork server is started first (if the self-test has not yet), before Flower starts any
     thread in this process; this process itself never forks."""
-    shared_server()
+    start_fork_server()
     argv = list(argv)
     allowed, source = allow_list_from(argv)
     wake_fd = pop_option(argv, "--wake-fd")

@@ -36,7 +36,7 @@ log = logging.getLogger("fedderm.data")
 
 _POOLS: dict[tuple, ImagePool] = {}
 #: Every client's partition of a memoised pool, computed once per process: a simulation worker
-#: serving 100 clients would otherwise cut the whole pool 100 times (O(clients²), 40 s at 100).
+#: serving 100 clients would otherwise cut the whole pool 100 times (O(clients²)).
 _PARTITIONS: dict[tuple, list[np.ndarray]] = {}
 
 
