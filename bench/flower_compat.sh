@@ -40,7 +40,8 @@ mapfile -t dep_list <<<"$deps"
 fi
 
 export PATH="$env/bin:$PATH" PYTHONPATH="$PWD" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
-"$env/bin/python" - <<'EOF'
+# -c, not a script on stdin: the fork server's tasks import the parent's __main__ file (multiprocessing)
+check=$(cat <<'EOF'
 from fedderm.accel import gate, superlink
 
 print(f"flower_compat: flwr {gate.flower_version()}; verified: {', '.join(gate.VERIFIED_FLOWER)}")
@@ -49,6 +50,8 @@ for role in ("superlink", "supernode", "superexec"):
     print(f"flower_compat: fedderm-{role}: {'patched (self-tests passed)' if not why else 'stock: ' + why}")
 print(f"flower_compat: held-pull self-test (1 s hold): {superlink.self_test_held_pull(1.0) or 'held'}")
 EOF
+)
+"$env/bin/python" -c "$check"
 "$env/bin/python" -m pytest -n 0 -p no:cacheprovider -q --durations=10 \
     tests/test_flower_api.py tests/test_flower_private.py tests/test_launcher.py tests/test_flwr_stop.py tests/test_deploy.py \
     tests/test_loopback_stock.py tests/test_loopback.py
