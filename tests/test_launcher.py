@@ -370,8 +370,7 @@ def test_fork_server_self_test_passes_with_the_server_and_names_a_task_not_forke
         def __getattr__(self, name):
             return getattr(multiprocessing.get_context("fork"), name)
 
-    monkeypatch.setattr(forkserver, "start_fork_server", lambda preload: None)
-    monkeypatch.setattr(forkserver, "fork_context", lambda preload: ForkContext())
+    monkeypatch.setattr(forkserver, "start_fork_server", lambda preload: ForkContext())
     failure = forkserver.self_test_fork_server(preload=("json",))
     assert failure is not None and f"forked by pid {os.getpid()}" in failure
 

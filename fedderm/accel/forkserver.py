@@ -50,11 +50,12 @@ def fork_context(preload: tuple[str, ...] = LIBRARIES):
     return context
 
 
-def start_fork_server(preload: tuple[str, ...] = LIBRARIES) -> None:
+def start_fork_server(preload: tuple[str, ...] = LIBRARIES):
     """Start the fork server now (a fresh interpreter, not a fork), before Flower starts any
-    thread here.  It exits when this process and every task it forked have ended."""
-    fork_context(preload)
+    thread here; its context.  It exits when this process and every task it forked have ended."""
+    context = fork_context(preload)
     _stdlib_forkserver.ensure_running()
+    return context
 
 
 def fedderm_modules() -> list[str]:
@@ -186,8 +187,7 @@ def self_test_fork_server(preload: tuple[str, ...] = LIBRARIES) -> str | None:
     server (not this process) as its parent and find torch already imported.  Returns what
     failed, or ``None``."""
     try:
-        start_fork_server(preload)
-        context = fork_context(preload)
+        context = start_fork_server(preload)
         ours, theirs = context.Pipe(duplex=False)
         child = context.Process(target=_probe, args=(theirs,), name="fedderm-fork-probe")
         child.start()
