@@ -44,6 +44,7 @@ APP_DIR = Path(__file__).resolve().parents[1]
 
 from deploy.make_certs import make_certs  # noqa: E402
 from fedderm import procs  # noqa: E402
+from fedderm.accel.allow import copy_bundle_files  # noqa: E402
 
 # The methods the loopback federation runs, with their extra run config.  Methods not (yet) in
 # this build's registry are skipped with a note, so a new method is one line here.
@@ -178,6 +179,9 @@ class Loopback:
         self.node_ids: dict[str, int] = {}
         self.secrets = None
         self.data: dict[str, Path] = {}
+        # what `flwr run` ships: a copy of the app's bundle files (made by prepare()), so that each
+        # run's bundle build does not walk a virtual environment inside the checkout
+        self.app_dir = self.workdir / "app"
 
     # -- processes -----------------------------------------------------------------------
     def env(self, home: str) -> dict[str, str]:
@@ -278,6 +282,8 @@ class Loopback:
     # -- the federation ------------------------------------------------------------------
     def prepare(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.app_dir, ignore_errors=True)
+        copy_bundle_files(APP_DIR, self.app_dir)
         self.data = make_hospital_data(self.workdir / "data", self.hospitals, self.per_class, self.image_size)
         self.echo(
             f"data: {len(self.hospitals)} hospitals, {self.per_class} images per class each, "
@@ -515,7 +521,7 @@ class Loopback:
         """``flwr run`` the app for ``method`` and check its results folder."""
         config = self.run_config(method, run_config, run_name)
         name = config["run-name"]
-        run_id, status, wall = self.flwr_run(APP_DIR, config, f"run-{name}", timeout)
+        run_id, status, wall = self.flwr_run(self.app_dir, config, f"run-{name}", timeout)
         outcome = RunOutcome(method, run_id, status, self.workdir / "results" / name, wall)
         outcome.problems = check_results(outcome, len(self.hospitals), config["num-server-rounds"])
         if outcome.problems:

@@ -19,6 +19,7 @@ from proc_helpers import wait_for
 
 from deploy.loopback import APP_DIR, Loopback, _bin, free_port, run_config_arg
 from fedderm import procs
+from fedderm.accel.allow import copy_bundle_files
 from fedderm.run import outcome
 from server_app import STOPPED
 
@@ -75,11 +76,12 @@ def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
                 f'[superlink]\ndefault = "t"\n\n[superlink.t]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
             )
         wait_for(lambda: _listening(port), "the SuperLink listens", 60)
+        app = str(copy_bundle_files(APP_DIR, tmp_path / "app"))  # the bundle, without the checkout's .venv
         # fedderm-run: a run config Flower refuses gets Flower's message and fedderm-check's line
-        refused = fed.flwr("run", str(APP_DIR), "t", "--run-config", "num-server-round=2")
+        refused = fed.flwr("run", app, "t", "--run-config", "num-server-round=2")
         assert "Invalid run configuration" in refused.stdout, refused.stdout
         wrapped = subprocess.run(
-            [sys.executable, "-m", "fedderm.run", str(APP_DIR), "t", "--run-config", "num-server-round=2"],
+            [sys.executable, "-m", "fedderm.run", app, "t", "--run-config", "num-server-round=2"],
             capture_output=True,
             text=True,
             env=fed.env("cli"),
@@ -94,7 +96,7 @@ def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
         )
         wrapper = fed.spawn(
             "fedderm-run",
-            [sys.executable, "-m", "fedderm.run", str(APP_DIR), "t", "--run-config", run_config],
+            [sys.executable, "-m", "fedderm.run", app, "t", "--run-config", run_config],
             home="cli",
         )
         run_id = wait_for(lambda: _STARTED.findall(wrapper.log.read_text()), "the run starts", 120)[0]

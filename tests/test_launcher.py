@@ -100,8 +100,21 @@ def test_app_hash_is_the_sha256_of_the_bundle_flwr_run_ships(tmp_path):
     from flwr.cli.build import build_fab_from_disk
 
     app = _copy_app(tmp_path / "app")
+    # what the app's .gitignore leaves out, which app_hash does not walk: the bundle is the same
+    for ignored in (
+        ".venv/lib/site.py",
+        "strategies/__pycache__/x.pyc",
+        "results/run/summary.json",
+        "site/a.md",
+    ):
+        (app / ignored).parent.mkdir(parents=True, exist_ok=True)
+        (app / ignored).write_text("x = 1\n")
+    (app / "linked.py").symlink_to(app / "client_app.py")
     digest = allow.app_hash(app)
     assert digest == hashlib.sha256(build_fab_from_disk(app)).hexdigest()
+    copy = allow.copy_bundle_files(app, tmp_path / "copy")
+    assert not (copy / ".venv").exists() and not (copy / "linked.py").exists()
+    assert (copy / "client_app.py").read_bytes() == (app / "client_app.py").read_bytes()
     assert allow.app_hash(app) == digest  # the same files, the same hash
     (app / "client_app.py").write_text((app / "client_app.py").read_text() + "\n# changed\n")
     assert allow.app_hash(app) != digest  # any edit to shipped code changes what must be approved

@@ -1,5 +1,5 @@
 """``sim.py --ray-address``: a simulation on a running two-node Ray cluster (loopback) gives the numbers
-of the same run on a local single-node Ray (docs/gpu.md)."""
+of the same run on one machine (docs/gpu.md)."""
 
 import contextlib
 import json
@@ -110,8 +110,12 @@ def two_node_cluster():
 
 
 def _run(tmp_path: Path, name: str, ray_address: str = "") -> tuple[dict, dict]:
+    """The run on the cluster at ``ray_address``; without one, in this process (tests/loop_grid.py:
+    the numbers of a local single-node Ray, which tests/test_cli.py's Ctrl-C test compares)."""
+    from loop_grid import simulate
+
     out = {**RUN, "output-dir": str(tmp_path / name), "cache-dir": str(tmp_path / "cache"), "run-name": "r"}
-    run_dir = sim.simulate(out, num_supernodes=2, ray_address=ray_address)
+    run_dir = (sim.simulate if ray_address else simulate)(out, num_supernodes=2, ray_address=ray_address)
     return json.loads((run_dir / "summary.json").read_text()), torch.load(run_dir / "model.pt")
 
 

@@ -7,6 +7,8 @@ import hashlib
 import importlib
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from fedderm.atomic import atomic_write_bytes
@@ -34,10 +36,38 @@ def read_allow_list(path: str | Path) -> set[str]:
 
 
 def app_hash(app_dir: str | Path = ".") -> str:
-    """The sha256 of the app bundle (FAB) that ``flwr run <app_dir>`` ships: what a hospital pins."""
+    """The sha256 of the app bundle (FAB) that ``flwr run <app_dir>`` ships: what a hospital pins.
+
+    Built from :func:`copy_bundle_files`'s copy: the same bundle, without walking the folders the
+    app's ``.gitignore`` leaves out (a virtual environment inside the checkout)."""
     from flwr.cli.build import build_fab_from_disk
 
-    return hashlib.sha256(build_fab_from_disk(Path(app_dir))).hexdigest()
+    with tempfile.TemporaryDirectory(prefix="fedderm-app-") as tmp:
+        return hashlib.sha256(build_fab_from_disk(copy_bundle_files(app_dir, Path(tmp) / "app"))).hexdigest()
+
+
+def copy_bundle_files(app_dir: str | Path, dst: str | Path) -> Path:
+    """Copy ``app_dir`` to ``dst`` without the symlinks and the paths its ``.gitignore`` excludes.
+
+    ``flwr run`` and Flower's bundle build read every file under the app folder before they apply
+    ``.gitignore`` (75,000 files for a ``.venv`` in the checkout); the bundle built from this copy
+    is the same, byte for byte, since Flower's own filter leaves out the same paths."""
+    import pathspec
+
+    src, dst = Path(app_dir).expanduser().resolve(), Path(dst)
+    ignore_file = src / ".gitignore"
+    lines = ignore_file.read_text().splitlines() if ignore_file.is_file() else []
+    ignored = pathspec.GitIgnoreSpec.from_lines(lines)
+    for folder, dirs, files in os.walk(src, followlinks=False):
+        rel = Path(folder).relative_to(src)
+        dirs[:] = [d for d in dirs if not ignored.match_file(f"{(rel / d).as_posix()}/")]
+        for name in files:
+            path = Path(folder) / name
+            if path.is_symlink() or ignored.match_file((rel / name).as_posix()):
+                continue
+            (dst / rel).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dst / rel / name)
+    return dst
 
 
 def guard_install(allowed: set[str] | None, source: str) -> None:
