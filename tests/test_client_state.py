@@ -10,11 +10,11 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord
 from flwr.clientapp import ClientApp
-from loop_grid import TINY_RUN, run_app
 
 import client_app as real
 import registry
 import strategies.common as common
+from bench.loop_grid import TINY_RUN, run_app
 from fedderm.state_store import StateStore
 
 TINY = {**TINY_RUN, "finetune-rounds": 1, "finetune-epochs": 1}

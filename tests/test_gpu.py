@@ -170,10 +170,9 @@ def test_channels_last_runs_and_stays_close(monkeypatch, tmp_path):
     the NCHW run's losses within a relative 5e-3 (CPU NHWC kernels sum in another order)."""
     import json
 
-    from loop_grid import run_app
-
     import fedderm.train as train
     import registry
+    from bench.loop_grid import run_app
 
     base = registry.smallest_run("fedavg", **{"cache-dir": str(tmp_path / "c"), "num-server-rounds": 2})
     nchw = run_app({**base, "output-dir": str(tmp_path / "a")})

@@ -90,7 +90,7 @@ def _numbers(node):
 
 
 def _run(method: str, device: str, tmp: Path) -> Path:
-    from loop_grid import run_app, tiny_text_model
+    from bench.loop_grid import run_app, tiny_text_model
 
     extra = {}
     if method == "sift":  # the text model runs once, on the server's CPU: a tiny local one will do

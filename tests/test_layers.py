@@ -28,13 +28,7 @@ LAYERS: list[list[tuple[str, ...]]] = [
 ]
 
 #: Imports the order forbids that stay, each with the reason (the test fails once one is gone).
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("bench.gpu", "tests.loop_grid"): "the GPU check runs the apps on the tests' in-process grid "
-    "(run_app, tiny_text_model); the fix is to ship that grid beside sim.py, which moves a module "
-    "a dozen test files import",
-    ("bench.cold_start", "tests.loop_grid"): "the cold-start bench captures a real message from the "
-    "ServerApp over the tests' in-process grid (LoopGrid), as bench.gpu runs it",
-}
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 #: Modules below the apps that import a module whose name they compute (the graph cannot see where
 #: to), each with the reason; the apps and the tools above them may.

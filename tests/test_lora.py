@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-from loop_grid import run_app
 
 import registry
+from bench.loop_grid import run_app
 from fedderm.config import ConfigError
 from fedderm.inference import load_model
 from fedderm.lora import add_lora, load_init_checkpoint, merged_state, split_keys, trainable_keys

@@ -1,6 +1,6 @@
 """Results name their data: with node-config data (each hospital's own ``data-path``/``dataset``)
 the run folder's name, config.json and summary.json say so, per client; a simulation's data is the
-run config's.  The real ServerApp and ClientApp in one process (tests/loop_grid.py)."""
+run config's.  The real ServerApp and ClientApp in one process (bench/loop_grid.py)."""
 
 import json
 import logging
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, RecordDict
-from loop_grid import TINY_RUN, LoopGrid
 from PIL import Image
 
 import registry
 import server_app
 import sim
+from bench.loop_grid import TINY_RUN, LoopGrid
 from client_app import app as client_app
 
 RUN = {**TINY_RUN, "num-server-rounds": 1}

@@ -110,9 +110,9 @@ def two_node_cluster():
 
 
 def _run(tmp_path: Path, name: str, ray_address: str = "") -> tuple[dict, dict]:
-    """The run on the cluster at ``ray_address``; without one, in this process (tests/loop_grid.py:
+    """The run on the cluster at ``ray_address``; without one, in this process (bench/loop_grid.py:
     the numbers of a local single-node Ray, which tests/test_cli.py's Ctrl-C test compares)."""
-    from loop_grid import simulate
+    from bench.loop_grid import simulate
 
     out = {**RUN, "output-dir": str(tmp_path / name), "cache-dir": str(tmp_path / "cache"), "run-name": "r"}
     run_dir = (sim.simulate if ray_address else simulate)(out, num_supernodes=2, ray_address=ray_address)

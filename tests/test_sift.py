@@ -280,7 +280,7 @@ def test_class_texts_from_names_option_and_file(tmp_path):
 
 
 def _tiny_bert(path):
-    from loop_grid import tiny_text_model
+    from bench.loop_grid import tiny_text_model
 
     return tiny_text_model(path)
 

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from loop_grid import simulate
 
 import sim
+from bench.loop_grid import simulate
 from fedderm.config import ConfigError
 
 SIZES = {"train": 60, "val": 15, "test": 21}

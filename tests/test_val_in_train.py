@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from loop_grid import TINY_RUN, LoopGrid, run_app
 
 import strategies.common as common
 import wire
+from bench.loop_grid import TINY_RUN, LoopGrid, run_app
 
 
 class Killed(RuntimeError):

@@ -332,8 +332,9 @@ def test_the_server_app_registers_the_out_of_band_serializer_where_ray_runs(monk
     ClientApp actors): after the handshake it registers wire.ray_out_of_band, as sim.py does; in a
     process without Ray (a deployment's ServerApp) nothing is registered."""
     ray = pytest.importorskip("ray")
-    from loop_grid import TINY_RUN, run_app
     from ray import cloudpickle
+
+    from bench.loop_grid import TINY_RUN, run_app
 
     saved = cloudpickle.CloudPickler.dispatch.pop(Array, None)  # a simulation earlier in this process
     try:

@@ -5,7 +5,9 @@ What ``sim.py`` runs, without Ray: :func:`run_app` calls the ServerApp's ``main`
 ``client_app.app`` with that node's Context and keeps the reply for the next pull.  Each call
 is a new Flower run (new run id and node ids, fresh client contexts), as a restart is.
 :func:`simulate` is ``sim.simulate`` over this grid: the same checks, ServerApp context and
-node configs, in a second instead of a Ray start (the ``in_process`` fixture swaps it in).
+node configs, in a second instead of a Ray start (the tests' ``in_process`` fixture swaps it in).
+The benchmarks (``bench.gpu``, ``bench.cold_start``) and the tests share it; with one thread per
+client it computes a Ray simulation's numbers bit for bit (``tests/test_cli.py``'s Ctrl-C test).
 """
 
 from __future__ import annotations
