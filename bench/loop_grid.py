@@ -38,7 +38,12 @@ _NODE_IDS = itertools.count(80_001, 1000)
 
 
 class LoopGrid:
-    def __init__(self, run_config: dict, num_clients: int, client_app):
+    """``node_configs``: each client's node config (a SuperNode's ``--node-config``); default
+    ``partition-id`` and ``num-partitions``, as Flower's simulation gives them."""
+
+    def __init__(
+        self, run_config: dict, num_clients: int, client_app, node_configs: list[dict] | None = None
+    ):
         self.run_id = next(_RUN_IDS)
         first = next(_NODE_IDS)
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, self.run_id, SUPERLINK_NODE_ID
@@ -47,7 +52,9 @@ class LoopGrid:
             first + 7 * i: Context(
                 run_id=self.run_id,
                 node_id=first + 7 * i,
-                node_config={"partition-id": i, "num-partitions": num_clients},
+                node_config=dict(node_configs[i])
+                if node_configs
+                else {"partition-id": i, "num-partitions": num_clients},
                 state=RecordDict(),
                 run_config=dict(run_config),
             )
@@ -89,7 +96,7 @@ class InMemoryGrid(LoopGrid):
     fedderm_grid_kind = "simulation"
 
 
-def run_app(overrides: dict, num_clients: int = 2, client_app=None):
+def run_app(overrides: dict, num_clients: int = 2, client_app=None, node_configs: list[dict] | None = None):
     """One run of fedderm's ServerApp + ClientApp in this process; returns the run folder."""
     import server_app
     import sim
@@ -97,7 +104,7 @@ def run_app(overrides: dict, num_clients: int = 2, client_app=None):
     if client_app is None:
         from client_app import app as client_app
     run_config = sim.resolved_run_config(overrides)
-    grid = LoopGrid(run_config, num_clients, client_app)
+    grid = LoopGrid(run_config, num_clients, client_app, node_configs)
     context = Context(
         run_id=grid.run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
     )

@@ -391,11 +391,19 @@ class Loopback:
             args += ["--allow-list", str(self.allow_lists[name])]
         return [sys.executable, "-m", "fedderm.accel", "supernode", *args]
 
+    def node_config_values(self, i: int, name: str) -> dict:
+        """Hospital ``name``'s node config (its own data folder, its client state under the work folder)."""
+        return {
+            "partition-id": i,
+            "site": name,
+            "dataset": "folder",
+            "data-path": str(self.data[name]),
+            "state-dir": str(self.workdir / "state" / name),
+        }
+
     def node_config(self, i: int, name: str) -> str:
-        return (
-            f'partition-id={i} site="{name}" dataset="folder" data-path="{self.data[name]}" '
-            f'state-dir="{self.workdir / "state" / name}"'
-        )
+        """:meth:`node_config_values` as a SuperNode's ``--node-config``."""
+        return run_config_arg(self.node_config_values(i, name))
 
     def start_supernodes(self, timeout: float = 90) -> None:
         for i, name in enumerate(self.hospitals):

@@ -165,18 +165,25 @@ def _flower_redelivers() -> bool:
 
 
 def test_loopback_fedclf_killed_and_resumed_is_bit_identical(loopback):
-    """FedCLF on the loopback federation; the SuperLink and every SuperNode are
-    SIGKILLed after round 1's checkpoint (of 2 pre-training rounds), the federation is started again (the SuperLink on its
-    database file: the hospitals' registrations are kept, nobody registers again) and the run
-    continued with ``resume``: the same final metrics, rounds and weights as an uninterrupted run."""
+    """FedCLF on the loopback federation; the SuperLink and every SuperNode are SIGKILLed after
+    round 1's checkpoint (of 2 pre-training rounds), the federation is started again (the SuperLink
+    on its database file: the hospitals' registrations are kept, nobody registers again) and the run
+    continued with ``resume``: the same final metrics, rounds and weights as the uninterrupted run
+    of the same hospitals' data in one process (bench/loop_grid.py, one thread per client, as the
+    loopback's processes run), i.e. the deployment computes the simulation's numbers."""
     import json
 
     import torch
 
+    from bench.loop_grid import run_app
+
     fed = loopback
     extra = {"num-server-rounds": 2, "finetune-rounds": 1, "fedclf.queue-size": 24}
-    full = fed.run("fedclf", extra, run_name="fedclf-full")
-    assert full.ok, "\n".join(full.problems)
+    nodes = [
+        {**fed.node_config_values(i, name), "state-dir": str(fed.workdir / "state-in-process" / name)}
+        for i, name in enumerate(fed.hospitals)
+    ]
+    full = run_app(fed.run_config("fedclf", extra, "fedclf-full"), len(fed.hospitals), node_configs=nodes)
     cut_dir = fed.workdir / "results" / "fedclf-cut"
     thread, result = _flwr_run_in_thread(fed, fed.run_config("fedclf", extra, "fedclf-cut"), "run-fedclf-cut")
     wait_for(lambda: any(cut_dir.glob("checkpoint*-round-1.pt")), "the round-1 checkpoint")
@@ -191,10 +198,10 @@ def test_loopback_fedclf_killed_and_resumed_is_bit_identical(loopback):
     assert fed.node_ids == registered and fed.online() == set(registered.values())
     resumed = fed.run("fedclf", {**extra, "resume": str(cut_dir)}, run_name="fedclf-cut")
     assert resumed.ok, "\n".join(resumed.problems)
-    a, b = (json.loads((d / "summary.json").read_text()) for d in (full.run_dir, cut_dir))
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (full, cut_dir))
     assert a["final"] == b["final"] and a["rounds"] == b["rounds"] and a["best_round"] == b["best_round"]
     for name in ("model.pt", "model-best.pt"):
-        wa, wb = torch.load(full.run_dir / name), torch.load(cut_dir / name)
+        wa, wb = torch.load(full / name), torch.load(cut_dir / name)
         assert wa.keys() == wb.keys()
         for key in wa:
             if isinstance(wa[key], torch.Tensor):
