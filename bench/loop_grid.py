@@ -6,8 +6,10 @@ What ``sim.py`` runs, without Ray: :func:`run_app` calls the ServerApp's ``main`
 is a new Flower run (new run id and node ids, fresh client contexts), as a restart is.
 :func:`simulate` is ``sim.simulate`` over this grid: the same checks, ServerApp context and
 node configs, in a second instead of a Ray start (the tests' ``in_process`` fixture swaps it in).
-The benchmarks (``bench.gpu``, ``bench.cold_start``) and the tests share it; with one thread per
-client it computes a Ray simulation's numbers bit for bit (``tests/test_cli.py``'s Ctrl-C test).
+The benchmarks (``bench.gpu``, ``bench.cold_start``) and the tests share it.  In a process with one
+PyTorch thread it computes the numbers of a Ray simulation at ``--cpus-per-client 1`` bit for bit
+(``tests/test_cli.py``'s Ctrl-C test), and those of a deployment given the same node configs
+(``tests/test_loopback.py``'s FedCLF resume).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
-#: the smallest run config these tests drive through :func:`run_app` (tiny CNN, 16 px, 3 rounds)
+#: the smallest run config the tests drive through :func:`run_app` (tiny CNN, 16 px, 3 rounds)
 TINY_RUN = {
     "model": "tiny-cnn",
     "image-size": 16,
