@@ -469,121 +469,136 @@ def run_sweep(
     verbose: bool = False,
     echo=print,
     ray_address: str = "",
+    gpu: bool = False,
+    simulate_fn=None,
 ) -> Path:
-    """Run every row × seed (× fold) of a sweep file through :func:`simulate`; write table.md and
-    table.json into the sweep folder; return the table.md path.
+    """Run every row × seed (× fold) of a sweep file through :func:`simulate` (or ``simulate_fn``,
+    same signature); write table.md and table.json into the sweep folder; return the table.md path.
 
     A run whose folder already holds a complete summary.json (same settings) is not run again;
     an incomplete one resumes from its newest checkpoint (or, with none, is moved aside to
     ``<name>.incomplete-<k>`` and run afresh).  A failed run is recorded with its reason.
     """
-    import registry
-    from fedderm import sweep as fs
-    from fedderm import sweep_tables as ft
-    from fedderm.config import default_config
-
-    valid = sorted([*default_config(), *registry.method_options()])
-    spec = fs.load_sweep(path, quick, sets, seeds, registry.load_config, valid)
-    if out:
-        folder = Path(out).expanduser().resolve()
-    else:
-        root = Path(str({**spec.base, **spec.late}.get("output-dir", default_config()["output-dir"])))
-        root = root.expanduser().resolve()
-        folder = root / "sweeps" / f"{spec.name}{'-quick' if quick else ''}-{datetime.now():%Y%m%d-%H%M%S}"
-    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    spec, folder = sweep_spec(path, quick, out, seeds, sets, gpu)
     runs = spec.runs()
     echo(
-        f"sweep {spec.name}{' (--quick)' if quick else ''}: {len(spec.rows())} rows × {len(spec.seeds)} seed(s)"
+        f"sweep {spec.name}{' (--quick)' if quick else ''}{' (--gpu)' if gpu else ''}: "
+        f"{len(spec.rows())} rows × {len(spec.seeds)} seed(s)"
         f"{f' × {spec.cv_folds} folds' if spec.cv_folds else ''} = {len(runs)} runs, "
         f"{spec.num_supernodes} clients each -> {folder}"
     )
     started = time.monotonic()
     results = []
     for run in runs:
-        head = f"run {run.index + 1}/{len(runs)}: {run.describe()}"
-        run_dir = folder / run.name
-        wanted = resolved_run_config({**run.overrides, "output-dir": str(folder), "run-name": run.name})
-        summary = ft.read_summary(run_dir)
-        if ft.is_complete(summary):
-            mismatch = _config_mismatch(summary.get("config") or {}, wanted)
-            if mismatch:
-                raise fs.SweepError(
-                    f"{run_dir} holds a finished run with other settings ({'; '.join(mismatch)}); "
-                    f"use another --out, or remove that folder to run it again"
-                )
-            echo(f"{head} ... done before, skipped")
-            results.append(
-                {
-                    "run": run.index,
-                    "dir": str(run_dir),
-                    "status": "done",
-                    "seconds": None,
-                    "summary": summary,
-                    "reason": "",
-                }
+
+        def run_one(overrides):
+            return (simulate_fn or simulate)(
+                overrides,
+                spec.num_supernodes,
+                cpus_per_client,
+                gpus_per_client,
+                verbose,
+                ray_address=ray_address,
             )
-            continue
-        overrides = {**run.overrides, "output-dir": str(folder), "run-name": run.name}
-        if run_dir.exists():
-            if any(run_dir.glob("checkpoint*-round-*.pt")):
-                overrides["resume"] = str(run_dir)
-                head += " (resumed)"
-            else:
-                k = 1
-                while run_dir.with_name(f"{run.name}.incomplete-{k}").exists():
-                    k += 1
-                run_dir.rename(run_dir.with_name(f"{run.name}.incomplete-{k}"))
-        log = folder / "logs" / f"{run.name}.log"
-        t0 = time.monotonic()
-        reason = ""
-        try:
-            with contextlib.nullcontext() if verbose else _output_to(log):
-                done_dir = simulate(
-                    overrides,
-                    spec.num_supernodes,
-                    cpus_per_client,
-                    gpus_per_client,
-                    verbose,
-                    ray_address=ray_address,
-                )
-            summary = ft.read_summary(done_dir)
-        except Exception as err:  # noqa: BLE001 - a failed run is recorded and the sweep goes on
-            done_dir, summary, reason = (
-                run_dir if run_dir.exists() else None,
-                None,
-                f"{type(err).__name__}: {err}",
-            )
-        seconds = time.monotonic() - t0
-        ok = ft.is_complete(summary)
-        if not ok:
-            reason = " ".join((reason or _reason_from_log(log) or "no final metrics (see the log)").split())
-        results.append(
-            {
-                "run": run.index,
-                "dir": str(done_dir) if done_dir else None,
-                "seconds": round(seconds, 1),
-                "status": "done" if ok else "failed",
-                "reason": reason,
-                "summary": summary if ok else None,
-            }
-        )
-        echo(f"{head} ... {seconds:.0f} s" + ("" if ok else f" FAILED: {reason} (log: {log})"))
-        _write_tables(spec, results, folder, time.monotonic() - started, path, quick)
-    text, table_md = _write_tables(spec, results, folder, time.monotonic() - started, path, quick)
+
+        result, how = sweep_run(spec, run, folder, run_one, verbose)
+        results.append(result)
+        echo(f"run {run.index + 1}/{len(runs)}: {run.describe()}{how}")
+        _write_tables(spec, results, folder, time.monotonic() - started, path, quick, gpu)
+    text, table_md = _write_tables(spec, results, folder, time.monotonic() - started, path, quick, gpu)
     echo("")
     echo(text)
     echo(f"table: {table_md}")
     return table_md
 
 
-def _write_tables(spec, results, folder: Path, seconds: float, path: str, quick: bool) -> tuple[str, Path]:
+def sweep_spec(path: str, quick=False, out=None, seeds=None, sets=None, gpu=False):
+    """The checked sweep of ``path`` (with its ``[quick]`` / ``[gpu]`` layers, ``--set`` and
+    ``--seeds``) and its folder (``out``, created)."""
+    import registry
+    from fedderm import sweep as fs
+    from fedderm.config import default_config
+
+    valid = sorted([*default_config(), *registry.method_options()])
+    spec = fs.load_sweep(path, quick, sets, seeds, registry.load_config, valid, gpu)
+    if out:
+        folder = Path(out).expanduser().resolve()
+    else:
+        root = Path(str({**spec.base, **spec.late}.get("output-dir", default_config()["output-dir"])))
+        root = root.expanduser().resolve()
+        flags = ("-quick" if quick else "") + ("-gpu" if gpu else "")
+        folder = root / "sweeps" / f"{spec.name}{flags}-{datetime.now():%Y%m%d-%H%M%S}"
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    return spec, folder
+
+
+def sweep_run(spec, run, folder: Path, run_one, verbose: bool = False) -> tuple[dict, str]:
+    """One run of a sweep in ``folder``: skipped when done before (same settings), resumed from
+    its newest checkpoint, else run afresh by ``run_one(overrides)`` (which returns the run folder)
+    with its output in ``logs/<run>.log``.  Returns the table's result entry and how it went."""
+    from fedderm import sweep as fs
+    from fedderm import sweep_tables as ft
+
+    run_dir = folder / run.name
+    overrides = {**run.overrides, "output-dir": str(folder), "run-name": run.name}
+    summary = ft.read_summary(run_dir)
+    if ft.is_complete(summary):
+        mismatch = _config_mismatch(summary.get("config") or {}, resolved_run_config(overrides))
+        if mismatch:
+            raise fs.SweepError(
+                f"{run_dir} holds a finished run with other settings ({'; '.join(mismatch)}); "
+                f"use another --out, or remove that folder to run it again"
+            )
+        result = {"run": run.index, "dir": str(run_dir), "status": "done", "seconds": None}
+        return {**result, "summary": summary, "reason": ""}, " ... done before, skipped"
+    how = ""
+    if run_dir.exists():
+        if any(run_dir.glob("checkpoint*-round-*.pt")):
+            overrides["resume"] = str(run_dir)
+            how = " (resumed)"
+        else:
+            k = 1
+            while run_dir.with_name(f"{run.name}.incomplete-{k}").exists():
+                k += 1
+            run_dir.rename(run_dir.with_name(f"{run.name}.incomplete-{k}"))
+    log = folder / "logs" / f"{run.name}.log"
+    t0 = time.monotonic()
+    reason = ""
+    try:
+        with contextlib.nullcontext() if verbose else _output_to(log):
+            done_dir = run_one(overrides)
+        summary = ft.read_summary(done_dir)
+    except Exception as err:  # noqa: BLE001 - a failed run is recorded and the sweep goes on
+        done_dir, summary, reason = (
+            run_dir if run_dir.exists() else None,
+            None,
+            f"{type(err).__name__}: {err}",
+        )
+    seconds = time.monotonic() - t0
+    ok = ft.is_complete(summary)
+    if not ok:
+        reason = " ".join((reason or _reason_from_log(log) or "no final metrics (see the log)").split())
+    result = {
+        "run": run.index,
+        "dir": str(done_dir) if done_dir else None,
+        "seconds": round(seconds, 1),
+        "status": "done" if ok else "failed",
+        "reason": reason,
+        "summary": summary if ok else None,
+    }
+    return result, f"{how} ... {seconds:.0f} s" + ("" if ok else f" FAILED: {reason} (log: {log})")
+
+
+def _write_tables(
+    spec, results, folder: Path, seconds: float, path: str, quick: bool, gpu: bool = False
+) -> tuple[str, Path]:
     from fedderm import sweep_tables as ft
 
     table = ft.aggregate(spec, results)
     ran = [r for r in results if r.get("seconds") is not None]
     failed = sum(r["status"] != "done" for r in results)
     footer = (
-        f"`python sim.py --sweep {path}{' --quick' if quick else ''} --out {folder}`: "
+        f"`python sim.py --sweep {path}{' --quick' if quick else ''}{' --gpu' if gpu else ''} --out {folder}`: "
         f"{len(results)} runs ({len(results) - len(ran)} done before, {failed} failed); "
         f"wall time {seconds:.0f} s. Run folders: {folder}/"
     )
@@ -654,6 +669,11 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("--grid", dest="old_grid", metavar="FILE", help="old name of --sweep (deprecated)")
     sweep.add_argument("--quick", action="store_true", help="with --sweep: apply the file's [quick] section")
     sweep.add_argument(
+        "--gpu",
+        action="store_true",
+        help="with --sweep: apply the file's [gpu] section (the larger scale for a CUDA machine)",
+    )
+    sweep.add_argument(
         "--out",
         help="with --sweep: the sweep folder (run folders, logs/, table.md, table.json); "
         "the same folder again resumes. Default <output-dir>/sweeps/<name>-<time>",
@@ -674,8 +694,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         args.sweep = args.sweep or args.old_grid
 
-    if not args.sweep and (args.quick or args.out or args.seeds or args.set):
-        parser.error("--quick, --out, --seeds and --set go with --sweep")
+    if not args.sweep and (args.quick or args.gpu or args.out or args.seeds or args.set):
+        parser.error("--quick, --gpu, --out, --seeds and --set go with --sweep")
     if args.sweep and args.run_config:
         parser.error("--sweep takes --set for overrides, not --run-config")
     if args.sweep and (args.check or args.check_data):
@@ -721,6 +741,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.gpus_per_client,
                 args.verbose,
                 ray_address=args.ray_address,
+                gpu=args.gpu,
             )
             return 0
         run_dir = simulate(

@@ -22,9 +22,10 @@ A sweep file::
                                    #   or any name with labelled sets of run-config keys
     [run-config]                   # base flat run-config keys (as in a preset)
     [quick]                        # --quick: run-config keys, and sweep.<key> / sweep.axes.<axis>
+    [gpu]                          # --gpu: the same, for the larger scale a CUDA machine affords
 
 A run's config is ``[run-config]``, then its row's axis values, then ``[quick]`` (with --quick),
-then ``--set``, then ``seed`` (and ``cv-folds``/``cv-fold``).  So ``[quick]`` shrinks every row
+then ``[gpu]`` (with --gpu), then ``--set``, then ``seed`` (and ``cv-folds``/``cv-fold``).  So ``[quick]`` shrinks every row
 (``num-server-rounds`` wins over a row's own); setting a key that *every* entry of an axis sets
 is an error (that axis would vanish): replace the axis with ``sweep.axes.<axis>`` instead.
 """
@@ -45,7 +46,7 @@ import tomllib
 from fedderm.config import ConfigError
 from fedderm.metrics import METRIC_NAMES
 
-SECTIONS = ("sweep", "run-config", "quick")
+SECTIONS = ("sweep", "run-config", "quick", "gpu")
 SWEEP_KEYS = ("title", "num-supernodes", "seeds", "cv-folds", "table", "metrics", "axes", "reference")
 TABLE_MODES = ("final", "per-client")
 #: summary.json "final" entries a plain metric name may take (rates, shown in %)
@@ -120,8 +121,9 @@ class Sweep:
     metrics: list[Metric]
     axes: dict[str, list[tuple[str, dict[str, Any]]]]  # axis -> [(label, overrides)]
     base: dict[str, Any]  # [run-config]
-    late: dict[str, Any]  # [quick] (with --quick) then --set: applied over the axes' keys
+    late: dict[str, Any]  # [quick] (with --quick), [gpu] (with --gpu), --set: applied over the axes' keys
     quick: bool = False
+    gpu: bool = False
     reference: dict[str, str] = field(default_factory=dict)  # axis -> label of the reference row
 
     def reference_of(self, row: Row) -> Row | None:
@@ -271,7 +273,9 @@ def _renamed(table: Mapping[str, Any], source: str) -> dict[str, Any]:
                 FutureWarning,
                 stacklevel=3,
             )
-        out[new] = _renamed(value, source) if key == "quick" and isinstance(value, Mapping) else value
+        out[new] = (
+            _renamed(value, source) if key in ("quick", "gpu") and isinstance(value, Mapping) else value
+        )
     return out
 
 
@@ -284,10 +288,12 @@ def parse_sweep(
     seeds: list[int] | None = None,
     load_config: Callable[[dict], Any] | None = None,
     valid_keys: list[str] | None = None,
+    gpu: bool = False,
 ) -> Sweep:
     """Validate a parsed sweep file and build the :class:`Sweep`.
 
-    ``overrides`` (``--set``) are run-config keys or ``sweep.<key>``; they apply after ``[quick]``.
+    ``overrides`` (``--set``) are run-config keys or ``sweep.<key>``; they apply after ``[quick]``
+    and ``[gpu]`` (``gpu``: a file without that section is an error).
     ``load_config`` (``registry.load_config``) validates every row's run config (and ``valid_keys``
     the axis names), so a bad key fails before the first run, naming the file and the row.
     """
@@ -304,11 +310,16 @@ def parse_sweep(
             f"{source} [run-config]: {bad[0]!r} is set per run by the sweep (sweep.seeds, sweep.cv-folds)"
         )
     layers = [("[quick]", _flatten(data.get("quick", {})))] if quick else []
+    if gpu:
+        if "gpu" not in data:
+            raise SweepError(f"{source}: --gpu needs a [gpu] section (the settings for a CUDA machine)")
+        layers.append(("[gpu]", _flatten(data["gpu"])))
     layers.append(("--set", dict(overrides)))
     spec, late = _layered(dict(data["sweep"]), layers, source)
     if seeds is not None:
         spec["seeds"] = list(seeds)
     sweep = _settings(spec, f"{source} [sweep]", name, source, base, late, quick, valid_keys)
+    sweep.gpu = gpu
     _check_unused_overrides(sweep, layers)
     if load_config is not None:
         _check_rows(sweep, load_config)
@@ -316,7 +327,7 @@ def parse_sweep(
 
 
 def _layered(spec: dict, layers: list[tuple[str, dict]], source: str) -> tuple[dict, dict]:
-    """``[sweep]`` with the ``sweep.*`` keys of each layer (``[quick]``, then ``--set``) applied, and
+    """``[sweep]`` with the ``sweep.*`` keys of each layer (``[quick]``, ``[gpu]``, ``--set``) applied, and
     the layers' run-config keys (applied to every row after its axes)."""
     late: dict[str, Any] = {}
     for where, layer in layers:
@@ -423,8 +434,8 @@ def _check_rows(sweep: Sweep, load_config: Callable[[dict], Any]) -> None:
         try:
             cfg = load_config(config)
         except ConfigError as err:
-            quick = " (--quick)" if sweep.quick else ""
-            raise SweepError(f"{sweep.source}{quick}, row {row.describe() or '(base)'}: {err}") from None
+            flags = (" (--quick)" if sweep.quick else "") + (" (--gpu)" if sweep.gpu else "")
+            raise SweepError(f"{sweep.source}{flags}, row {row.describe() or '(base)'}: {err}") from None
         if getattr(cfg, "min_clients", 1) > sweep.num_supernodes:
             raise SweepError(
                 f"{sweep.source}, row {row.describe()}: min-clients={cfg.min_clients} > "
@@ -439,6 +450,7 @@ def load_sweep(
     seeds: list[int] | None = None,
     load_config: Callable[[dict], Any] | None = None,
     valid_keys: list[str] | None = None,
+    gpu: bool = False,
 ) -> Sweep:
     """Read and validate a sweep file (see :func:`parse_sweep`)."""
     path = Path(path)
@@ -448,7 +460,7 @@ def load_sweep(
         raise SweepError(f"sweep file {str(path)!r} not found") from None
     except tomllib.TOMLDecodeError as err:
         raise SweepError(f"{path}: not valid TOML: {err}") from None
-    return parse_sweep(data, path.stem, str(path), quick, overrides, seeds, load_config, valid_keys)
+    return parse_sweep(data, path.stem, str(path), quick, overrides, seeds, load_config, valid_keys, gpu)
 
 
 # --------------------------------------------------------------------------- results

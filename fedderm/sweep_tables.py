@@ -252,6 +252,7 @@ def aggregate(sweep: Sweep, results: list[Mapping[str, Any]]) -> dict[str, Any]:
         "title": sweep.title,
         "sweep": sweep.source,
         "quick": sweep.quick,
+        "gpu": sweep.gpu,
         "table": sweep.table,
         "num-supernodes": sweep.num_supernodes,
         "seeds": sweep.seeds,
@@ -359,7 +360,8 @@ def render_markdown(table: Mapping[str, Any], footer: str = "") -> str:
     )
     note = (
         f"{unit}, mean ± SD over {reps}; `runs` = completed/planned replicates. "
-        f"{table['num-supernodes']} simulated clients{', --quick settings' if table['quick'] else ''}."
+        f"{table['num-supernodes']} simulated clients{', --quick settings' if table['quick'] else ''}"
+        f"{', --gpu settings' if table.get('gpu') else ''}."
     )
     lines = [f"### {table['title']}", ""]
     if table["table"] == "per-client":

@@ -81,6 +81,23 @@ def test_quick_and_set_override_rows_and_sweep_keys():
     assert with_set.seeds == [7] and all(r.overrides["lr"] == 0.5 for r in with_set.runs())
 
 
+def test_gpu_section_layers_after_quick_and_before_set():
+    data = spec(axes={"method": ["fedavg", "fedprox"]})
+    data["quick"] = {"num-server-rounds": 2, "lr": 0.3}
+    data["gpu"] = {"model": "resnet18", "num-server-rounds": 30, "sweep.seeds": [0, 1, 2, 3, 4]}
+    plain, gpu = parse(data), parse(data, gpu=True)
+    assert plain.seeds == [0, 1] and all(r.overrides["model"] == "tiny-cnn" for r in plain.runs())
+    assert gpu.gpu and gpu.seeds == [0, 1, 2, 3, 4] and len(gpu.runs()) == 10
+    assert all(
+        r.overrides["model"] == "resnet18" and r.overrides["num-server-rounds"] == 30 for r in gpu.runs()
+    )
+    both = parse(data, quick=True, gpu=True, overrides={"num-server-rounds": 4})
+    assert {(r.overrides["lr"], r.overrides["num-server-rounds"]) for r in both.runs()} == {(0.3, 4)}
+    del data["gpu"]
+    with pytest.raises(fs.SweepError, match=r"g.toml: --gpu needs a \[gpu\] section"):
+        parse(data, gpu=True)
+
+
 def test_cv_folds_are_replicates():
     g = parse(spec(**{"cv-folds": 3}))
     runs = g.runs()
