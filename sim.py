@@ -532,6 +532,10 @@ def sweep_spec(path: str, quick=False, out=None, seeds=None, sets=None, gpu=Fals
     return spec, folder
 
 
+#: the last line of a failed sweep run's log: this, then why
+FAILED_LINE = "sweep: run failed: "
+
+
 def sweep_run(spec, run, folder: Path, run_one, verbose: bool = False) -> tuple[dict, str]:
     """One run of a sweep in ``folder``: skipped when done before (same settings), resumed from
     its newest checkpoint, else run afresh by ``run_one(overrides)`` (which returns the run folder)
@@ -578,6 +582,8 @@ def sweep_run(spec, run, folder: Path, run_one, verbose: bool = False) -> tuple[
     ok = ft.is_complete(summary)
     if not ok:
         reason = " ".join((reason or _reason_from_log(log) or "no final metrics (see the log)").split())
+        with open(log, "a") as f:
+            f.write(f"{FAILED_LINE}{reason}\n")
     result = {
         "run": run.index,
         "dir": str(done_dir) if done_dir else None,

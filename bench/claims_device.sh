@@ -7,9 +7,12 @@
 # [gpu] sections of the contradicted claims on CUDA (5 processes sharing the GPU), and
 # pre-registered CPU sweeps on the other cores (one PyTorch thread per run, device "cpu").
 # No run starts after DEADLINE_S (default 420) seconds; each sweep's table.md/table.json is written
-# with what finished.  SiFT's class-text embeddings come from .devcache/sift-text (the MiniLM
-# package is not on the GPU machine).  $OUT gets the two pool logs and claims-dev.tgz: every
-# sweep folder under /tmp/claims-dev without its checkpoints and models.
+# with what finished.  SiFT's text model: the MiniLM package (88 MB) does not fit what a session
+# carries, so .minilm16 holds its weights rounded to float16 (made here with
+# `AutoModel.from_pretrained(path).half().save_pretrained(".minilm16")` and its tokenizer), loaded
+# back as float32 there (class-text embeddings within cosine 0.9999995 of the package's).  $OUT
+# gets the two pool logs and claims-dev.tgz: every sweep folder under /tmp/claims-dev without its
+# checkpoints and models.
 set -u
 OUT=${OUT:?set OUT to the folder for the logs}
 DEADLINE=${1:-420}
@@ -21,10 +24,14 @@ print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_dev
 nvidia-smi -L
 git rev-parse --short HEAD 2>/dev/null
 SETS=("cache-dir=\"$PWD/.devcache\"" "tensorboard=false")
-python3 -m bench.sweep_pool --gpu --jobs 5 --deadline-s "$DEADLINE" --set "${SETS[@]}" --out /tmp/claims-dev \
-    sweeps/claims/004-flbt.toml sweeps/claims/002-sift-head.toml >"$OUT/gpu_pool.log" 2>&1 &
-python3 -m bench.sweep_pool --jobs 10 --deadline-s "$DEADLINE" --set "${SETS[@]}" 'device="cpu"' --out /tmp/claims-dev \
-    sweeps/claims/000-fedclf-baselines.toml sweeps/claims/002-sift-accuracy.toml >"$OUT/cpu_pool.log" 2>&1 &
+python3 -c "from transformers import AutoModel, AutoTokenizer
+AutoModel.from_pretrained('.minilm16').float().save_pretrained('/tmp/minilm')
+AutoTokenizer.from_pretrained('.minilm16').save_pretrained('/tmp/minilm')" || exit 4
+python3 -m bench.sweep_pool --gpu --jobs 5 --deadline-s "$DEADLINE" --out /tmp/claims-dev \
+    --set "${SETS[@]}" 'sift.text-model="/tmp/minilm"' \
+    -- sweeps/claims/004-flbt.toml sweeps/claims/002-sift-head.toml >"$OUT/gpu_pool.log" 2>&1 &
+python3 -m bench.sweep_pool --jobs 10 --deadline-s "$DEADLINE" --out /tmp/claims-dev --set "${SETS[@]}" 'device="cpu"' \
+    -- sweeps/claims/000-fedclf-baselines.toml sweeps/claims/003-fedmim-skew.toml >"$OUT/cpu_pool.log" 2>&1 &
 wait
 tar czf "$OUT/claims-dev.tgz" --exclude='*.pt' --exclude='events.out*' -C /tmp claims-dev
 ls -l "$OUT"

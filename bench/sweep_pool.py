@@ -45,8 +45,18 @@ def _work(job: tuple) -> str:
     return f"{spec.name} run {index + 1}/{len(spec.runs())}: {run.describe()}{how}"
 
 
-def _not_started(overrides, *_, **__):
-    raise RuntimeError("not run: bench.sweep_pool's deadline passed before this run finished")
+def _not_finished(overrides, *_, **__):
+    """The table's reason for a run the pool did not finish: its worker's failure, or the deadline."""
+    import sim
+
+    log = Path(overrides["output-dir"]) / "logs" / f"{overrides['run-name']}.log"
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    failed = [line[len(sim.FAILED_LINE) :] for line in lines if line.startswith(sim.FAILED_LINE)]
+    if failed:
+        raise RuntimeError(failed[-1])
+    raise RuntimeError(
+        f"{'stopped' if lines else 'not started'}: bench.sweep_pool's deadline passed before it finished"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             sets=sets,
             gpu=args.gpu,
             echo=lambda *_: None,
-            simulate_fn=_not_started,
+            simulate_fn=_not_finished,
         )
         print(f"table: {_folder(out, path, args.gpu) / 'table.md'}", flush=True)
     return 0
