@@ -9,8 +9,8 @@
 # No run starts after DEADLINE_S (default 420) seconds; each sweep's table.md/table.json is written
 # with what finished.  SiFT's text model: the MiniLM package (88 MB) does not fit what a session
 # carries, so .minilm16 holds its weights rounded to float16 (made here with
-# `AutoModel.from_pretrained(path).half().save_pretrained(".minilm16")` and its tokenizer), loaded
-# back as float32 there (class-text embeddings within cosine 0.9999995 of the package's).  $OUT
+# `AutoModel.from_pretrained(path).half().save_pretrained(".minilm16")` and its tokenizer; the
+# weights then xz-compressed), loaded back as float32 there (class-text embeddings within cosine 0.9999995 of the package's).  $OUT
 # gets the two pool logs and claims-dev.tgz: every sweep folder under /tmp/claims-dev without its
 # checkpoints and models.
 set -u
@@ -24,9 +24,15 @@ print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_dev
 nvidia-smi -L
 git rev-parse --short HEAD 2>/dev/null
 SETS=("cache-dir=\"$PWD/.devcache\"" "tensorboard=false")
-python3 -c "from transformers import AutoModel, AutoTokenizer
-AutoModel.from_pretrained('.minilm16').float().save_pretrained('/tmp/minilm')
-AutoTokenizer.from_pretrained('.minilm16').save_pretrained('/tmp/minilm')" || exit 4
+python3 -c "import lzma, shutil, pathlib
+from transformers import AutoModel, AutoTokenizer
+half = pathlib.Path('/tmp/minilm16'); half.mkdir(exist_ok=True)
+for f in pathlib.Path('.minilm16').iterdir():
+    if f.suffix == '.xz':
+        with lzma.open(f) as src, open(half / f.stem, 'wb') as dst: shutil.copyfileobj(src, dst)
+    else: shutil.copy(f, half)
+AutoModel.from_pretrained(half).float().save_pretrained('/tmp/minilm')
+AutoTokenizer.from_pretrained(half).save_pretrained('/tmp/minilm')" || exit 4
 python3 -m bench.sweep_pool --gpu --jobs 5 --deadline-s "$DEADLINE" --out /tmp/claims-dev \
     --set "${SETS[@]}" 'sift.text-model="/tmp/minilm"' \
     -- sweeps/claims/004-flbt.toml sweeps/claims/002-sift-head.toml >"$OUT/gpu_pool.log" 2>&1 &
