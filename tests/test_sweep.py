@@ -522,6 +522,17 @@ def test_every_claims_experiment_parses_with_replicates_and_a_reference(path):
     assert "Pre-registered" in path.read_text().splitlines()[0]
 
 
+DIAGNOSTICS = sorted((ROOT / "sweeps" / "diagnostics").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", DIAGNOSTICS, ids=[p.stem for p in DIAGNOSTICS])
+def test_every_diagnostic_sweep_loads_and_the_ledger_reports_it(path):
+    """Diagnostic sweeps trace one observation (a seed may be all it needs); the ledger reports each."""
+    sweep = fs.load_sweep(path, load_config=registry.load_config, valid_keys=VALID)
+    assert sweep.runs() and sweep.reference
+    assert f"sweeps/diagnostics/{path.name}" in (ROOT / "docs" / "claims.md").read_text()
+
+
 def test_the_claims_ledger_names_every_claims_experiment():
     ledger = (ROOT / "docs" / "claims.md").read_text()
     assert len(CLAIMS) >= 8
