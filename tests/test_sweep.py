@@ -411,6 +411,15 @@ def test_run_sweep_records_failures_and_resume_skips_finished_runs(tmp_path, mon
         "| fedavg | 50.00 | 1/1 |" in md
         and "| fedprox | failed | 0/1; failed: r01-fedprox-s0: RuntimeError" in md
     )
+    # the failed run's log ends with why, which bench.sweep_pool tables for a run its worker failed
+    log = (out / "logs" / "r01-fedprox-s0.log").read_text().splitlines()
+    assert log[-1] == "sweep: run failed: RuntimeError: client 1 ran out of memory"
+    from bench.sweep_pool import _not_finished
+
+    with pytest.raises(RuntimeError, match=r"^RuntimeError: client 1 ran out of memory$"):
+        _not_finished({"output-dir": str(out), "run-name": "r01-fedprox-s0"})
+    with pytest.raises(RuntimeError, match=r"^not started: bench.sweep_pool's deadline"):
+        _not_finished({"output-dir": str(out), "run-name": "r09-never-s0"})
     # an incomplete folder left by a dead run (no checkpoint) is moved aside, not lost
     (out / "r01-fedprox-s0").mkdir()
     (out / "r01-fedprox-s0" / "summary.json").write_text(json.dumps({"final": None}))
