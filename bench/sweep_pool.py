@@ -18,11 +18,8 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import sys
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _folder(out: Path, path: str, gpu: bool) -> Path:
@@ -73,7 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", nargs="*", default=None, metavar="KEY=VALUE", help="as sim.py --set")
     parser.add_argument("--deadline-s", type=float, default=0.0, help="start no run after this many seconds")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     import sim
 
     sets = sim.parse_sets(args.set) if args.set else None
