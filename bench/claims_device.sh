@@ -7,12 +7,20 @@
 # [gpu] sections of the contradicted claims on CUDA (5 processes sharing the GPU), and
 # pre-registered CPU sweeps on the other cores (one PyTorch thread per run, device "cpu").
 # No run starts after DEADLINE_S (default 420) seconds; each sweep's table.md/table.json is written
-# with what finished.  SiFT's text model: the MiniLM package (88 MB) does not fit what a session
+# with what finished.  GPU_SWEEPS and CPU_SWEEPS name the files (default: what the ledger still
+# lacks; on 2026-11-27 they were 004-flbt + 002-sift-head and 000-fedclf-baselines +
+# 003-fedmim-skew).  SiFT's text model: the MiniLM package (88 MB) does not fit what a session
 # carries, so .minilm16 holds its weights rounded to float16 (made here with
 # `AutoModel.from_pretrained(path).half().save_pretrained(".minilm16")` and its tokenizer; the
-# weights then xz-compressed), loaded back as float32 there (class-text embeddings within cosine 0.9999995 of the package's).  $OUT
-# gets the two pool logs and claims-dev.tgz: every sweep folder under /tmp/claims-dev without its
-# checkpoints and models.
+# weights then xz-compressed), loaded back as float32 there (class-text embeddings within cosine
+# 0.9999995 of the package's).  $OUT gets the pool logs and claims-dev.tgz: every sweep folder
+# under /tmp/claims-dev, its tables, logs and each run's summary.json and config.json.
+# The GPU machine has torch, timm, transformers and grpcio but neither Ray nor flwr: carry .whl, the
+# cp312 manylinux wheels (`pip download --no-deps --only-binary=:all: --python-version 3.12`) of
+# flwr 1.42.0, cryptography, cffi, pycparser, pycryptodome, iterators, typer, click, rich, tomli,
+# tomli-w, protobuf, grpcio-health-checking, fastapi, starlette, pydantic, pydantic-core,
+# annotated-types, typing-inspection, typing-extensions, sqlalchemy, alembic, mako, flwr-datasets,
+# datasets, dill and multiprocess (18 MB), installed with `pip install --no-deps --target`.
 set -u
 OUT=${OUT:?set OUT to the folder for the logs}
 DEADLINE=${1:-420}
@@ -22,7 +30,12 @@ python3 -c "import torch, flwr, timm, server_app, client_app, bench.sweep_pool
 print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name(0), '| flwr', flwr.__version__, '| timm', timm.__version__)" \
     || exit 3
 nvidia-smi -L
-git rev-parse --short HEAD 2>/dev/null
+# the commit only where the files are that commit's (a copied working tree may carry a stale .git)
+if commit=$(git rev-parse --short HEAD 2>/dev/null) && git diff --quiet HEAD 2>/dev/null; then
+    echo "commit $commit"
+else
+    echo "commit unknown (no .git, or the files differ from its HEAD ${commit:-}): name it yourself"
+fi
 SETS=("cache-dir=\"$PWD/.devcache\"" "tensorboard=false")
 python3 -c "import lzma, shutil, pathlib
 from transformers import AutoModel, AutoTokenizer
@@ -33,11 +46,20 @@ for f in pathlib.Path('.minilm16').iterdir():
     else: shutil.copy(f, half)
 AutoModel.from_pretrained(half).float().save_pretrained('/tmp/minilm')
 AutoTokenizer.from_pretrained(half).save_pretrained('/tmp/minilm')" || exit 4
-python3 -m bench.sweep_pool --gpu --jobs 5 --deadline-s "$DEADLINE" --out /tmp/claims-dev \
-    --set "${SETS[@]}" 'sift.text-model="/tmp/minilm"' \
-    -- sweeps/claims/004-flbt.toml sweeps/claims/002-sift-head.toml >"$OUT/gpu_pool.log" 2>&1 &
-python3 -m bench.sweep_pool --jobs 10 --deadline-s "$DEADLINE" --out /tmp/claims-dev --set "${SETS[@]}" 'device="cpu"' \
-    -- sweeps/claims/000-fedclf-baselines.toml sweeps/claims/003-fedmim-skew.toml >"$OUT/cpu_pool.log" 2>&1 &
+GPU_SWEEPS=${GPU_SWEEPS-sweeps/claims/002-sift-head.toml}
+CPU_SWEEPS=${CPU_SWEEPS-}
+if [ -n "$GPU_SWEEPS" ]; then
+    # shellcheck disable=SC2086
+    python3 -m bench.sweep_pool --gpu --jobs 5 --deadline-s "$DEADLINE" --out /tmp/claims-dev \
+        --set "${SETS[@]}" 'sift.text-model="/tmp/minilm"' -- $GPU_SWEEPS >"$OUT/gpu_pool.log" 2>&1 &
+fi
+if [ -n "$CPU_SWEEPS" ]; then
+    # shellcheck disable=SC2086
+    python3 -m bench.sweep_pool --jobs 10 --deadline-s "$DEADLINE" --out /tmp/claims-dev \
+        --set "${SETS[@]}" 'device="cpu"' -- $CPU_SWEEPS >"$OUT/cpu_pool.log" 2>&1 &
+fi
 wait
-tar czf "$OUT/claims-dev.tgz" --exclude='*.pt' --exclude='events.out*' -C /tmp claims-dev
+# what the tables and the ledger need (run folders also hold predictions: too big to bring back)
+(cd /tmp && find claims-dev \( -name summary.json -o -name config.json -o -name 'table.*' -o -name '*.log' \) -print0 \
+    | tar czf "$OUT/claims-dev.tgz" --null -T -)
 ls -l "$OUT"
