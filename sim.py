@@ -487,20 +487,15 @@ def run_sweep(
         f"{f' × {spec.cv_folds} folds' if spec.cv_folds else ''} = {len(runs)} runs, "
         f"{spec.num_supernodes} clients each -> {folder}"
     )
+
+    def run_one(overrides):
+        return (simulate_fn or simulate)(
+            overrides, spec.num_supernodes, cpus_per_client, gpus_per_client, verbose, ray_address=ray_address
+        )
+
     started = time.monotonic()
     results = []
     for run in runs:
-
-        def run_one(overrides):
-            return (simulate_fn or simulate)(
-                overrides,
-                spec.num_supernodes,
-                cpus_per_client,
-                gpus_per_client,
-                verbose,
-                ray_address=ray_address,
-            )
-
         result, how = sweep_run(spec, run, folder, run_one, verbose)
         results.append(result)
         echo(f"run {run.index + 1}/{len(runs)}: {run.describe()}{how}")

@@ -74,10 +74,12 @@ def main(argv: list[str] | None = None) -> int:
 
     sets = sim.parse_sets(args.set) if args.set else None
     out = Path(args.out).expanduser().resolve()
-    jobs = []
+    jobs, folders = [], {}
     for path in args.sweeps:  # every file checked before the first run starts
-        spec, folder = sim.sweep_spec(path, out=str(_folder(out, path, args.gpu)), sets=sets, gpu=args.gpu)
-        jobs += [(path, folder, args.gpu, sets, run.index, args.threads) for run in spec.runs()]
+        spec, folders[path] = sim.sweep_spec(
+            path, out=str(_folder(out, path, args.gpu)), sets=sets, gpu=args.gpu
+        )
+        jobs += [(path, folders[path], args.gpu, sets, run.index, args.threads) for run in spec.runs()]
     print(f"{len(jobs)} runs of {len(args.sweeps)} sweep(s) over {args.jobs} processes -> {out}", flush=True)
     started = time.monotonic()
     pool = multiprocessing.get_context("spawn").Pool(args.jobs, maxtasksperchild=1)
@@ -100,16 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         pool.terminate()
         pool.join()
-    for path in args.sweeps:
-        sim.run_sweep(
-            path,
-            out=str(_folder(out, path, args.gpu)),
-            sets=sets,
-            gpu=args.gpu,
-            echo=lambda *_: None,
-            simulate_fn=_not_finished,
+    for path, folder in folders.items():
+        table = sim.run_sweep(
+            path, out=str(folder), sets=sets, gpu=args.gpu, echo=lambda *_: None, simulate_fn=_not_finished
         )
-        print(f"table: {_folder(out, path, args.gpu) / 'table.md'}", flush=True)
+        print(f"table: {table}", flush=True)
     return 0
 
 

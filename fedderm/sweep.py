@@ -318,8 +318,7 @@ def parse_sweep(
     spec, late = _layered(dict(data["sweep"]), layers, source)
     if seeds is not None:
         spec["seeds"] = list(seeds)
-    sweep = _settings(spec, f"{source} [sweep]", name, source, base, late, quick, valid_keys)
-    sweep.gpu = gpu
+    sweep = _settings(spec, f"{source} [sweep]", name, source, base, late, quick, gpu, valid_keys)
     _check_unused_overrides(sweep, layers)
     if load_config is not None:
         _check_rows(sweep, load_config)
@@ -354,7 +353,7 @@ def _layered(spec: dict, layers: list[tuple[str, dict]], source: str) -> tuple[d
 
 
 def _settings(
-    spec: dict, where: str, name: str, source: str, base: dict, late: dict, quick: bool, valid_keys
+    spec: dict, where: str, name: str, source: str, base: dict, late: dict, quick: bool, gpu: bool, valid_keys
 ) -> Sweep:
     """The :class:`Sweep` of the checked ``[sweep]`` settings."""
 
@@ -409,6 +408,7 @@ def _settings(
         base=base,
         late=late,
         quick=quick,
+        gpu=gpu,
         reference=dict(reference),
     )
 
