@@ -61,7 +61,7 @@ class Config:
     cache_dir: str = "~/.cache/fedderm"
     image_size: int = 64
     synthetic_sites: int = 0
-    synthetic_per_class: int = 100
+    synthetic_per_class: int = 40
     # partitions and splits
     partition: str = "source"
     dirichlet_alpha: float = 0.5

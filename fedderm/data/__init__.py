@@ -48,7 +48,7 @@ def load_pool(
     seed: int,
     num_partitions: int = 1,
     synthetic_sites: int = 0,
-    synthetic_per_class: int = 100,
+    synthetic_per_class: int = 40,
     cache_dir: str | Path | None = None,
     classes: list[str] | None = None,
     image_dir: str = "",
