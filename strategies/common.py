@@ -16,6 +16,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -150,9 +151,26 @@ def cast_like(arrays: ArrayRecord, template: ArrayRecord) -> ArrayRecord:
     return ArrayRecord(out)
 
 
+@dataclass
+class RoundNotes:
+    """What a round's Flower hooks found for the results, kept until the round loop records it
+    (:meth:`Tracked.record_notes`): clients left out, each client's peak GPU memory, entries of
+    summary.json lists (``model_privacy``, ``feature_relay``, ...), extra rounds.csv splits
+    (``leakage-audit``) and TensorBoard scalars."""
+
+    missing: list[dict] = field(default_factory=list)
+    gpu_peaks: list[dict] = field(default_factory=list)
+    entries: list[tuple[str, dict]] = field(default_factory=list)
+    splits: list[tuple[int, str, dict[str, dict[str, float]]]] = field(default_factory=list)
+    scalars: list[tuple[str, int, dict[str, float]]] = field(default_factory=list)
+
+
 class Tracked:
     """Mixin for a Flower strategy: screens replies, records per-client metrics and missing
     clients, keeps the best model on val, and saves/restores its state for checkpoints.
+
+    Flower's hooks (``configure_*``, ``aggregate_*``) do not write results: what they find goes
+    into :attr:`notes`, which :func:`run_rounds` records once at the end of every round.
 
     Clients put their ``partition-id`` in every reply's MetricRecord; it is taken out before
     Flower's weighted averaging and used to key per-client rows in the results.  Subclasses
@@ -184,9 +202,9 @@ class Tracked:
         self.traffic_log: list[dict[str, int]] = []
         #: wall time of every round (train + val), for summary.json ``round_seconds``
         self.time_log: list[dict] = []
-        #: peak CUDA memory of each client's handling of a message (MiB), for summary.json
-        #: ``gpu_peak_mib``; empty off CUDA (client_app.dispatch adds ``wire.GPU_PEAK``)
-        self.gpu_log: list[dict] = []
+        #: what this round's hooks found, recorded at its end (:meth:`record_notes`); GPU peaks
+        #: only on CUDA (client_app.dispatch adds ``wire.GPU_PEAK``)
+        self.notes = RoundNotes()
 
     # -- screening replies ---------------------------------------------------------------
     def _partition(self, node_id: int) -> str:
@@ -260,11 +278,11 @@ class Tracked:
             for node in sent_to
             if node not in answered
         ]
-        self.record_missing(server_round, missing)
+        self.note_missing(server_round, missing)
         return good
 
-    def record_missing(self, server_round: int, missing: list[tuple[int, str]]) -> None:
-        """Log the clients left out of ``server_round`` and record them in ``summary.json``
+    def note_missing(self, server_round: int, missing: list[tuple[int, str]]) -> None:
+        """Log the clients left out of ``server_round`` and note them for ``summary.json``
         (``missing_clients``): ``missing`` holds (node id, reason) pairs."""
         for node, why in missing:
             log(
@@ -276,19 +294,16 @@ class Tracked:
                 node,
                 why,
             )
-        if missing:
-            record = self.recorder.extra.setdefault("missing_clients", [])
-            record += [
-                {
-                    "stage": self.stage,
-                    "round": server_round,
-                    "partition-id": self._partition(n),
-                    "node-id": n,
-                    "reason": why,
-                }
-                for n, why in missing
-            ]
-            self.recorder.update_extra({"missing_clients": record})
+        self.notes.missing += [
+            {
+                "stage": self.stage,
+                "round": server_round,
+                "partition-id": self._partition(n),
+                "node-id": n,
+                "reason": why,
+            }
+            for n, why in missing
+        ]
 
     def _per_client(
         self, replies: list[Message], server_round: int | None = None, record: str = "metrics"
@@ -305,14 +320,47 @@ class Tracked:
                 peaks[pid] = float(metrics.pop(wire.GPU_PEAK))
             per_client[pid] = dict(metrics)
         if peaks and server_round is not None:  # train replies: the round's peak
-            self.record_gpu_peaks(server_round, peaks)
+            self.note_gpu_peaks(server_round, peaks)
         return dict(sorted(per_client.items(), key=lambda kv: client_sort_key(kv[0])))
 
-    def record_gpu_peaks(self, server_round: int | None, peaks: dict[str, float]) -> None:
-        """Keep each client's peak CUDA memory of this round's messages (summary.json ``gpu_peak_mib``)."""
+    def note_gpu_peaks(self, server_round: int | None, peaks: dict[str, float]) -> None:
+        """Note each client's peak CUDA memory of this round's messages (summary.json ``gpu_peak_mib``)."""
         ordered = dict(sorted(peaks.items(), key=lambda kv: client_sort_key(kv[0])))
-        self.gpu_log.append({"stage": self.stage, "round": server_round, "per_client": ordered})
-        self.recorder.update_extra({"gpu_peak_mib": self._with_other_stages("gpu_peak_mib", self.gpu_log)})
+        self.notes.gpu_peaks.append({"stage": self.stage, "round": server_round, "per_client": ordered})
+
+    def note(self, key: str, entry: dict) -> None:
+        """Note one more entry of the summary.json list ``key`` (e.g. ``model_privacy``)."""
+        self.notes.entries.append((key, entry))
+
+    def note_split(
+        self, server_round: int, split: str, per_client: dict[str, dict[str, float]]
+    ) -> dict[str, float]:
+        """Note per-client metrics of an extra rounds.csv ``split`` (e.g. ``leakage-audit``); returns their mean."""
+        self.notes.splits.append((server_round, split, per_client))
+        return mean_over_clients(per_client)
+
+    def note_scalars(self, tag: str, server_round: int, values: dict[str, float]) -> None:
+        """Note TensorBoard scalars (``tracking = true``) of ``server_round``."""
+        self.notes.scalars.append((tag, server_round, values))
+
+    def record_notes(self) -> None:
+        """The round's notes into the results (summary.json, rounds.csv, TensorBoard), in the order
+        they were noted; then a fresh :class:`RoundNotes`."""
+        notes, self.notes = self.notes, RoundNotes()
+        extra = self.recorder.extra
+        lists: dict[str, list] = {}
+        if notes.missing:
+            lists["missing_clients"] = [*extra.get("missing_clients", []), *notes.missing]
+        if notes.gpu_peaks:
+            lists["gpu_peak_mib"] = [*extra.get("gpu_peak_mib", []), *notes.gpu_peaks]
+        for key, entry in notes.entries:
+            lists[key] = [*lists.get(key, extra.get(key, [])), entry]
+        if lists:
+            self.recorder.update_extra(lists)
+        for server_round, split, per_client in notes.splits:
+            self.recorder.log_round(server_round, split, per_client)
+        for tag, server_round, values in notes.scalars:
+            self.recorder.track(tag, server_round, values)
 
     # -- Flower strategy hooks ------------------------------------------------------------
     def configure_train(self, server_round, arrays, config, grid):
@@ -590,6 +638,21 @@ def run_rounds(
     own.  Round r's checkpoint then holds its val as pending (``val-pending``): a resumed run
     evaluates it in its first train message.
     """
+    try:
+        return _run_rounds(strategy, grid, arrays, evaluate, on_round)
+    finally:  # what a failing round's hooks found (e.g. the clients left out) still reaches the results
+        strategy.record_notes()
+
+
+def _run_rounds(
+    strategy: Tracked,
+    grid: Grid,
+    arrays: ArrayRecord,
+    evaluate: bool,
+    on_round: Callable[[int, ArrayRecord], None] | None,
+) -> ArrayRecord:
+    """:func:`run_rounds`: each round sends, screens and aggregates (Flower's hooks, which only
+    note what they find), evaluates, records (notes, costs, best-on-val) and checkpoints."""
     cfg, recorder = strategy.cfg, strategy.recorder
     ride = evaluate and on_round is None and strategy.val_rides_train and cfg.val_in_train
     #: (round, its global model, its start, its traffic) of the round whose val rides in the next train
@@ -610,30 +673,37 @@ def run_rounds(
             pending = (0, arrays, strategy._round_start, None)
         else:
             strategy.evaluate_round(grid, 0, arrays, "val", cfg.round_timeout)
+            strategy.record_notes()
             strategy.record_costs(0)
             (on_round or strategy.after_round)(0, arrays)
     view = None
     for server_round in range(start, strategy.num_rounds + 1):
+        # send
         view = NodeView(grid, wait_for_nodes(grid, cfg.min_clients, cfg.round_timeout))
         config = ConfigRecord({wire.VAL_ROUND: pending[0]} if pending is not None else {})
         msgs = strategy.configure_train(server_round, arrays, config, view)
         replies = strategy.in_order(send_and_receive(grid, msgs, cfg.round_timeout))
-        if pending is not None:
+        if pending is not None:  # the previous round's val came back with these replies: close it
             done, done_arrays, started, traffic = pending
             val = strategy.take_val(replies)
             strategy.finish_ridden(done, done_arrays, val, strategy._round_start - started, traffic)
             pending = None
+        # screen and aggregate
         new, _ = strategy.aggregate_train(server_round, replies)
         if new is not None:
             arrays = new
+        # evaluate (or let the val ride in the next round's train message), then record
         if ride:
+            strategy.record_notes()
             pending = (server_round, arrays, strategy._round_start, strategy.traffic)
             strategy.traffic = None
         else:
             if evaluate:
                 strategy.evaluate_round(view, server_round, arrays, "val", cfg.round_timeout)
+            strategy.record_notes()
             strategy.record_costs(server_round)
             (on_round or strategy.after_round)(server_round, arrays)
+        # checkpoint
         save_round(
             grid,
             recorder,
@@ -653,6 +723,7 @@ def run_rounds(
         if view is None:
             view = NodeView(grid, wait_for_nodes(grid, cfg.min_clients, cfg.round_timeout))
         strategy.evaluate_round(view, done, done_arrays, "val", cfg.round_timeout)
+        strategy.record_notes()
         strategy.close_round(done, done_arrays, time.monotonic() - started, traffic)
     return arrays
 
@@ -665,11 +736,14 @@ def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) ->
     best = strategy.best_arrays or final
     log(INFO, "testing the best model on val (round %s) on every client's test split", strategy.best_round)
     view = NodeView(grid, wait_for_nodes(grid, strategy.cfg.min_clients, strategy.cfg.round_timeout))
-    strategy.evaluate_round(view, strategy.num_rounds, best, "test", strategy.cfg.round_timeout)
-    # -- test-set="global": the same model on the global test set (strategies/globaltest.py) --
-    from .globaltest import global_test
+    try:
+        strategy.evaluate_round(view, strategy.num_rounds, best, "test", strategy.cfg.round_timeout)
+        # -- test-set="global": the same model on the global test set (strategies/globaltest.py) --
+        from .globaltest import global_test
 
-    global_test(strategy, view, best, strategy.num_rounds)
+        global_test(strategy, view, best, strategy.num_rounds)
+    finally:
+        strategy.record_notes()
     reached = rounds_to_target(strategy.recorder.rounds, strategy.cfg.target_list)
     strategy.recorder.update_extra({"rounds_to_target": reached})
     log(

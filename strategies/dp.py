@@ -126,9 +126,9 @@ class ServerSideFixedClipping:
             "releases": self.dp_releases,
             "epsilon": eps,
         }
-        self.recorder.update_extra({"model_privacy": [*self.recorder.extra.get("model_privacy", []), entry]})
-        if self.recorder.tracker is not None and eps != float("inf"):
-            self.recorder.tracker.scalars("privacy", server_round, {"model-epsilon": eps})
+        self.note("model_privacy", entry)
+        if eps != float("inf"):
+            self.note_scalars("privacy", server_round, {"model-epsilon": eps})
         log(
             INFO,
             "dp round %d: %d/%d updates clipped to %.4g (max norm %.4g), noise std %.4g, (ε, δ) = (%.4g, %g)",

@@ -152,7 +152,7 @@ class FedCLFStrategy(Tracked, FedAvg):
                 rejected.append((nid, f"rejected: {problem}"))
             else:
                 good.append(r)
-        self.record_missing(0, rejected)
+        self.note_missing(0, rejected)
         self.uploads = self._take_features(good)
         self._log_uploads(0)
         self._account(0)
@@ -212,8 +212,7 @@ class FedCLFStrategy(Tracked, FedAvg):
             "received_bytes": dict(sorted(received.items())),
             "uploaded_bytes": dict(sorted((f"client {p}", int(f.nbytes)) for p, f in self.uploads.items())),
         }
-        relay = self.recorder.extra.get("feature_relay", [])
-        self.recorder.update_extra({"feature_relay": [*relay, entry]})
+        self.note("feature_relay", entry)
         return out
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
@@ -245,7 +244,7 @@ class FedCLFStrategy(Tracked, FedAvg):
                 "non-members": others,
             }
         if per_client:
-            mean = self.recorder.log_round(server_round, "leakage-audit", per_client)
+            mean = self.note_split(server_round, "leakage-audit", per_client)
             log(
                 INFO,
                 "fedclf round %d: leakage audit (membership attack on the relay): ROC-AUC mean %.3f, %s",
@@ -289,8 +288,8 @@ class FedCLFStrategy(Tracked, FedAvg):
             "releases": dict(sorted(self.releases.items())),
             "epsilon": eps,
         }
-        self.recorder.update_extra({"relay_privacy": [*self.recorder.extra.get("relay_privacy", []), entry]})
-        self.recorder.track("privacy", server_round, {f"epsilon/client-{pid}": e for pid, e in eps.items()})
+        self.note("relay_privacy", entry)
+        self.note_scalars("privacy", server_round, {f"epsilon/client-{pid}": e for pid, e in eps.items()})
         log(
             INFO,
             "fedclf round %d: private relay (sigma %g, delta %g): epsilon per client %s",

@@ -75,7 +75,6 @@ class SiftStrategy(Tracked, FedAvg):
         self.variant = cfg.option("sift.variant")
         self.hop_timeout = float(cfg.option("sift.hop-timeout"))
         self.partition_of: dict[int, int] = dict(recorder.node_partitions)  # node id -> partition id
-        self.ring_log: list[dict] = []
         self.pair: dict[str, ArrayRecord] | None = None  # (short-term, long-term) models on their way
 
     # -- who is in the ring, in which order ---------------------------------------------
@@ -168,16 +167,16 @@ class SiftStrategy(Tracked, FedAvg):
             log(WARNING, "SiFT round %d: no client was visited; the models are unchanged", server_round)
         self.train_per_client = per_client
         if peaks:
-            self.record_gpu_peaks(server_round, peaks)
-        self.ring_log.append(
+            self.note_gpu_peaks(server_round, peaks)
+        self.note(
+            "ring",
             {
                 "round": server_round,
                 "order": [self.partition_of[n] for n in order],
                 "visited": visited,
                 "skipped": skipped,
-            }
+            },
         )
-        self.recorder.update_extra({"ring": self.ring_log})
         log(
             INFO,
             "SiFT round %d: visited clients %s%s",
@@ -210,7 +209,6 @@ class SiftStrategy(Tracked, FedAvg):
     def state_dict(self):
         return {
             **super().state_dict(),
-            "ring_log": list(self.ring_log),
             "partition_of": dict(self.partition_of),
             "pair": None if self.pair is None else {k: wire.to_state_dict(v) for k, v in self.pair.items()},
         }
@@ -218,7 +216,6 @@ class SiftStrategy(Tracked, FedAvg):
     def load_state_dict(self, state):
         super().load_state_dict(state)
         # node ids are new in a resumed run: the partition ids come from this run's handshake
-        self.ring_log = list(state["ring_log"])
         self.pair = None if state["pair"] is None else {k: ArrayRecord(v) for k, v in state["pair"].items()}
 
 

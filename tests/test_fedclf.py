@@ -306,6 +306,9 @@ def test_strategy_averages_models_only_and_relays_deidentified_features(tmp_path
         assert not set(rows(got)) & set(rows(uploads[nid]))
         assert not np.array_equal(got, others)
         assert not {"node-id", "partition-id", "src"} & set(msg.content["config"].keys())
+    # Flower's hook only notes the relay's bytes; the round loop's record step writes them
+    assert "feature_relay" not in strategy.recorder.extra
+    strategy.record_notes()
     relay = strategy.recorder.extra["feature_relay"]
     assert relay[-1]["received_bytes"] == {
         "client 0": 12 * 128 * 2,

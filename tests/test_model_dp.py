@@ -62,6 +62,7 @@ def _round(strategy, server_round: int = 1):
     before = np.random.get_state()[1].copy()
     new, _ = strategy.aggregate_train(server_round, replies)
     assert np.array_equal(np.random.get_state()[1], before)  # NumPy's global generator is restored
+    strategy.record_notes()  # the round loop's record step
     return state, floats, directions, replies, new
 
 

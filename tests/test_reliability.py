@@ -127,6 +127,7 @@ def test_nan_and_wrong_shape_updates_are_rejected_and_logged(tmp_path, caplog):
     text = caplog.text
     assert "client 1 (node 12) left out: rejected: 'w' holds non-finite values" in text
     assert "client 2 (node 13) left out: rejected: 'w' is float32[3, 2], expected float32[2, 3]" in text
+    strategy.record_notes()  # the round loop's record step
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {m["partition-id"] for m in summary["missing_clients"]} == {"1", "2"}
 
