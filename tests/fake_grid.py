@@ -2,10 +2,10 @@
 
 Each node has its own ``Context`` (node config ``partition-id``/``num-partitions``, its own
 ``state``), so per-client state survives rounds as under Flower.  A handler that raises becomes an
-error reply, as Flower's ClientApp runtime does; ``fail`` injects failures by partition id:
-``"raise"`` (the handler raises), ``"timeout"`` (no reply arrives) or ``"dead"`` (the node died:
-the SuperLink answers with Flower's own NODE_UNAVAILABLE error reply, whose source is the
-SuperLink, node 1).  Every sent message gets a ``message_id`` as Flower's grids give it on push.  Messages are delivered
+error reply, as Flower's ClientApp runtime does; ``fail`` injects failures of train messages by
+partition id: ``"raise"`` (the handler raises), ``"timeout"`` (no reply arrives) or ``"dead"`` (the
+node died: the SuperLink answers with Flower's own NODE_UNAVAILABLE error reply, whose source is the
+SuperLink, node 1); ``"raise-evaluate"`` makes its evaluate messages raise instead.  Every sent message gets a ``message_id`` as Flower's grids give it on push.  Messages are delivered
 and recorded as copies, as serialisation would: later mutation (FedCLF strips ``features`` from
 replies) does not change what was sent and received.
 """
@@ -64,7 +64,11 @@ class FakeGrid:
         node = msg.metadata.dst_node_id
         context = self.contexts[node]
         kind = msg.metadata.message_type
-        failure = self.fail.get(self.partition_of_node[node]) if kind.startswith("train") else None
+        failure = self.fail.get(self.partition_of_node[node])
+        if failure == "raise-evaluate":
+            failure = "raise" if kind.startswith("evaluate") else None
+        elif not kind.startswith("train"):
+            failure = None
         if failure == "timeout":
             return None
         if failure == "dead":

@@ -231,3 +231,28 @@ def test_a_dead_nodes_superlink_error_reply_is_recorded_against_that_node(tmp_pa
     assert "client 1 (node 7) left out: failed: Error: Node Unavailable" in caplog.text
     assert "node 1)" not in caplog.text and "round-timeout" not in caplog.text
     assert set(strategy.train_per_client) == {"0", "2"}
+
+
+def test_the_clients_left_out_of_a_step_that_fails_still_reach_the_results(tmp_path):
+    """Hooks only note the clients they leave out; the round loop records them, also when a step
+    fails after screening: every client fails its evaluate messages, so the global test raises,
+    and summary.json still names each client with its reason for every step, the global test's
+    included."""
+    from fake_grid import FakeGrid
+
+    from fedderm.models import create_model
+
+    rc = {**SMALL, "num-server-rounds": 1, "test-set": "global", "cache-dir": str(tmp_path / "cache")}
+    cfg = registry.load_config(rc)
+    grid = FakeGrid(rc, {11: 0, 12: 1}, fail={0: "raise-evaluate", 1: "raise-evaluate"})
+    recorder = RunRecorder(tmp_path / "run", "fedavg", cfg.to_flat())
+    recorder.node_partitions = dict(grid.partition_of_node)
+    strategy = build_strategy(cfg, recorder)
+    with pytest.raises(RuntimeError, match="no client returned metrics on the global test set"):
+        common.run_federated(strategy, grid, ArrayRecord(create_model("tiny-cnn", 5, 32).state_dict()))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    left_out = [(m["round"], m["partition-id"]) for m in summary["missing_clients"]]
+    # round 1's val (round 0's rode in the train message), the test and the global test, whose
+    # failure ended the run
+    assert left_out == [(1, "0"), (1, "1")] * 3
+    assert all(m["reason"] == "failed: RuntimeError('injected failure')" for m in summary["missing_clients"])
