@@ -7,7 +7,8 @@ A method's strategy is a Flower strategy with :class:`Tracked` mixed in front of
 
 The helpers it uses live by job: :mod:`strategies.fastpoll` (the Grid with 0.1 s polling and the
 transport codec), :mod:`strategies.nodes` (waiting for clients), :mod:`strategies.screening`
-(reply checks), :mod:`strategies.traffic` (bytes on the wire).
+(reply checks), :mod:`strategies.traffic` (bytes on the wire), :mod:`strategies.recording` (the
+record step of a round: what the hooks noted, costs, evaluation, best-on-val).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,9 @@ from fedderm.config import Config
 from fedderm.metrics import SELECTION_METRIC, mean_over_clients
 from fedderm.results import RunRecorder, client_sort_key
 
+from .globaltest import global_test
 from .nodes import NodeView, SentTo, send_and_receive, wait_for_nodes
+from .recording import Recording, RoundNotes
 from .screening import reply_problem, short_reason
 from .traffic import array_bytes, record_bytes
 
@@ -151,21 +153,7 @@ def cast_like(arrays: ArrayRecord, template: ArrayRecord) -> ArrayRecord:
     return ArrayRecord(out)
 
 
-@dataclass
-class RoundNotes:
-    """What a round's Flower hooks found for the results, kept until the round loop records it
-    (:meth:`Tracked.record_notes`): clients left out, each client's peak GPU memory, entries of
-    summary.json lists (``model_privacy``, ``feature_relay``, ...), extra rounds.csv splits
-    (``leakage-audit``) and TensorBoard scalars."""
-
-    missing: list[dict] = field(default_factory=list)
-    gpu_peaks: list[dict] = field(default_factory=list)
-    entries: list[tuple[str, dict]] = field(default_factory=list)
-    splits: list[tuple[int, str, dict[str, dict[str, float]]]] = field(default_factory=list)
-    scalars: list[tuple[str, int, dict[str, float]]] = field(default_factory=list)
-
-
-class Tracked:
+class Tracked(Recording):
     """Mixin for a Flower strategy: screens replies, records per-client metrics and missing
     clients, keeps the best model on val, and saves/restores its state for checkpoints.
 
@@ -207,9 +195,6 @@ class Tracked:
         self.notes = RoundNotes()
 
     # -- screening replies ---------------------------------------------------------------
-    def _partition(self, node_id: int) -> str:
-        return str(self.recorder.node_partitions.get(node_id, f"node {node_id}"))
-
     def node_order(self, node_id: int) -> tuple[float, int]:
         """Sort key of a client: its partition id (from the handshake), then its node id.  Node ids
         are drawn at random per run, partition ids are not."""
@@ -281,30 +266,6 @@ class Tracked:
         self.note_missing(server_round, missing)
         return good
 
-    def note_missing(self, server_round: int, missing: list[tuple[int, str]]) -> None:
-        """Log the clients left out of ``server_round`` and note them for ``summary.json``
-        (``missing_clients``): ``missing`` holds (node id, reason) pairs."""
-        for node, why in missing:
-            log(
-                WARNING,
-                "%s round %d: client %s (node %d) left out: %s",
-                self.stage,
-                server_round,
-                self._partition(node),
-                node,
-                why,
-            )
-        self.notes.missing += [
-            {
-                "stage": self.stage,
-                "round": server_round,
-                "partition-id": self._partition(n),
-                "node-id": n,
-                "reason": why,
-            }
-            for n, why in missing
-        ]
-
     def _per_client(
         self, replies: list[Message], server_round: int | None = None, record: str = "metrics"
     ) -> dict[str, dict[str, float]]:
@@ -323,46 +284,6 @@ class Tracked:
             self.note_gpu_peaks(server_round, peaks)
         return dict(sorted(per_client.items(), key=lambda kv: client_sort_key(kv[0])))
 
-    def note_gpu_peaks(self, server_round: int | None, peaks: dict[str, float]) -> None:
-        """Note each client's peak CUDA memory of this round's messages (summary.json ``gpu_peak_mib``)."""
-        ordered = dict(sorted(peaks.items(), key=lambda kv: client_sort_key(kv[0])))
-        self.notes.gpu_peaks.append({"stage": self.stage, "round": server_round, "per_client": ordered})
-
-    def note(self, key: str, entry: dict) -> None:
-        """Note one more entry of the summary.json list ``key`` (e.g. ``model_privacy``)."""
-        self.notes.entries.append((key, entry))
-
-    def note_split(
-        self, server_round: int, split: str, per_client: dict[str, dict[str, float]]
-    ) -> dict[str, float]:
-        """Note per-client metrics of an extra rounds.csv ``split`` (e.g. ``leakage-audit``); returns their mean."""
-        self.notes.splits.append((server_round, split, per_client))
-        return mean_over_clients(per_client)
-
-    def note_scalars(self, tag: str, server_round: int, values: dict[str, float]) -> None:
-        """Note TensorBoard scalars (``tracking = true``) of ``server_round``."""
-        self.notes.scalars.append((tag, server_round, values))
-
-    def record_notes(self) -> None:
-        """The round's notes into the results (summary.json, rounds.csv, TensorBoard), in the order
-        they were noted; then a fresh :class:`RoundNotes`."""
-        notes, self.notes = self.notes, RoundNotes()
-        extra = self.recorder.extra
-        lists: dict[str, list] = {}
-        if notes.missing:
-            lists["missing_clients"] = [*extra.get("missing_clients", []), *notes.missing]
-        if notes.gpu_peaks:
-            lists["gpu_peak_mib"] = [*extra.get("gpu_peak_mib", []), *notes.gpu_peaks]
-        for key, entry in notes.entries:
-            lists[key] = [*lists.get(key, extra.get(key, [])), entry]
-        if lists:
-            self.recorder.update_extra(lists)
-        for server_round, split, per_client in notes.splits:
-            self.recorder.log_round(server_round, split, per_client)
-        for tag, server_round, values in notes.scalars:
-            self.recorder.track(tag, server_round, values)
-
-    # -- Flower strategy hooks ------------------------------------------------------------
     def configure_train(self, server_round, arrays, config, grid):
         self._round_start = time.monotonic()
         self.sent = arrays
@@ -437,14 +358,6 @@ class Tracked:
             records = [ArrayRecord({k: a for k, a in r.items() if k not in self.own_keys}) for r in records]
         return wire.weighted_mean(records, weights), metrics
 
-    def count_traffic(self, *, down: int = 0, up: int = 0, messages: int = 0) -> None:
-        """Add model traffic to the current round's count (logged and recorded by record_costs)."""
-        if self.traffic is None:
-            self.traffic = {"down": 0, "up": 0, "messages": 0}
-        self.traffic["down"] += int(down)
-        self.traffic["up"] += int(up)
-        self.traffic["messages"] += int(messages)
-
     def configure_evaluate(self, server_round, arrays, config, grid):
         self.split = str(config.get("split", "val"))
         messages = list(super().configure_evaluate(server_round, arrays, config, grid))
@@ -518,77 +431,6 @@ class Tracked:
         self.after_round(server_round, arrays)
         self.traffic = current
 
-    def record_evaluation(
-        self, server_round: int, per_client: dict[str, dict[str, float]]
-    ) -> dict[str, float]:
-        """Hand one evaluation's per-client metrics to the results module; returns their mean."""
-        if self.split == "test":
-            return self.recorder.set_final(per_client, self.best_round)
-        return self.recorder.log_round(
-            server_round, self.split, per_client, train=_mean_train_loss(self.train_per_client)
-        )
-
-    def record_costs(self, server_round: int, seconds: float | None = None) -> None:
-        """The round's wall time and model traffic into summary.json ``round_seconds`` and
-        ``bytes_per_round`` (every stage's rounds, pre-training included: :func:`run_rounds` calls it
-        for every round, whichever ``on_round`` it was given).  ``seconds``: the round's wall time
-        (default: since :meth:`configure_train`)."""
-        if self.traffic is not None and server_round > 0:
-            t = self.traffic
-            log(
-                INFO,
-                "%s round %d: bytes sent %d (%.2f MB: server->clients %.2f MB, clients->server %.2f MB, "
-                "%d messages)",
-                self.stage,
-                server_round,
-                t["down"] + t["up"],
-                (t["down"] + t["up"]) / 2**20,
-                t["down"] / 2**20,
-                t["up"] / 2**20,
-                t["messages"],
-            )
-            self.traffic_log.append(
-                {"stage": self.stage, "round": server_round, "bytes": t["down"] + t["up"], **t}
-            )
-        self.traffic = None
-        seconds = time.monotonic() - self._round_start if seconds is None else seconds
-        self.time_log.append({"stage": self.stage, "round": server_round, "seconds": round(seconds, 3)})
-        self.recorder.update_extra(
-            {
-                "bytes_per_round": self._with_other_stages("bytes_per_round", self.traffic_log),
-                "round_seconds": self._with_other_stages("round_seconds", self.time_log),
-            }
-        )
-
-    def _with_other_stages(self, key: str, mine: list[dict]) -> list[dict]:
-        """summary.json's ``key`` list: the earlier stages' entries (other strategies of this run, e.g.
-        pre-training before fine-tuning), then this stage's."""
-        earlier = [e for e in self.recorder.extra.get(key, []) if e.get("stage") != self.stage]
-        return earlier + list(mine)
-
-    def after_round(self, server_round: int, arrays: ArrayRecord) -> None:
-        """Called with the global model after every round (and round 0): best-on-val, progress."""
-        score = self.last_mean.get(SELECTION_METRIC, float("nan"))
-        if score == score and score > self.best_score:
-            self.best_round, self.best_score = server_round, score
-            self.best_arrays = wire.copy_record(arrays)  # Arrays are immutable: no data copy
-        train = _mean_train_loss(self.train_per_client)
-        seconds = self.time_log[-1]["seconds"] if self.time_log else float("nan")
-        log(
-            INFO,
-            "%sround %d/%d · val %s %.3f · accuracy %.3f · train loss %s · best %.3f @ round %s · %.1f s",
-            f"{self.action} " if self.action else "",
-            server_round,
-            self.num_rounds,
-            SELECTION_METRIC,
-            score,
-            self.last_mean.get("accuracy", float("nan")),
-            f"{train['train_loss']:.3f}" if train else "-",
-            self.best_score,
-            self.best_round,
-            seconds,
-        )
-
     def state_dict(self) -> dict[str, Any]:
         """Server-side state a checkpoint must hold to continue exactly (extend in subclasses)."""
         return {
@@ -609,11 +451,6 @@ class Tracked:
         self.traffic_log = list(state.get("traffic_log", []))
         self.time_log = list(state.get("time_log", []))
         self.train_per_client = dict(state.get("train_per_client", {}))
-
-
-def _mean_train_loss(per_client: dict[str, dict[str, float]]) -> dict[str, float] | None:
-    losses = [m["train_loss"] for m in per_client.values() if "train_loss" in m]
-    return {"train_loss": sum(losses) / len(losses)} if losses else None
 
 
 def run_rounds(
@@ -738,10 +575,7 @@ def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) ->
     view = NodeView(grid, wait_for_nodes(grid, strategy.cfg.min_clients, strategy.cfg.round_timeout))
     try:
         strategy.evaluate_round(view, strategy.num_rounds, best, "test", strategy.cfg.round_timeout)
-        # -- test-set="global": the same model on the global test set (strategies/globaltest.py) --
-        from .globaltest import global_test
-
-        global_test(strategy, view, best, strategy.num_rounds)
+        global_test(strategy, view, best, strategy.num_rounds)  # test-set="global" only
     finally:
         strategy.record_notes()
     reached = rounds_to_target(strategy.recorder.rounds, strategy.cfg.target_list)
