@@ -19,7 +19,7 @@ from fedderm.results import client_sort_key
 @dataclass
 class RoundNotes:
     """What a round's Flower hooks found for the results, kept until the round loop records it
-    (:meth:`Tracked.record_notes`): clients left out, each client's peak GPU memory, entries of
+    (:meth:`Recording.record_notes`): clients left out, each client's peak GPU memory, entries of
     summary.json lists (``model_privacy``, ``feature_relay``, ...), extra rounds.csv splits
     (``leakage-audit``) and TensorBoard scalars."""
 

@@ -216,6 +216,19 @@ def test_gpu_peak_reads_cuda_and_stays_none_on_cpu():
     assert cpu.mib is None and len(calls) == 1
 
 
+class _Peak100:
+    """As GpuPeak on a GPU where every message peaked at 100 MiB."""
+
+    def __init__(self, device):
+        self.mib = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.mib = 100.0
+
+
 def test_clients_gpu_peaks_reach_summary_not_train_metrics(tmp_path, monkeypatch):
     """Peak memory per client: every train reply carries its client's peak CUDA memory,
     which the server keeps per client and round (summary.json ``gpu_peak_mib``), out of the metrics."""
@@ -227,16 +240,6 @@ def test_clients_gpu_peaks_reach_summary_not_train_metrics(tmp_path, monkeypatch
     from strategies import fedavg
     from strategies.common import run_federated
     from tests.fake_grid import FakeGrid
-
-    class Peak:  # as GpuPeak on a GPU where every message peaked at 100 MiB
-        def __init__(self, device):
-            self.mib = None
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.mib = 100.0
 
     rc = {
         "method": "fedavg",
@@ -252,7 +255,7 @@ def test_clients_gpu_peaks_reach_summary_not_train_metrics(tmp_path, monkeypatch
     strategy = fedavg.build_strategy(cfg, rec)
     torch.manual_seed(0)
     grid = FakeGrid(rc, 2)
-    monkeypatch.setattr(client_app, "GpuPeak", Peak)
+    monkeypatch.setattr(client_app, "GpuPeak", _Peak100)
     run_federated(strategy, grid, ArrayRecord(create_model("tiny-cnn", 5, 16).state_dict()))
     log = rec.extra["gpu_peak_mib"]
     assert [(e["stage"], e["round"]) for e in log] == [(strategy.stage, 1), (strategy.stage, 2)]
@@ -274,3 +277,44 @@ def test_compile_key_compiles_each_client_model_once(flag):
     assert (m._compiled_call_impl is not None) is flag
     assert s.model(key="probe") is m
     assert set(m.state_dict()) == set(create_model("tiny-cnn", 5, 16).state_dict())  # same keys on the wire
+
+
+def test_a_resumed_run_keeps_the_gpu_peaks_of_its_earlier_rounds(in_process, tmp_path, monkeypatch):
+    """The peaks are results like the metrics: a run killed after round 1's checkpoint and resumed
+    has round 1's peaks and round 2's in summary.json, not round 2's alone."""
+    import json
+
+    import client_app
+    import strategies.common as common
+
+    class Killed(Exception):
+        pass
+
+    save = common.save_checkpoint
+
+    def save_then_die(run_dir, stage, server_round, payload, keep=3):
+        path = save(run_dir, stage, server_round, payload, keep)
+        if server_round == 1:
+            raise Killed
+        return path
+
+    monkeypatch.setattr(client_app, "GpuPeak", _Peak100)
+    monkeypatch.setattr(common, "save_checkpoint", save_then_die)
+    rc = {
+        "model": "tiny-cnn",
+        "image-size": 16,
+        "synthetic-per-class": 8,
+        "num-server-rounds": 2,
+        "local-epochs": 1,
+        "tensorboard": False,
+        "output-dir": str(tmp_path),
+        "cache-dir": str(tmp_path / "cache"),
+        "run-name": "cut",
+    }
+    with pytest.raises(Killed):
+        sim.simulate(rc)
+    monkeypatch.setattr(common, "save_checkpoint", save)
+    run_dir = sim.simulate({"resume": str(tmp_path / "cut")})
+    log = json.loads((run_dir / "summary.json").read_text())["gpu_peak_mib"]
+    assert [e["round"] for e in log] == [1, 2]
+    assert all(e["per_client"] == {"0": 100.0, "1": 100.0} for e in log)
