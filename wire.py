@@ -292,9 +292,9 @@ def ray_out_of_band(*, only_in_ray: bool = False) -> bool:
     which pickles an Array's ``bytes`` in band: copied into the pickle stream, then into the
     object store, then out again.  Registered here (``ray.util.register_serializer``), an Array
     travels as a NumPy view of its bytes, which Ray writes to its store in one copy, and comes
-    back with one copy: the same fields and bytes (timings: docs/benchmarks.md).  The process that sends registers: the
-    simulation's driver (:func:`sim.simulate`; with ``flwr run`` the ServerApp, in the driver, after
-    its handshake) and every ClientApp actor (``client_app``).
+    back with one copy: the same fields and bytes (timings: docs/benchmarks.md).  The process that
+    sends registers: the simulation's driver (:func:`sim.simulate`; with ``flwr run`` the ServerApp,
+    in the driver, after its handshake) and every ClientApp actor (``client_app``).
 
     ``only_in_ray``: register only in a process where Ray is already initialised (a Ray worker),
     never importing Ray (a deployment's ClientApp).  Returns whether it registered."""

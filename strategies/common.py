@@ -333,8 +333,9 @@ class Tracked(Recording):
     def _aggregate(self, server_round: int, replies: list[Message]):
         """The next strategy's ``aggregate_train``.  Instead of Flower's own FedAvg one: its checks
         and log line, its metric aggregation, and :func:`wire.weighted_mean` of the replies (the
-        same bits, without Flower's decoding copies: docs/benchmarks.md).  Replies with errors or that fail the checks go through Flower's FedAvg
-        itself, without their numbers (:func:`_without_numbers`), for its log lines and its error."""
+        same bits, without Flower's decoding copies: docs/benchmarks.md).  Replies with errors or
+        that fail the checks go through Flower's FedAvg itself, without their numbers
+        (:func:`_without_numbers`), for its log lines and its error."""
         following = super().aggregate_train
         if getattr(following, "__func__", None) is not FedAvg.aggregate_train:
             return following(server_round, replies)
