@@ -19,12 +19,10 @@ from fedderm.results import client_sort_key
 @dataclass
 class RoundNotes:
     """What a round's Flower hooks found for the results, kept until the round loop records it
-    (:meth:`Recording.record_notes`): clients left out, each client's peak GPU memory, entries of
-    summary.json lists (``model_privacy``, ``feature_relay``, ...), extra rounds.csv splits
+    (:meth:`Recording.record_notes`): entries of summary.json lists (``missing_clients``,
+    ``gpu_peak_mib``, ``model_privacy``, ``feature_relay``, ...), extra rounds.csv splits
     (``leakage-audit``) and TensorBoard scalars."""
 
-    missing: list[dict] = field(default_factory=list)
-    gpu_peaks: list[dict] = field(default_factory=list)
     entries: list[tuple[str, dict]] = field(default_factory=list)
     splits: list[tuple[int, str, dict[str, dict[str, float]]]] = field(default_factory=list)
     scalars: list[tuple[str, int, dict[str, float]]] = field(default_factory=list)
@@ -52,21 +50,22 @@ class Recording:
                 node,
                 why,
             )
-        self.notes.missing += [
-            {
-                "stage": self.stage,
-                "round": server_round,
-                "partition-id": self._partition(n),
-                "node-id": n,
-                "reason": why,
-            }
-            for n, why in missing
-        ]
+        for n, why in missing:
+            self.note(
+                "missing_clients",
+                {
+                    "stage": self.stage,
+                    "round": server_round,
+                    "partition-id": self._partition(n),
+                    "node-id": n,
+                    "reason": why,
+                },
+            )
 
     def note_gpu_peaks(self, server_round: int | None, peaks: dict[str, float]) -> None:
         """Note each client's peak CUDA memory of this round's messages (summary.json ``gpu_peak_mib``)."""
         ordered = dict(sorted(peaks.items(), key=lambda kv: client_sort_key(kv[0])))
-        self.notes.gpu_peaks.append({"stage": self.stage, "round": server_round, "per_client": ordered})
+        self.note("gpu_peak_mib", {"stage": self.stage, "round": server_round, "per_client": ordered})
 
     def note(self, key: str, entry: dict) -> None:
         """Note one more entry of the summary.json list ``key`` (e.g. ``model_privacy``)."""
@@ -84,17 +83,12 @@ class Recording:
         self.notes.scalars.append((tag, server_round, values))
 
     def record_notes(self) -> None:
-        """The round's notes into the results (summary.json, rounds.csv, TensorBoard), in the order
-        they were noted; then a fresh :class:`RoundNotes`."""
+        """The round's notes into the results (summary.json lists, rounds.csv rows, TensorBoard
+        scalars), each kind in the order noted; then a fresh :class:`RoundNotes`."""
         notes, self.notes = self.notes, RoundNotes()
-        extra = self.recorder.extra
         lists: dict[str, list] = {}
-        if notes.missing:
-            lists["missing_clients"] = [*extra.get("missing_clients", []), *notes.missing]
-        if notes.gpu_peaks:
-            lists["gpu_peak_mib"] = [*extra.get("gpu_peak_mib", []), *notes.gpu_peaks]
         for key, entry in notes.entries:
-            lists[key] = [*lists.get(key, extra.get(key, [])), entry]
+            lists[key] = [*lists.get(key, self.recorder.extra.get(key, [])), entry]
         if lists:
             self.recorder.update_extra(lists)
         for server_round, split, per_client in notes.splits:
