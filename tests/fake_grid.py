@@ -5,9 +5,10 @@ Each node has its own ``Context`` (node config ``partition-id``/``num-partitions
 error reply, as Flower's ClientApp runtime does; ``fail`` injects failures of train messages by
 partition id: ``"raise"`` (the handler raises), ``"timeout"`` (no reply arrives) or ``"dead"`` (the
 node died: the SuperLink answers with Flower's own NODE_UNAVAILABLE error reply, whose source is the
-SuperLink, node 1); ``"raise-evaluate"`` makes its evaluate messages raise instead.  Every sent message gets a ``message_id`` as Flower's grids give it on push.  Messages are delivered
-and recorded as copies, as serialisation would: later mutation (FedCLF strips ``features`` from
-replies) does not change what was sent and received.
+SuperLink, node 1); ``"raise-evaluate"`` makes its evaluate messages raise instead.  Every sent
+message gets a ``message_id`` as Flower's grids give it on push.  Messages are delivered and
+recorded as copies, as serialisation would: later mutation (FedCLF strips ``features`` from replies)
+does not change what was sent and received.
 """
 
 from __future__ import annotations
