@@ -187,9 +187,8 @@ class Tracked(Recording):
         #: bytes of model traffic of the current round (``down``: server -> clients, ``up``:
         #: clients -> server, ``messages``); strategies with extra records add to it.
         self.traffic: dict[str, int] | None = None
-        self.traffic_log: list[dict[str, int]] = []
-        #: wall time of every round (train + val), for summary.json ``round_seconds``
-        self.time_log: list[dict] = []
+        #: the wall time of the last round recorded (train + val), in seconds
+        self.round_seconds = float("nan")
         #: what this round's hooks found, recorded at its end (:meth:`record_notes`); GPU peaks
         #: only on CUDA (client_app.dispatch adds ``wire.GPU_PEAK``)
         self.notes = RoundNotes()
@@ -427,7 +426,8 @@ class Tracked(Recording):
         own ``traffic`` and ``seconds``, then :meth:`after_round`; the current round's traffic count
         is left as it was."""
         current, self.traffic = self.traffic, traffic
-        self.record_costs(server_round, seconds)
+        self.note_costs(server_round, seconds)
+        self.record_notes()
         self.after_round(server_round, arrays)
         self.traffic = current
 
@@ -438,8 +438,6 @@ class Tracked(Recording):
             "best_score": self.best_score,
             "best_arrays": None if self.best_arrays is None else wire.to_state_dict(self.best_arrays),
             "last_mean": dict(self.last_mean),
-            "traffic_log": list(self.traffic_log),
-            "time_log": list(self.time_log),
             # the last round's train metrics: its val row (rounds.csv train_loss) when its val is pending
             "train_per_client": dict(self.train_per_client),
         }
@@ -448,8 +446,6 @@ class Tracked(Recording):
         self.best_round, self.best_score = state["best_round"], state["best_score"]
         self.best_arrays = None if state["best_arrays"] is None else wire.to_record(state["best_arrays"])
         self.last_mean = dict(state["last_mean"])
-        self.traffic_log = list(state.get("traffic_log", []))
-        self.time_log = list(state.get("time_log", []))
         self.train_per_client = dict(state.get("train_per_client", {}))
 
 
@@ -510,8 +506,8 @@ def _run_rounds(
             pending = (0, arrays, strategy._round_start, None)
         else:
             strategy.evaluate_round(grid, 0, arrays, "val", cfg.round_timeout)
+            strategy.note_costs(0)
             strategy.record_notes()
-            strategy.record_costs(0)
             (on_round or strategy.after_round)(0, arrays)
     view = None
     for server_round in range(start, strategy.num_rounds + 1):
@@ -537,8 +533,8 @@ def _run_rounds(
         else:
             if evaluate:
                 strategy.evaluate_round(view, server_round, arrays, "val", cfg.round_timeout)
+            strategy.note_costs(server_round)
             strategy.record_notes()
-            strategy.record_costs(server_round)
             (on_round or strategy.after_round)(server_round, arrays)
         # checkpoint
         save_round(

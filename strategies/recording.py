@@ -1,6 +1,7 @@
 """The record step of a round (:func:`strategies.common.run_rounds`): what a round's Flower hooks
-found is noted in :class:`RoundNotes`, and :class:`Recording` writes it, with the round's costs, its
-evaluation and the best-on-val model, into the results (:class:`fedderm.results.RunRecorder`)."""
+found, and the round's costs, are noted in :class:`RoundNotes`, and :class:`Recording` writes them,
+with the round's evaluation and the best-on-val model, into the results
+(:class:`fedderm.results.RunRecorder`)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ from fedderm.results import client_sort_key
 
 @dataclass
 class RoundNotes:
-    """What a round's Flower hooks found for the results, kept until the round loop records it
-    (:meth:`Recording.record_notes`): entries of summary.json lists (``missing_clients``,
-    ``gpu_peak_mib``, ``model_privacy``, ``feature_relay``, ...), extra rounds.csv splits
-    (``leakage-audit``) and TensorBoard scalars."""
+    """What a round's Flower hooks found for the results, and the round's costs, kept until the round
+    loop records them (:meth:`Recording.record_notes`): entries of summary.json lists
+    (``missing_clients``, ``gpu_peak_mib``, ``round_seconds``, ``bytes_per_round``,
+    ``model_privacy``, ...), extra rounds.csv splits (``leakage-audit``) and TensorBoard scalars."""
 
     entries: list[tuple[str, dict]] = field(default_factory=list)
     splits: list[tuple[int, str, dict[str, dict[str, float]]]] = field(default_factory=list)
@@ -31,8 +32,8 @@ class RoundNotes:
 class Recording:
     """Mixin of :class:`strategies.common.Tracked`: notes what the hooks find and records it once
     per round.  Uses the strategy's ``recorder``, ``stage``, ``action``, ``num_rounds``, ``split``,
-    ``notes``, ``traffic``/``traffic_log``, ``time_log``, ``train_per_client``, ``last_mean`` and
-    ``best_*``, which :class:`~strategies.common.Tracked` sets up."""
+    ``notes``, ``traffic``, ``round_seconds``, ``train_per_client``, ``last_mean`` and ``best_*``,
+    which :class:`~strategies.common.Tracked` sets up."""
 
     def _partition(self, node_id: int) -> str:
         return str(self.recorder.node_partitions.get(node_id, f"node {node_id}"))
@@ -97,7 +98,7 @@ class Recording:
             self.recorder.track(tag, server_round, values)
 
     def count_traffic(self, *, down: int = 0, up: int = 0, messages: int = 0) -> None:
-        """Add model traffic to the current round's count (logged and recorded by record_costs)."""
+        """Add model traffic to the current round's count (logged and noted by :meth:`note_costs`)."""
         if self.traffic is None:
             self.traffic = {"down": 0, "up": 0, "messages": 0}
         self.traffic["down"] += int(down)
@@ -114,9 +115,9 @@ class Recording:
             server_round, self.split, per_client, train=_mean_train_loss(self.train_per_client)
         )
 
-    def record_costs(self, server_round: int, seconds: float | None = None) -> None:
-        """The round's wall time and model traffic into summary.json ``round_seconds`` and
-        ``bytes_per_round`` (every stage's rounds, pre-training included: :func:`run_rounds` calls it
+    def note_costs(self, server_round: int, seconds: float | None = None) -> None:
+        """Note the round's wall time and model traffic (summary.json ``round_seconds`` and
+        ``bytes_per_round``, every stage's rounds, pre-training included: :func:`run_rounds` calls it
         for every round, whichever ``on_round`` it was given).  ``seconds``: the round's wall time
         (default: since :meth:`configure_train`)."""
         if self.traffic is not None and server_round > 0:
@@ -133,24 +134,16 @@ class Recording:
                 t["up"] / 2**20,
                 t["messages"],
             )
-            self.traffic_log.append(
-                {"stage": self.stage, "round": server_round, "bytes": t["down"] + t["up"], **t}
+            self.note(
+                "bytes_per_round",
+                {"stage": self.stage, "round": server_round, "bytes": t["down"] + t["up"], **t},
             )
         self.traffic = None
         seconds = time.monotonic() - self._round_start if seconds is None else seconds
-        self.time_log.append({"stage": self.stage, "round": server_round, "seconds": round(seconds, 3)})
-        self.recorder.update_extra(
-            {
-                "bytes_per_round": self._with_other_stages("bytes_per_round", self.traffic_log),
-                "round_seconds": self._with_other_stages("round_seconds", self.time_log),
-            }
+        self.round_seconds = round(seconds, 3)
+        self.note(
+            "round_seconds", {"stage": self.stage, "round": server_round, "seconds": self.round_seconds}
         )
-
-    def _with_other_stages(self, key: str, mine: list[dict]) -> list[dict]:
-        """summary.json's ``key`` list: the earlier stages' entries (other strategies of this run, e.g.
-        pre-training before fine-tuning), then this stage's."""
-        earlier = [e for e in self.recorder.extra.get(key, []) if e.get("stage") != self.stage]
-        return earlier + list(mine)
 
     def after_round(self, server_round: int, arrays: ArrayRecord) -> None:
         """Called with the global model after every round (and round 0): best-on-val, progress."""
@@ -159,7 +152,6 @@ class Recording:
             self.best_round, self.best_score = server_round, score
             self.best_arrays = wire.copy_record(arrays)  # Arrays are immutable: no data copy
         train = _mean_train_loss(self.train_per_client)
-        seconds = self.time_log[-1]["seconds"] if self.time_log else float("nan")
         log(
             INFO,
             "%sround %d/%d · val %s %.3f · accuracy %.3f · train loss %s · best %.3f @ round %s · %.1f s",
@@ -172,7 +164,7 @@ class Recording:
             f"{train['train_loss']:.3f}" if train else "-",
             self.best_score,
             self.best_round,
-            seconds,
+            self.round_seconds,
         )
 
 
