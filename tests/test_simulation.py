@@ -2,6 +2,7 @@
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import sim
 from fedderm.config import ConfigError
 from fedderm.metrics import METRIC_NAMES
 
+ROOT = Path(__file__).resolve().parents[1]
 FAST = {
     "model": "tiny-cnn",
     "image-size": 32,
@@ -23,31 +25,51 @@ FAST = {
 
 
 @pytest.mark.federation
-def test_fedavg_on_synthetic_writes_results_and_learns(tmp_path):
+def test_fedavg_on_ray_with_a_failing_and_a_silent_client_writes_results_and_learns(tmp_path, monkeypatch):
+    """The Ray path, once: four hospitals, and in round 2 one client's handler raises and another
+    never answers (``tests/faults.py``).  The run goes on without them in round 2 and records why,
+    has every client back for round 3 and the test, writes its results and learns."""
+    monkeypatch.setenv("PYTHONPATH", f"{ROOT}:{ROOT / 'tests'}")  # Ray workers import tests/faults.py
+    monkeypatch.setenv("FEDDERM_TEST_FAULTS", json.dumps([[0, 2, "raise"], [1, 2, "hang"]]))
+    monkeypatch.setenv("FEDDERM_TEST_HANG", "40")
+    import faults
+
     run_dir = sim.simulate(
-        {**FAST, "output-dir": str(tmp_path), "cache-dir": str(tmp_path / "cache"), "run-name": "e2e"},
-        num_supernodes=2,
+        {
+            **FAST,
+            "num-server-rounds": 3,
+            "round-timeout": 25.0,
+            "partition": "iid",
+            "synthetic-sites": 1,
+            "output-dir": str(tmp_path),
+            "cache-dir": str(tmp_path / "cache"),
+            "run-name": "e2e",
+        },
+        num_supernodes=4,
+        client_app=faults.app,
     )
     assert run_dir == tmp_path / "e2e"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["method"] == "fedavg"
-    assert summary["config"]["num-server-rounds"] == 2
+    assert summary["method"] == "fedavg" and summary["config"]["num-server-rounds"] == 3
+    missing = {(m["round"], m["partition-id"]): m["reason"] for m in summary["missing_clients"]}
+    assert "injected failure" in missing[(2, "0")]
+    assert missing[(2, "1")].startswith("no reply within round-timeout")
+    assert not any(r == 3 for r, _ in missing), missing
     rounds = [r for r in summary["rounds"] if r["split"] == "val"]
-    assert [r["round"] for r in rounds] == [0, 1, 2]
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3]
     for metric in METRIC_NAMES:
         assert metric in summary["final"]
-    assert set(summary["final"]["per_client"]) == {"0", "1"}
-    for client in summary["final"]["per_client"].values():
-        assert client["num-examples"] == 40  # 5 classes x 40 images x 20 % test
-        assert 0.0 <= client["balanced_accuracy"] <= 1.0
-    # the final mean is the unweighted mean over clients
     per = summary["final"]["per_client"]
+    assert set(per) == {"0", "1", "2", "3"}
+    assert sum(c["num-examples"] for c in per.values()) == 40  # 5 classes x 40 images x 20 % test
+    assert all(0.0 <= c["balanced_accuracy"] <= 1.0 for c in per.values())
+    # the final mean is the unweighted mean over clients
     assert summary["final"]["accuracy"] == pytest.approx(np.mean([c["accuracy"] for c in per.values()]))
     # training helped: the best val accuracy beats the random model of round 0
     assert max(r["metrics"]["accuracy"] for r in rounds[1:]) > rounds[0]["metrics"]["accuracy"]
     with open(run_dir / "rounds.csv") as f:
         rows = list(csv.DictReader(f))
-    assert {row["client"] for row in rows} >= {"0", "1", "mean"}
+    assert {row["client"] for row in rows} >= {"0", "1", "2", "3", "mean"}
     state = torch.load(run_dir / "model.pt")
     assert "head.weight" in state and state["head.weight"].shape[0] == 5
     assert (run_dir / "config.json").exists() and (run_dir / "curves.png").stat().st_size > 0
