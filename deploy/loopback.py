@@ -74,6 +74,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def listening(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port``."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def make_hospital_data(
     root: Path, hospitals: list[str], per_class: int = 12, image_size: int = 32, seed: int = 0
 ) -> dict[str, Path]:
@@ -336,6 +342,9 @@ class Loopback:
             f'address = "127.0.0.1:{self.port}"\nroot-certificates = "{s.ca_cert}"\n'
         )
         deadline = time.monotonic() + timeout
+        while not listening(self.port) and time.monotonic() < deadline:  # no `flwr` process per poll
+            self._check_alive("superlink")
+            time.sleep(0.2)
         while True:
             self._check_alive("superlink")
             res = self.flwr("supernode", "list", CONNECTION, "--format", "json", timeout=60)
@@ -406,9 +415,19 @@ class Loopback:
         return run_config_arg(self.node_config_values(i, name))
 
     def start_supernodes(self, timeout: float = 90) -> None:
-        for i, name in enumerate(self.hospitals):
+        procs = [
             self.spawn(f"supernode-{name}", self.supernode_argv(name, self.node_config(i, name)), home=name)
+            for i, name in enumerate(self.hospitals)
+        ]
         deadline = time.monotonic() + timeout
+        # each SuperNode logs its "SuperNode ID" once the SuperLink activated it: read the logs (no
+        # `flwr` process per poll), then ask the SuperLink once
+        while not all("SuperNode ID:" in p.log.read_text(errors="replace") for p in procs):
+            for name in self.hospitals:
+                self._check_alive(f"supernode-{name}")
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         while (online := self.online()) != set(self.node_ids.values()):
             for name in self.hospitals:
                 self._check_alive(f"supernode-{name}")
@@ -433,19 +452,28 @@ class Loopback:
             self.allow_lists[name] = Path(allow_list)
         i = self.hospitals.index(name)
         deadline = time.monotonic() + timeout
+        # A SuperNode that crashed (no clean deactivation) counts as online at the SuperLink until
+        # its heartbeat expires (2 x 30 s in Flower 1.41-1.42), and its activation is refused until
+        # then: wait for that with one `flwr supernode list` every few seconds rather than starting
+        # SuperNodes (each with its SuperExec and warm launcher) that are refused.
+        waited = time.monotonic()
+        while self.node_ids.get(name) in self.online():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name}'s old session was still online {timeout:.0f} s after its stop")
+            time.sleep(4)
+        waited = time.monotonic() - waited
         tries = 0
         while True:
             tries += 1
             proc = self.spawn(label, self.supernode_argv(name, self.node_config(i, name)), home=name)
-            # online: its "SuperNode ID" line (the SuperLink may still list a crashed node as online)
+            # online: its "SuperNode ID" line
             while proc.popen.poll() is None and "SuperNode ID:" not in proc.log.read_text(errors="replace"):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{name} was not online again {timeout:.0f} s after its restart")
                 time.sleep(0.5)
             if proc.popen.poll() is None:
                 break
-            # A SuperNode that crashed (no clean deactivation) counts as online at the SuperLink
-            # until its heartbeat expires (2 x 30 s in Flower 1.41); until then activation fails.
+            # refused all the same (its old session had not expired at the SuperLink yet): again
             log = proc.log.read_text(errors="replace")
             self.procs.remove(proc)
             if "Failed to activate" not in log or time.monotonic() > deadline:
@@ -455,7 +483,8 @@ class Loopback:
         self.echo(
             f"{name}: restarted"
             + (f" with allow-list {allow_list}" if allow_list else "")
-            + (f" (activation refused {tries - 1}x until its old session expired)" if tries > 1 else "")
+            + (f" (after {waited:.0f} s until its old session expired)" if waited >= 1 else "")
+            + (f" (activation refused {tries - 1}x)" if tries > 1 else "")
         )
 
     def kill(self, name: str | None = None) -> None:

@@ -9,7 +9,6 @@ One real run on a simulation SuperLink of the test's own (Flower's ``flwr run .`
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import time
 import pytest
 from proc_helpers import wait_for
 
-from deploy.loopback import APP_DIR, Loopback, _bin, free_port, run_config_arg
+from deploy.loopback import APP_DIR, Loopback, _bin, free_port, listening, run_config_arg
 from fedderm import procs
 from fedderm.accel.allow import copy_bundle_files
 from fedderm.run import outcome
@@ -34,11 +33,6 @@ RUN_CONFIG = {
     "local-epochs": 1,
     "num-server-rounds": 100,
 }
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _round_one(out) -> bool:
@@ -75,7 +69,7 @@ def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
             fh.write(
                 f'[superlink]\ndefault = "t"\n\n[superlink.t]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
             )
-        wait_for(lambda: _listening(port), "the SuperLink listens", 60)
+        wait_for(lambda: listening(port), "the SuperLink listens", 60)
         app = str(copy_bundle_files(APP_DIR, tmp_path / "app"))  # the bundle, without the checkout's .venv
         # fedderm-run: a run config Flower refuses gets Flower's message and fedderm-check's line
         refused = fed.flwr("run", app, "t", "--run-config", "num-server-round=2")

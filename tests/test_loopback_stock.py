@@ -50,7 +50,8 @@ def test_sigterm_to_the_loopback_command_mid_run_leaves_none_of_its_processes(tm
     from deploy.loopback import TAG_VAR
 
     workdir = tmp_path / "fed"
-    cmd = [sys.executable, "-m", "deploy.loopback", "--hospitals", "2", "--rounds", "3", "--method", "fedavg"]
+    # one hospital: every kind of process the command starts, each once
+    cmd = [sys.executable, "-m", "deploy.loopback", "--hospitals", "1", "--rounds", "3", "--method", "fedavg"]
     proc = subprocess.Popen(
         [*cmd, "--workdir", str(workdir)],
         cwd=ROOT,
