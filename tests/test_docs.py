@@ -58,8 +58,7 @@ def test_every_docs_page_is_in_the_nav_and_every_nav_page_exists():
 
 
 def test_mkdocs_build_strict(tmp_path):
-    pytest.importorskip("mkdocs")
-    pytest.importorskip("material")
+    """The docs site builds with no warning (broken links, anchors, pages missing from the nav)."""
     run = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
         cwd=ROOT,
