@@ -88,7 +88,10 @@ def test_the_accelerated_superlink_marks_the_processes_it_starts(monkeypatch):
     from fedderm.accel import superlink, waits
 
     cli = importlib.import_module("flwr.superlink.cli.flower_superlink")
-    monkeypatch.delenv(server_app.ACCELERATED, raising=False)
+    # recorded (set, then removed) so that the variable superlink_main sets is removed at teardown:
+    # delenv of an absent variable records nothing, and later in-process runs would be "accelerated"
+    monkeypatch.setenv(server_app.ACCELERATED, "")
+    monkeypatch.delenv(server_app.ACCELERATED)
     monkeypatch.setattr(superlink, "link_state_in_memory", lambda: None)
     monkeypatch.setattr(superlink, "hold_pulls", lambda: None)
     seen = {}
