@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import importlib
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 
 from .data.pool import resize_square
+from .methods import METHODS
 from .models import create_model
 from .train import predict
 
@@ -98,22 +100,16 @@ def load_model(path: str | Path) -> Classifier:
     state, meta = model_metadata(path)
     classes, network = list(meta["classes"]), meta.get("network", "classifier")
     size = int(meta["image_size"])
-    if network == "classifier":
+    method = METHODS.get(str(meta.get("method", "")))
+    if method is not None and method.rebuild:  # the method rebuilds its own network
+        module, name = method.rebuild.split(":")
+        model = getattr(importlib.import_module(module), name)(state, meta)
+    elif network == "classifier":
         model = create_model(meta["model"], len(classes), size, vit_pool=meta.get("vit_pool", "avg"))
     elif network == "projected":
         from .flbt import build_projected_net
 
         model = build_projected_net(meta["model"], len(classes), size, int(meta["proj_dim"]))
-    elif network == "sift":  # the text-guided head's P and W travel in the state dict
-        from .sift import sift_model_from_state
-
-        model = sift_model_from_state(
-            meta["model"],
-            state,
-            image_size=size,
-            temperature=float(meta["sift_temperature"]),
-            variant=str(meta["sift_variant"]),
-        )
     else:
         raise ValueError(
             f"{path}: method {meta.get('method')!r} saves no plain classifier "

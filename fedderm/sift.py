@@ -18,6 +18,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -143,6 +144,19 @@ def sift_model_from_state(
     )
     model.load_state_dict(dict(state), strict=True)
     return model
+
+
+def rebuild_saved(state: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> SiftClassifier:
+    """The classifier of a SiFT run's model file (``Method.rebuild``): the text-guided head's P and W
+    travel in the state dict, its variant and temperature in the file's metadata
+    (``strategies.sift.model_metadata``)."""
+    return sift_model_from_state(
+        str(meta["model"]),
+        state,
+        image_size=int(meta["image_size"]),
+        temperature=float(meta["sift_temperature"]),
+        variant=str(meta["sift_variant"]),
+    )
 
 
 @torch.no_grad()

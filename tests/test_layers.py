@@ -36,6 +36,7 @@ DYNAMIC: dict[str, str] = {
     "fedderm.accel.gate": "it imports the Flower internals it checks, and each role's stock Flower command",
     "fedderm.sift": "the installed text-model package that sift.text-model names",
     "clients.probe": "the backbone mapping that Method.probe names (in fedderm.probes)",
+    "fedderm.inference": "the function that rebuilds a method's own network, which Method.rebuild names",
     "fedderm.methods": "the package imports every module found in it (each registers its method), so that a "
     "new fedderm/methods/<m>.py needs no edit elsewhere; those modules import only fedderm.methods and fedderm.config",
 }

@@ -50,6 +50,10 @@ class Method:
     ``data_check`` (optional) names the function ``"module:function"`` that checks its options
     against the clients' data before a simulation starts, ``f(cfg, clients)`` raising
     ``ConfigError`` (``sim.py``; SiFT's class texts against the class list).
+    ``rebuild`` (optional) names the function ``"module:function"`` that rebuilds the model of its
+    ``model.pt`` from the file's state dict and metadata, ``f(state, meta)`` returning the loaded
+    module, for a network that is no ``create_model`` classifier (SiFT's text-guided head):
+    :func:`fedderm.inference.load_model`.
     ``docs`` holds one line per option key: its meaning, for the generated run-config reference
     (docs/run-config.md; the core keys' lines are :data:`fedderm.config.KEY_DOCS`).
     ``peft``: its fine-tuning stage is the shared one of ``strategies/finetune.py`` with one global
@@ -79,6 +83,7 @@ class Method:
     vit_pool: bool = False
     docs: Mapping[str, str] = field(default_factory=dict)
     data_check: str = ""
+    rebuild: str = ""
 
 
 #: Every registered method by name: the modules of this package, then whatever a caller registers

@@ -42,6 +42,7 @@ METHOD = register_method(
         sends=("short", "long", "metrics"),
         network="",
         data_check="fedderm.sift:check_class_texts",
+        rebuild="fedderm.sift:rebuild_saved",
         docs=DOCS,
     )
 )
