@@ -456,12 +456,12 @@ class Loopback:
         # its heartbeat expires (2 x 30 s in Flower 1.41-1.42), and its activation is refused until
         # then: wait for that with one `flwr supernode list` every few seconds rather than starting
         # SuperNodes (each with its SuperExec and warm launcher) that are refused.
-        waited = time.monotonic()
+        since = time.monotonic()
         while self.node_ids.get(name) in self.online():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name}'s old session was still online {timeout:.0f} s after its stop")
             time.sleep(4)
-        waited = time.monotonic() - waited
+        waited = time.monotonic() - since
         tries = 0
         while True:
             tries += 1
