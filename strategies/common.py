@@ -423,8 +423,8 @@ class Tracked(Recording):
         self, server_round: int, arrays: ArrayRecord, seconds: float, traffic: dict[str, int] | None
     ) -> None:
         """Record a round whose val came after the next round had started (``val-in-train``): its
-        own ``traffic`` and ``seconds``, then :meth:`after_round`; the current round's traffic count
-        is left as it was."""
+        own ``traffic`` and ``seconds`` noted, the notes recorded, then :meth:`after_round`; the
+        current round's traffic count is left as it was."""
         current, self.traffic = self.traffic, traffic
         self.note_costs(server_round, seconds)
         self.record_notes()
@@ -556,7 +556,6 @@ def _run_rounds(
         if view is None:
             view = NodeView(grid, wait_for_nodes(grid, cfg.min_clients, cfg.round_timeout))
         strategy.evaluate_round(view, done, done_arrays, "val", cfg.round_timeout)
-        strategy.record_notes()
         strategy.close_round(done, done_arrays, time.monotonic() - started, traffic)
     return arrays
 
