@@ -4,9 +4,10 @@
 #     OUT=/some/folder bash bench/claims_device.sh [DEADLINE_S]
 #
 # Two pools of bench.sweep_pool side by side, each run on the in-process grid (no Ray): the
-# [gpu] sections of the contradicted claims on CUDA (5 processes sharing the GPU), and
-# pre-registered CPU sweeps on the other cores (one PyTorch thread per run, device "cpu").
-# No run starts after DEADLINE_S (default 420) seconds; each sweep's table.md/table.json is written
+# [gpu] sections of the contradicted claims on CUDA (GPU_JOBS processes sharing the GPU, default 5),
+# and pre-registered CPU sweeps on the other cores (one PyTorch thread per run, device "cpu").
+# After DEADLINE_S (default 420) seconds no run starts and the ones running stop; each sweep's
+# table.md/table.json is written
 # with what finished.  GPU_SWEEPS and CPU_SWEEPS name the files (default: what the ledger still
 # lacks; on 2026-11-27 they were 004-flbt + 002-sift-head and 000-fedclf-baselines +
 # 003-fedmim-skew).  SiFT's text model: the MiniLM package (88 MB) does not fit what a session
@@ -50,7 +51,7 @@ GPU_SWEEPS=${GPU_SWEEPS-sweeps/claims/002-sift-head.toml}
 CPU_SWEEPS=${CPU_SWEEPS-}
 if [ -n "$GPU_SWEEPS" ]; then
     # shellcheck disable=SC2086
-    python3 -m bench.sweep_pool --gpu --jobs 5 --deadline-s "$DEADLINE" --out /tmp/claims-dev \
+    python3 -m bench.sweep_pool --gpu --jobs "${GPU_JOBS:-5}" --deadline-s "$DEADLINE" --out /tmp/claims-dev \
         --set "${SETS[@]}" 'sift.text-model="/tmp/minilm"' -- $GPU_SWEEPS >"$OUT/gpu_pool.log" 2>&1 &
 fi
 if [ -n "$CPU_SWEEPS" ]; then
