@@ -7,11 +7,10 @@
 # [gpu] sections of the contradicted claims on CUDA (GPU_JOBS processes sharing the GPU, default 5),
 # and pre-registered CPU sweeps on the other cores (one PyTorch thread per run, device "cpu").
 # After DEADLINE_S (default 420) seconds no run starts and the ones running stop; each sweep's
-# table.md/table.json is written
-# with what finished.  GPU_SWEEPS and CPU_SWEEPS name the files (default: what the ledger still
-# lacks; on 2026-11-27 they were 004-flbt + 002-sift-head and 000-fedclf-baselines +
-# 003-fedmim-skew).  SiFT's text model: the MiniLM package (88 MB) does not fit what a session
-# carries, so .minilm16 holds its weights rounded to float16 (made here with
+# table.md/table.json is written with what finished.  GPU_SWEEPS and CPU_SWEEPS name the files
+# (default: 002-sift-head on the GPU, none on the CPU; every GPU experiment of the ledger has run,
+# docs/claims.md "On a GPU" names them and their commands).  SiFT's text model: the MiniLM package
+# (88 MB) does not fit what a session carries, so .minilm16 holds its weights rounded to float16 (made here with
 # `AutoModel.from_pretrained(path).half().save_pretrained(".minilm16")` and its tokenizer; the
 # weights then xz-compressed), loaded back as float32 there (class-text embeddings within cosine
 # 0.9999995 of the package's).  $OUT gets the pool logs and claims-dev.tgz: every sweep folder
