@@ -10,11 +10,11 @@
 # table.md/table.json is written with what finished.  GPU_SWEEPS and CPU_SWEEPS name the files
 # (default: 002-sift-head on the GPU, none on the CPU; every GPU experiment of the ledger has run,
 # docs/claims.md "On a GPU" names them and their commands).  SiFT's text model: the MiniLM package
-# (88 MB) does not fit what a session carries, so .minilm16 holds its weights rounded to float16 (made here with
-# `AutoModel.from_pretrained(path).half().save_pretrained(".minilm16")` and its tokenizer; the
-# weights then xz-compressed), loaded back as float32 there (class-text embeddings within cosine
-# 0.9999995 of the package's).  $OUT gets the pool logs and claims-dev.tgz: every sweep folder
-# under /tmp/claims-dev, its tables, logs and each run's summary.json and config.json.
+# (88 MB) does not fit what a session carries, so .minilm16 holds its weights rounded to float16
+# (made here with `AutoModel.from_pretrained(path).half().save_pretrained(".minilm16")` and its
+# tokenizer; the weights then xz-compressed), loaded back as float32 there (class-text embeddings
+# within cosine 0.9999995 of the package's).  $OUT gets the pool logs and claims-dev.tgz: every
+# sweep folder under /tmp/claims-dev, its tables, logs and each run's summary.json and config.json.
 # The GPU machine has torch, timm, transformers and grpcio but neither Ray nor flwr: carry .whl, the
 # cp312 manylinux wheels (`pip download --no-deps --only-binary=:all: --python-version 3.12`) of
 # flwr 1.42.0, cryptography, cffi, pycparser, pycryptodome, iterators, typer, click, rich, tomli,
