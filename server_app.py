@@ -105,7 +105,8 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
 def client_data(infos: dict) -> dict[str, dict]:
     """Each client's data as it reported it in the handshake, by partition id: ``dataset``,
     ``data-path`` (as its node config or the run config names it), ``source`` (``node-config`` or
-    ``run-config``), ``site`` and its image counts (config.json and summary.json ``client-data``)."""
+    ``run-config``), ``site``, its image counts, and the PyTorch version, intra-op threads and
+    device it trains with (config.json and summary.json ``client-data``)."""
     out = {}
     for info in sorted(infos.values(), key=lambda i: int(i["partition-id"])):
         split = {k: int(info[k]) for k in ("train", "labelled", "val", "test")}
@@ -117,6 +118,9 @@ def client_data(infos: dict) -> dict[str, dict]:
             "images": split["train"] + split["val"] + split["test"],
             **split,
             "skipped-files": int(info["skipped-files"]),
+            "torch": str(info["torch"]),
+            "torch-threads": int(info["torch-threads"]),
+            "device": str(info["device"]),
         }
     return out
 

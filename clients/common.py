@@ -231,7 +231,8 @@ def info(msg: Message, context: Context) -> Message:
     """``query.info``: take the server's run config; reply with the class list and split sizes,
     so the server can build the model and check that every client maps labels the same way, and
     with the data this client trains on (``dataset``, ``data-path`` as its node config or the run
-    config names it, and which of the two: ``data-source``) for the run's record."""
+    config names it, and which of the two: ``data-source``) for the run's record, with what its
+    numbers depend on besides the seed: the PyTorch version, intra-op threads and device."""
     if len(msg.content["config"]):
         context.state[RUN_CONFIG] = msg.content["config"]
     s = session(context)
@@ -250,6 +251,9 @@ def info(msg: Message, context: Context) -> Message:
             "val": len(sp.val),
             "test": len(sp.test),
             "skipped-files": len(s.data.pool.skipped),
+            "torch": torch.__version__,
+            "torch-threads": torch.get_num_threads(),
+            "device": str(s.device),
             "class-counts": class_counts(
                 s.data.pool.labels[np.concatenate([sp.train, sp.val, sp.test])], s.data.num_classes
             ).tolist(),

@@ -75,6 +75,7 @@ def test_loopback_federation_tls_node_auth(loopback, tmp_path):
                 name,
             )
             assert entry["images"] == entry["train"] + entry["val"] + entry["test"] > 0
+            assert entry["torch-threads"] == 1  # the loopback's SuperNodes run with OMP_NUM_THREADS=1
         # TensorBoard: the `flwr run` ServerApp's event file holds rounds.csv's numbers
         assert len(list(out.run_dir.glob("events.out.tfevents.*"))) == 1
         checked, scalars = assert_events_match_csv(out.run_dir)

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import numpy as np
+import torch
 from flwr.app import ConfigRecord, Context, RecordDict
 from PIL import Image
 
@@ -82,3 +83,7 @@ def test_simulation_data_is_the_run_configs(tmp_path, caplog):
         ("synthetic", "", "run-config")
     }
     assert all(d["images"] == d["train"] + d["val"] + d["test"] > 0 for d in data.values())
+    # what the numbers depend on besides the seed, as each client reports it
+    assert {(d["torch"], d["torch-threads"], d["device"]) for d in data.values()} == {
+        (torch.__version__, torch.get_num_threads(), "cpu")
+    }

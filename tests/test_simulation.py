@@ -51,6 +51,8 @@ def test_fedavg_on_ray_with_a_failing_and_a_silent_client_writes_results_and_lea
     assert run_dir == tmp_path / "e2e"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["method"] == "fedavg" and summary["config"]["num-server-rounds"] == 3
+    # each client records its PyTorch threads: Ray gives an actor its num_cpus (--cpus-per-client 1)
+    assert {d["torch-threads"] for d in summary["config"]["client-data"].values()} == {1}
     missing = {(m["round"], m["partition-id"]): m["reason"] for m in summary["missing_clients"]}
     assert "injected failure" in missing[(2, "0")]
     assert missing[(2, "1")].startswith("no reply within round-timeout")
