@@ -87,6 +87,7 @@ LEAKY_RUN = {
     "fedclf.leakage-views": 32,
     "fedclf.leakage-non-members": 270,
     "fedclf.relay-clip": 1.0,
+    "insecure-reproducible-noise": True,  # the measured table's σ = 8 rows repeat to the digit
     "tensorboard": False,
 }
 
@@ -163,12 +164,12 @@ def test_audit_detects_leakage_without_noise_and_none_with_large_sigma():
     model = build_moco("tiny-cnn", 16)
     own = encode_candidates(model, torch.cat([members, non_members]), batch_size=600)[:300]
     se = _null_se(300, 300)
-    assert audit(model, members, non_members, privatise(own, 1.0, 0.0, 1), batch_size=600) > 0.5 + 3 * se
-    assert abs(audit(model, members, non_members, privatise(own, 1.0, 8.0, 1), batch_size=600) - 0.5) < 3 * se
+    exact = privatise(own, 1.0, 0.0)
+    noisy = privatise(own, 1.0, 8.0, insecure_seed=1)  # seeded: the measured AUCs repeat
+    assert audit(model, members, non_members, exact, batch_size=600) > 0.5 + 3 * se
+    assert abs(audit(model, members, non_members, noisy, batch_size=600) - 0.5) < 3 * se
     # fedclf.leakage-views: the smallest distance over the plain image and 4 augmented views
-    exact = privatise(own, 1.0, 0.0, 1)
     assert audit(model, members, non_members, exact, views=4, batch_size=600) == 1.0
-    noisy = privatise(own, 1.0, 8.0, 1)
     with_views = audit(model, members, non_members, noisy, views=4, batch_size=600, seed=3)
     assert abs(with_views - 0.5) < 3 * se
     assert audit(model, members, non_members, noisy, views=4, batch_size=600, seed=3) == with_views
