@@ -19,6 +19,7 @@ features only when the run config says so.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,8 @@ from strategies import fedavg, fedclf, fedprox
 from strategies.dp import deployed, noise_seed
 from strategies.finetune import pretrain
 from wire import FEATURES, REMOTE
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class DeploymentGrid(FakeGrid):
@@ -360,3 +363,19 @@ def test_fedclf_deployment_relays_raw_features_only_when_told(tmp_path):
         assert strategy.feature_sharing is sharing
     with pytest.raises(ConfigError, match="fedclf.feature-sharing"):
         registry.load_config({**base, "fedclf.feature-sharing": "yes"})
+
+
+# ----------------------------------------------------------------------- what leaves a hospital
+def test_deploy_page_lists_what_each_method_sends():
+    """docs/deploy.md "What leaves a hospital, per method": one row per registered method, whose
+    records are exactly its registration's ``sends`` (what the audit test holds every reply to)."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    section = text.split("## What leaves a hospital, per method", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) > 2 and re.fullmatch(r"`[a-z0-9-]+`", cells[0]):
+            rows[cells[0].strip("`")] = set(re.findall(r"`([a-z0-9-]+)`", cells[1]))
+    assert rows.keys() == registry.METHODS.keys()
+    for name, method in registry.METHODS.items():
+        assert rows[name] == set(method.sends), name
