@@ -93,10 +93,8 @@ def _table(keys: list[str], defaults: Mapping[str, Any], docs: Mapping[str, str]
     for key in keys:
         default = defaults[key]
         choices = ", ".join(f"`{c}`" for c in CHOICES.get(key, ()))
-        rows.append(
-            f"| `{key}` | `{_toml(default)}` | {type(default).__name__} | {_cell(choices)} "
-            f"| {_cell(docs[key])} |"
-        )
+        kind = getattr(default, "type_name", type(default).__name__)  # fedderm.config.BoolOrAuto
+        rows.append(f"| `{key}` | `{_toml(default)}` | {kind} | {_cell(choices)} | {_cell(docs[key])} |")
     return rows
 
 

@@ -98,7 +98,12 @@ def run(args) -> dict:
         members = train[torch.unique(ids[ids >= 0])]
         for sigma in args.sigmas:
             relayed = torch.cat(
-                [privatise(banks[i].features(), 1.0, sigma, 5), privatise(remote[i], 1.0, sigma, 6)]
+                [
+                    privatise(
+                        banks[i].features(), 1.0, sigma, insecure_seed=5
+                    ),  # seeded: a bench that repeats
+                    privatise(remote[i], 1.0, sigma, insecure_seed=6),
+                ]
             )
             for name, enc in encoders[i].items():
                 for v in args.views:

@@ -7,7 +7,10 @@ scikit-learn's bundled digits (``dataset="digits"``).
     python -m bench.privacy --sigmas 0,1 --rounds 1 --out /tmp/privacy.md
 
 Every σ is one ``sim.simulate`` run (Flower's simulation engine, 2 clients) with the same seed and
-settings; only ``fedclf.relay-noise-multiplier`` changes.  ε is the last round's (``summary.json``
+settings; only ``fedclf.relay-noise-multiplier`` changes.  The runs set ``insecure-reproducible-noise``
+(simulation only): the relay's noise and shuffle are seeded from ``seed``, so that a rerun of one
+seed repeats the table to the digit; the ε of such a run holds only against a party that does not
+know the run config (docs/privacy.md).  ε is the last round's (``summary.json``
 ``relay_privacy``, Opacus' RDP accountant, :mod:`fedderm.relay_privacy`), the AUC is the mean over
 clients of the last pre-training round's audit (split ``leakage-audit``), the balanced accuracy
 the mean over clients of the final test (best-on-val fine-tuned model).
@@ -38,6 +41,7 @@ SETTINGS = {
     "fedclf.leakage-audit": True,
     "fedclf.relay-clip": 1.0,
     "fedclf.relay-delta": 1e-5,
+    "insecure-reproducible-noise": True,  # a rerun of one seed repeats the table (module docstring)
     "finetune": "federated",
     "finetune-epochs": 2,
     "finetune-lr": 1e-3,

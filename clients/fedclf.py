@@ -5,7 +5,8 @@ Messages handled:
 - ``query.features`` (before round 1): encode up to K own images with the received model's
   momentum encoder (the initial Q_l) and reply with them, so that round 1 has remote features;
 - ``train.pretrain``: :func:`fedderm.moco.moco_round` on all training images (labels unused)
-  with the remote features of the instruction's ``remote-features`` record (Q_r, Eq. 2);
+  with the remote features of the instruction's ``remote-features`` record (Q_r, Eq. 2), in
+  :func:`fedderm.relay_privacy.canonical_order` (the server's shuffle changes no number);
   replies ``arrays`` (the MoCo model) + ``features`` (Q_l, ``fedclf.feature-dtype``) +
   ``metrics``.  With ``config["local"]`` (Local CL) the model stays on the client
   (its state store) and only metrics are sent.
@@ -21,14 +22,17 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from logging import WARNING
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, Context, Message
+from flwr.common import log
 
 from fedderm.leakage import audit
 from fedderm.moco import FEATURE_DIM, FeatureQueue, MoCo, build_moco, encode_keys, moco_round
-from fedderm.relay_privacy import privatise, releases_per_upload
+from fedderm.noise import REPRODUCIBLE
+from fedderm.relay_privacy import canonical_order, privatise, releases_per_upload
 from wire import FEATURES, REMOTE, to_array, to_record, values
 
 from . import finetune
@@ -61,7 +65,8 @@ class MocoOptions:
             queue_size=cfg.option("fedclf.queue-size"),
             temperature=cfg.option("fedclf.temperature"),
             momentum=cfg.option("fedclf.momentum"),
-            feature_sharing=cfg.option("fedclf.feature-sharing")
+            # "auto" is on wherever the server runs the relay (fedderm.methods.fedclf.feature_sharing)
+            feature_sharing=cfg.option("fedclf.feature-sharing") is not False
             if feature_sharing is None
             else feature_sharing,
             local_negatives=cfg.option("fedclf.local-negatives"),
@@ -101,19 +106,38 @@ def save_bank(context: Context, bank: FeatureQueue) -> None:
     client_state(context).put(BANK, {"features": bank.ordered(), "ids": bank.ordered_ids()})
 
 
-def upload(bank: FeatureQueue, dtype: str, opts: MocoOptions | None = None, seed: int = 0) -> ArrayRecord:
+def upload(
+    bank: FeatureQueue, dtype: str, opts: MocoOptions | None = None, insecure_seed: int | None = None
+) -> ArrayRecord:
     """The features this client shares: Q_l in ``fedclf.feature-dtype``; with ``fedclf.relay-clip``
-    each vector clipped and noised first (private relay, :mod:`fedderm.relay_privacy`)."""
+    each vector clipped and noised first (private relay, :mod:`fedderm.relay_privacy`: noise from
+    the OS's CSPRNG, or seeded by ``insecure_seed`` under ``insecure-reproducible-noise``)."""
     shared = bank.features().cpu()
     if opts is not None and opts.relay_clip > 0:
-        shared = privatise(shared, opts.relay_clip, opts.relay_noise, seed)
+        shared = privatise(shared, opts.relay_clip, opts.relay_noise, insecure_seed)
     return ArrayRecord({"features": to_array(np.ascontiguousarray(shared.numpy().astype(dtype)))})
 
 
-def share(context: Context, bank: FeatureQueue, opts: MocoOptions, seed: int) -> ArrayRecord:
+def noise_seed(s: ClientSession, server_round: int) -> int | None:
+    """The seed of this upload's relay noise: None (the OS's CSPRNG) unless the run config says
+    ``insecure-reproducible-noise``, which this client then logs as a warning."""
+    if not s.cfg.insecure_reproducible_noise:
+        return None
+    if s.cfg.option("fedclf.relay-noise-multiplier") > 0:
+        log(
+            WARNING,
+            "client %d: %s = true: the relay noise of this upload is seeded from seed, round and "
+            "partition id; the server can subtract it",
+            s.partition_id,
+            REPRODUCIBLE,
+        )
+    return s.seed(server_round, salt=13)
+
+
+def share(context: Context, bank: FeatureQueue, opts: MocoOptions, insecure_seed: int | None) -> ArrayRecord:
     """:func:`upload`; with ``fedclf.leakage-audit`` the client also keeps (in its state, never
     sent) the uploaded rows and the training-image index of each, for next round's audit."""
-    record = upload(bank, opts.feature_dtype, opts, seed)
+    record = upload(bank, opts.feature_dtype, opts, insecure_seed)
     if opts.leakage_audit:
         sent = torch.from_numpy(values(record["features"]).astype(np.float32))
         client_state(context).put(RELAYED, {"features": sent, "ids": bank.image_ids()})
@@ -180,7 +204,7 @@ def features(msg: Message, context: Context, feature_sharing: bool | None = None
     return reply(
         msg,
         {"partition-id": s.partition_id, "num-examples": len(bank), **relay_metrics(s, opts)},
-        **{FEATURES: share(context, bank, opts, s.seed(0, salt=13))},
+        **{FEATURES: share(context, bank, opts, noise_seed(s, 0))},
     )
 
 
@@ -202,7 +226,7 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     bank = local_bank(context, s, model, opts.queue_size)
     remote = None
     if opts.feature_sharing and REMOTE in msg.content:
-        remote = torch.from_numpy(values(msg.content[REMOTE]["features"]).astype(np.float32))
+        remote = torch.from_numpy(canonical_order(values(msg.content[REMOTE]["features"])).astype(np.float32))
     audited = (
         leakage_metrics(context, s, model, remote, server_round, opts.leakage_views, opts.leakage_non_members)
         if opts.leakage_audit and opts.feature_sharing and not local
@@ -230,7 +254,7 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
         return reply(msg, metrics)
     weights = to_record(model.state_dict())
     extra = (
-        {FEATURES: share(context, bank, opts, s.seed(server_round, salt=13))} if opts.feature_sharing else {}
+        {FEATURES: share(context, bank, opts, noise_seed(s, server_round))} if opts.feature_sharing else {}
     )
     if opts.feature_sharing:
         metrics.update(relay_metrics(s, opts))

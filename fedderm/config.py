@@ -45,6 +45,17 @@ class ConfigError(ValueError):
     """A run-config key is unknown, mistyped or out of range; the message names it."""
 
 
+class BoolOrAuto(str):
+    """The declared default ``"auto"`` of a key that also takes ``true`` or ``false``: the run
+    decides what ``"auto"`` means (e.g. ``fedclf.feature-sharing``: on in a simulation only)."""
+
+    type_name = 'bool or "auto"'
+
+
+#: the default of a key that takes ``true``, ``false`` or ``"auto"``
+AUTO = BoolOrAuto("auto")
+
+
 @dataclass(frozen=True)
 class Config:
     """Every run-config key shared by all methods (docs/run-config.md, generated from KEY_DOCS)."""
@@ -121,6 +132,8 @@ class Config:
     val_in_train: bool = True
     tensorboard: bool = True
     probe_every: int = 0
+    # privacy randomness (fedderm/noise.py)
+    insecure_reproducible_noise: bool = False
     # method-specific keys ("<method>.<key>"), validated against the registry's declarations
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -185,6 +198,12 @@ def default_config() -> dict[str, Any]:
 def _check_type(key: str, value: Any, default: Any) -> Any:
     """Return ``value`` coerced to the type of ``default``, or raise naming the key."""
     expected = type(default)
+    if expected is BoolOrAuto:
+        if not (isinstance(value, bool) or value == "auto"):
+            raise ConfigError(
+                f'run-config key {key!r} must be true, false or "auto", got {type(value).__name__} {value!r}'
+            )
+        return value
     if expected is bool:
         ok = isinstance(value, bool)
     elif expected is int:
@@ -298,7 +317,7 @@ KEY_DOCS: dict[str, str] = {
     # -- core keys (Config) --
     "method": "the method (`registry.METHODS`; the table in docs/index.md)",
     "seed": "seeds data, partitions, splits, initial weights and shuffling: same seed, same numbers on CPU, "
-    "with any number of clients",
+    "with any number of clients; never the privacy noise (`insecure-reproducible-noise`)",
     "dataset": "the data format (docs/data.md)",
     "data-path": "the image folder, CSV file or `.npz` file (not needed for `synthetic`)",
     "image-dir": "`csv` only: the folder searched (recursively) for the images; default: the CSV's folder",
@@ -399,4 +418,8 @@ KEY_DOCS: dict[str, str] = {
     "encoder with a cosine kNN (k = 20) and a logistic-regression probe on frozen features, trained on "
     "its labelled images, scored on val (splits `probe-knn`, `probe-linear`; self-supervised methods "
     "only; docs/probes.md); `0`: off",
+    "insecure-reproducible-noise": "**insecure**, simulation only: `true` seeds the privacy noise (`dp.mode`, "
+    "the FedCLF relay's noise and shuffle) from `seed`, so that anyone who knows the run config can "
+    "subtract it and the reported ε does not hold; summary.json records it (`insecure`), a deployment "
+    "refuses it (docs/privacy.md); `false`: the noise comes from the OS's CSPRNG",
 }

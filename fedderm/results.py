@@ -43,6 +43,7 @@ import numpy as np
 from fedderm.atomic import atomic_path, atomic_write_bytes
 from fedderm.health import HealthCheck
 from fedderm.metrics import CONFUSION_KEY, METRIC_NAMES, mean_over_clients, per_class_metrics
+from fedderm.noise import INSECURE, REPRODUCIBLE, insecure_entry
 
 __all__ = ["RunRecorder", "format_table", "to_json_safe", "CSV_COLUMNS"]
 
@@ -276,6 +277,15 @@ class RunRecorder:
             csv.writer(fh).writerow(CSV_COLUMNS)
         if state:
             self.restore(state)
+        insecure = insecure_entry(self.config)  # insecure-reproducible-noise: what it weakened
+        if insecure is not None:
+            self.extra[INSECURE] = insecure
+            _log.warning(
+                "%s = true: the privacy noise is a function of the run config; summary.json %r: %s",
+                REPRODUCIBLE,
+                INSECURE,
+                "; ".join(insecure["weakened"]),
+            )
         self._write_summary()
 
     def state(self) -> dict[str, Any]:

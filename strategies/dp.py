@@ -8,15 +8,20 @@ Every round, each accepted reply's update Δ_i = w_i − w_global is clipped to 
 (``dp.clip-norm``; :func:`clip_update`), the clipped models are averaged with equal weights
 (w_global + (1/m) Σ clip(Δ_i)), and Gaussian noise with standard deviation σC/m
 (:func:`noise_std`, σ = ``dp.noise-multiplier``) is added to every entry of the aggregate
-(:func:`add_noise`, drawn from NumPy's global generator, which is seeded from ``seed`` and the
-round around the call and restored after).  m = the replies aggregated.
+(:func:`add_noise`).  m = the replies aggregated.  The noise comes from a generator seeded each
+round by the OS's CSPRNG (:func:`fedderm.noise.secure_generator`): no client can regenerate it
+from the run config and subtract it.  Only ``insecure-reproducible-noise`` (simulation only)
+seeds it from ``seed`` and the round (:func:`noise_generator`).
 
 Why a mixin rather than Flower's wrapper: the wrapper *contains* the strategy, so it hides
 fedderm's hooks (``evaluate_round``, ``after_round``, ``state_dict``) from the round loop, skips the
 round when any reply is an error (fedderm screens and drops failed clients), weights by
 ``num-examples`` unless its accountant is on, and clips in the replies' dtype (float32) where
-this clips in float64.  Here the same computation runs inside fedderm's ``aggregate_train``
-after screening (docs/privacy.md, "Model-update privacy").
+this clips in float64.  And its noise is ``np.random.normal``, NumPy's global generator, which
+fedderm's ServerApp seeds with ``seed`` (``fedderm.train.seed_everything``: data, init): inside
+fedderm every client could regenerate it.  Here the same computation runs inside fedderm's
+``aggregate_train`` after screening, with the noise of its own generator (docs/privacy.md,
+"Model-update privacy").
 
 Accounting: every released aggregate is one Gaussian mechanism with noise multiplier σ on the
 client-level sensitivity C/m, every client in every round (sample rate 1, no amplification);
@@ -25,13 +30,17 @@ rounds compose in Opacus' RDP accountant (:func:`fedderm.relay_privacy.relay_eps
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
 from flwr.common import log
+from flwr.serverapp import Grid
 
+from fedderm.config import ConfigError
+from fedderm.flower_private import grid_kind
+from fedderm.noise import REPRODUCIBLE, secure_generator
 from fedderm.relay_privacy import relay_epsilon
 
 #: the methods whose replies are one full model averaged by FedAvg: server-side clipping fits them
@@ -39,8 +48,44 @@ DP_METHODS = ("fedavg", "fedprox")
 
 
 def noise_seed(seed: int, server_round: int) -> int:
-    """The NumPy seed of round ``server_round``'s noise (a function of ``seed`` and the round only)."""
+    """The NumPy seed of round ``server_round``'s noise under ``insecure-reproducible-noise`` only
+    (a function of ``seed`` and the round: anyone who knows the run config can regenerate it)."""
     return (int(seed) * 1_000_003 + int(server_round) * 7_919 + 17) % (2**32)
+
+
+def noise_generator(cfg, server_round: int) -> np.random.Generator | np.random.RandomState:
+    """The generator of round ``server_round``'s noise: seeded by the OS's CSPRNG; under
+    ``insecure-reproducible-noise`` NumPy's legacy generator seeded by :func:`noise_seed` (the
+    numbers Flower's wrapper draws after ``np.random.seed(noise_seed(...))``)."""
+    if cfg.insecure_reproducible_noise:
+        return np.random.RandomState(noise_seed(cfg.seed, server_round))
+    return secure_generator()
+
+
+def deployed(grid) -> bool:
+    """Whether ``grid`` reaches real SuperNodes: Flower's deployment grid, or any Flower grid that
+    is neither it nor the simulation's (fail closed: a grid of a later Flower counts as a
+    deployment).  A test's grid that is no Flower ``Grid`` says what it stands for in
+    ``fedderm_grid_kind`` (``fedderm.flower_private.grid_kind``)."""
+    kind = getattr(grid, "kind", None) or grid_kind(grid)  # FastPollGrid knows its inner grid's kind
+    if kind != "other":
+        return kind == "deployment"
+    inner = grid
+    while getattr(inner, "inner", None) is not None:  # the wrappers of strategies/ (FastPollGrid, ...)
+        inner = inner.inner
+    return isinstance(inner, Grid)
+
+
+def refuse_reproducible_noise(cfg, grid, what: str) -> None:
+    """A deployment refuses ``insecure-reproducible-noise``: its noise would be known to every party
+    that knows the run config (every hospital and the coordinating site)."""
+    if cfg.insecure_reproducible_noise and deployed(grid):
+        raise ConfigError(
+            f"run-config key {REPRODUCIBLE!r} is true in a deployment: {what} would be a function of the "
+            "run config, which every hospital and the server know, so anyone could subtract it and the "
+            f"reported epsilon would not hold. Set {REPRODUCIBLE} = false (it is for simulations only; "
+            "docs/privacy.md)"
+        )
 
 
 def l2_norm(arrays: list[np.ndarray]) -> float:
@@ -67,10 +112,11 @@ def noise_std(sigma: float, clip: float, clients: int) -> float:
     return float((sigma * clip) / clients)
 
 
-def add_noise(arrays: list[np.ndarray], std: float) -> None:
-    """Add N(0, std²) noise, drawn from NumPy's global generator, to every entry (in place)."""
+def add_noise(arrays: list[np.ndarray], std: float, rng: np.random.Generator | np.random.RandomState) -> None:
+    """Add N(0, std²) noise drawn from ``rng`` to every entry (in place), array after array (as
+    Flower's ``add_gaussian_noise_inplace`` draws from NumPy's global generator)."""
     for a in arrays:
-        a += np.random.normal(0, std, a.shape).astype(a.dtype)
+        a += rng.normal(0, std, a.shape).astype(a.dtype)
 
 
 def _record(names, arrays) -> ArrayRecord:
@@ -87,6 +133,10 @@ class ServerSideFixedClipping:
     def _dp(self) -> tuple[float, float, float]:
         o = self.cfg.option
         return float(o("dp.clip-norm")), float(o("dp.noise-multiplier")), float(o("dp.delta"))
+
+    def configure_train(self, server_round, arrays, config, grid):
+        refuse_reproducible_noise(self.cfg, grid, "the Gaussian noise on every round's aggregate (dp.*)")
+        return super().configure_train(server_round, arrays, config, grid)
 
     def _aggregate(self, server_round: int, replies: list):
         clip, sigma, delta = self._dp()
@@ -105,13 +155,16 @@ class ServerSideFixedClipping:
         std = noise_std(sigma, clip, m)
         if sigma > 0:
             noisy = [np.asarray(arrays[k].numpy(), dtype=np.float64) for k in names]
-            state = np.random.get_state()
-            np.random.seed(noise_seed(self.cfg.seed, server_round))
-            try:
-                add_noise(noisy, std)
-            finally:
-                np.random.set_state(state)
+            add_noise(noisy, std, noise_generator(self.cfg, server_round))
             arrays = _record(names, noisy)
+            if self.cfg.insecure_reproducible_noise:
+                log(
+                    WARNING,
+                    "dp round %d: %s = true: this round's noise is seeded from seed and round; anyone "
+                    "who knows the run config can subtract it (the epsilon below does not hold)",
+                    server_round,
+                    REPRODUCIBLE,
+                )
         self.dp_releases = getattr(self, "dp_releases", 0) + 1
         eps = relay_epsilon(sigma, self.dp_releases, delta)
         entry = {

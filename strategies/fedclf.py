@@ -4,13 +4,18 @@ the server's feature relay, then the shared fine-tuning stage.
 Relay (Eq. 2): every client uploads its local features Q_l (reply record ``features``); the
 next round each client receives the features of all *other* clients as remote features Q_r
 (instruction record ``remote-features``), de-identified: one array with no node id, partition
-id or per-client grouping, its rows shuffled by the server with an RNG seeded by
-(``seed``, round).  Before round 1 the server asks every client for its initial features
-(``query.features``), so Q_r exists from the first round ("at the beginning of each round ...
-the local features are uploaded").  The features never enter FedAvg: ``aggregate_train`` takes
-them out of the replies before averaging.
+id or per-client grouping, its rows shuffled by the server with a generator seeded by the OS's
+CSPRNG every round (:func:`fedderm.noise.secure_generator`; ``insecure-reproducible-noise``: by
+(``seed``, round)), so that no client can undo the shuffle; clients sort what they receive
+(:func:`fedderm.relay_privacy.canonical_order`), so the shuffle changes no number.  Before
+round 1 the server asks every client for its initial features (``query.features``), so Q_r
+exists from the first round ("at the beginning of each round ... the local features are
+uploaded").  The features never enter FedAvg: ``aggregate_train`` takes them out of the replies
+before averaging.
 
-With ``fedclf.feature-sharing=false`` nothing is uploaded or relayed: FedMoCo.
+With ``fedclf.feature-sharing=false`` nothing is uploaded or relayed: FedMoCo.  With ``"auto"``
+(the default) a deployment relays only through the private relay (noise multiplier > 0), else
+the run stops before any feature is asked for (:func:`fedderm.methods.fedclf.feature_sharing`).
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ from flwr.common import log
 from flwr.serverapp.strategy import FedAvg
 
 import wire
+from fedderm.methods.fedclf import feature_sharing as resolve_sharing
 from fedderm.moco import FEATURE_DIM, build_moco
+from fedderm.noise import REPRODUCIBLE, secure_generator
 from fedderm.relay_privacy import relay_epsilon
 from wire import FEATURES, REMOTE, to_array, to_record
 
 from .common import Tracked
+from .dp import deployed, refuse_reproducible_noise
 from .finetune import pretrain_strategy, pretrain_then_finetune
 from .nodes import SentTo
 
@@ -178,7 +186,7 @@ class FedCLFStrategy(Tracked, FedAvg):
         destinations = sorted((m.metadata.dst_node_id for m in messages), key=self.node_order)
         if not self.uploads:
             self.collect_initial_features(arrays, destinations, grid)
-        rng = np.random.default_rng([self.cfg.seed, server_round])
+        rng = shuffle_generator(self.cfg, server_round)
         out, received = [], {}
         for msg in sorted(
             messages, key=lambda m: self.node_order(m.metadata.dst_node_id)
@@ -313,10 +321,28 @@ class FedCLFStrategy(Tracked, FedAvg):
         self.releases = dict(state.get("releases", {}))
 
 
-def build_strategy(cfg, recorder, feature_sharing: bool | None = None) -> FedCLFStrategy:
-    """``feature_sharing`` defaults to ``fedclf.feature-sharing`` (FedMoCo passes False)."""
+def shuffle_generator(cfg, server_round: int) -> np.random.Generator:
+    """The generator of round ``server_round``'s relay shuffle: seeded by the OS's CSPRNG, or under
+    ``insecure-reproducible-noise`` by (``seed``, round), which every client knows."""
+    if cfg.insecure_reproducible_noise:
+        log(
+            WARNING,
+            "fedclf round %d: %s = true: the relay's shuffle is seeded from seed and round; a client "
+            "can attribute every relayed row to its source",
+            server_round,
+            REPRODUCIBLE,
+        )
+        return np.random.default_rng([cfg.seed, server_round])
+    return secure_generator()
+
+
+def build_strategy(
+    cfg, recorder, feature_sharing: bool | None = None, deployment: bool = False
+) -> FedCLFStrategy:
+    """``feature_sharing`` defaults to ``fedclf.feature-sharing`` (FedMoCo passes False), whose
+    ``"auto"`` depends on ``deployment`` (:func:`fedderm.methods.fedclf.feature_sharing`)."""
     if feature_sharing is None:
-        feature_sharing = cfg.option("fedclf.feature-sharing")
+        feature_sharing = resolve_sharing(cfg, deployment)
     if feature_sharing is False and not cfg.option("fedclf.local-negatives"):
         log(
             INFO,
@@ -335,6 +361,10 @@ def initial_moco(cfg) -> ArrayRecord:
 
 
 def run(grid, cfg, recorder, classes, feature_sharing: bool | None = None) -> None:
-    pretrain_then_finetune(
-        grid, cfg, recorder, classes, build_strategy(cfg, recorder, feature_sharing), initial_moco(cfg)
-    )
+    """Pre-train, then fine-tune.  A deployment stops here, before any message, when the run would
+    relay raw features without saying so (``fedclf.feature-sharing = "auto"``) or would relay with
+    ``insecure-reproducible-noise``."""
+    strategy = build_strategy(cfg, recorder, feature_sharing, deployment=deployed(grid))
+    if strategy.feature_sharing:
+        refuse_reproducible_noise(cfg, grid, "the relay's noise and shuffle")
+    pretrain_then_finetune(grid, cfg, recorder, classes, strategy, initial_moco(cfg))

@@ -87,6 +87,7 @@ LEAKY_RUN = {
     "fedclf.leakage-views": 32,
     "fedclf.leakage-non-members": 270,
     "fedclf.relay-clip": 1.0,
+    "insecure-reproducible-noise": True,  # the measured table's σ = 8 rows repeat to the digit
     "tensorboard": False,
 }
 
@@ -135,8 +136,8 @@ def test_attack_auc_clearly_above_chance_without_noise_and_at_chance_with_large_
         results[sigma] = (last["metrics"]["auc"], se, privacy[-1])
         print(sigma, {k: round(m["auc"], 3) for k, m in last["per_client"].items()}, results[sigma][:2])
     (auc0, se0, p0), (auc8, se8, p8) = results[0.0], results[8.0]
-    # measured: 0.676 at σ = 0 and 0.560 at σ = 8 (seed 0); seeds 1-3: 0.664 / 0.638 / 0.634 and
-    # 0.497 / 0.517 / 0.493; null sd of the mean 0.030 (docs/privacy.md "A run built to leak")
+    # measured: 0.660 at σ = 0 and 0.558 at σ = 8 (seed 0); seeds 1-3: 0.655 / 0.629 / 0.635 and
+    # 0.498 / 0.519 / 0.494; null sd of the mean 0.030 (docs/privacy.md "A run built to leak")
     assert auc0 > 0.5 + 3 * se0
     assert abs(auc8 - 0.5) < 3 * se8
     assert all(e == float("inf") for e in p0["epsilon"].values())
@@ -163,12 +164,12 @@ def test_audit_detects_leakage_without_noise_and_none_with_large_sigma():
     model = build_moco("tiny-cnn", 16)
     own = encode_candidates(model, torch.cat([members, non_members]), batch_size=600)[:300]
     se = _null_se(300, 300)
-    assert audit(model, members, non_members, privatise(own, 1.0, 0.0, 1), batch_size=600) > 0.5 + 3 * se
-    assert abs(audit(model, members, non_members, privatise(own, 1.0, 8.0, 1), batch_size=600) - 0.5) < 3 * se
+    exact = privatise(own, 1.0, 0.0)
+    noisy = privatise(own, 1.0, 8.0, insecure_seed=1)  # seeded: the measured AUCs repeat
+    assert audit(model, members, non_members, exact, batch_size=600) > 0.5 + 3 * se
+    assert abs(audit(model, members, non_members, noisy, batch_size=600) - 0.5) < 3 * se
     # fedclf.leakage-views: the smallest distance over the plain image and 4 augmented views
-    exact = privatise(own, 1.0, 0.0, 1)
     assert audit(model, members, non_members, exact, views=4, batch_size=600) == 1.0
-    noisy = privatise(own, 1.0, 8.0, 1)
     with_views = audit(model, members, non_members, noisy, views=4, batch_size=600, seed=3)
     assert abs(with_views - 0.5) < 3 * se
     assert audit(model, members, non_members, noisy, views=4, batch_size=600, seed=3) == with_views

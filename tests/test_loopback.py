@@ -179,7 +179,13 @@ def test_loopback_fedclf_killed_and_resumed_is_bit_identical(loopback):
     from bench.loop_grid import run_app
 
     fed = loopback
-    extra = {"num-server-rounds": 2, "finetune-rounds": 1, "fedclf.queue-size": 24}
+    # a deployment relays raw features only when told (fedclf.feature-sharing = "auto" would stop it)
+    extra = {
+        "num-server-rounds": 2,
+        "finetune-rounds": 1,
+        "fedclf.queue-size": 24,
+        "fedclf.feature-sharing": True,
+    }
     nodes = [
         {**fed.node_config_values(i, name), "state-dir": str(fed.workdir / "state-in-process" / name)}
         for i, name in enumerate(fed.hospitals)

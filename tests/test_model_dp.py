@@ -19,8 +19,16 @@ NODES = (7001, 7002, 7003)
 NORMS = (0.5, 3.0, 10.0)  # the clients' update norms; C = 1 clips the last two
 
 
-def _strategy(tmp_path, sigma: float, seed: int = 0, method: str = "fedavg", clip: float = 1.0):
+def _strategy(
+    tmp_path,
+    sigma: float,
+    seed: int = 0,
+    method: str = "fedavg",
+    clip: float = 1.0,
+    reproducible: bool = False,
+):
     rc = {
+        "insecure-reproducible-noise": reproducible,
         "method": method,
         "model": "tiny-cnn",
         "image-size": 16,
@@ -33,7 +41,7 @@ def _strategy(tmp_path, sigma: float, seed: int = 0, method: str = "fedavg", cli
     }
     cfg = registry.load_config(rc)
     FakeGrid(rc, 3)  # sets the task identity messages need
-    rec = RunRecorder(tmp_path / f"{method}-{sigma}-{seed}", method, cfg.to_flat())
+    rec = RunRecorder(tmp_path / f"{method}-{sigma}-{seed}-{reproducible}", method, cfg.to_flat())
     return (fedavg if method == "fedavg" else fedprox).build_strategy(cfg, rec)
 
 
@@ -61,7 +69,7 @@ def _round(strategy, server_round: int = 1):
         replies.append(Message(content, reply_to=out))
     before = np.random.get_state()[1].copy()
     new, _ = strategy.aggregate_train(server_round, replies)
-    assert np.array_equal(np.random.get_state()[1], before)  # NumPy's global generator is restored
+    assert np.array_equal(np.random.get_state()[1], before)  # NumPy's global generator is untouched
     strategy.record_notes()  # the round loop's record step
     return state, floats, directions, replies, new
 
@@ -84,17 +92,22 @@ def test_every_update_is_clipped_to_c_and_the_mean_is_unweighted(tmp_path):
     assert entry["update_norm_max"] == pytest.approx(10.0, rel=1e-6)
 
 
-def test_noise_has_std_sigma_c_over_m_and_is_fixed_by_the_seed(tmp_path):
+def test_noise_has_std_sigma_c_over_m_and_only_the_insecure_switch_fixes_it_by_the_seed(tmp_path):
+    """σC/m; the same seed draws new noise (the OS's CSPRNG), unless insecure-reproducible-noise."""
     _, floats, _, _, clean = _round(_strategy(tmp_path, sigma=0.0))
     _, _, _, _, a = _round(_strategy(tmp_path, sigma=2.0, seed=0))
     _, _, _, _, b = _round(_strategy(tmp_path, sigma=2.0, seed=0))
-    _, _, _, _, c = _round(_strategy(tmp_path, sigma=2.0, seed=1))
-    noise = np.concatenate([(a[k].numpy() - clean[k].numpy()).ravel() for k in floats])
-    assert noise.size > 1000
-    assert noise.std() == pytest.approx(2.0 * 1.0 / 3, rel=0.1)  # compute_stdv: σC/m
+    for got in (a, b):
+        noise = np.concatenate([(got[k].numpy() - clean[k].numpy()).ravel() for k in floats])
+        assert noise.size > 1000
+        assert noise.std() == pytest.approx(2.0 * 1.0 / 3, rel=0.1)  # compute_stdv: σC/m
+    assert all(not np.array_equal(a[k].numpy(), b[k].numpy()) for k in floats)
+    _, _, _, _, c = _round(_strategy(tmp_path, sigma=2.0, seed=0, reproducible=True))
+    _, _, _, _, d = _round(_strategy(tmp_path, sigma=2.0, seed=0, reproducible=True))
+    _, _, _, _, e = _round(_strategy(tmp_path, sigma=2.0, seed=1, reproducible=True))
     for k in floats:
-        np.testing.assert_array_equal(a[k].numpy(), b[k].numpy())
-    assert any(not np.array_equal(a[k].numpy(), c[k].numpy()) for k in floats)
+        np.testing.assert_array_equal(c[k].numpy(), d[k].numpy())
+    assert any(not np.array_equal(c[k].numpy(), e[k].numpy()) for k in floats)
 
 
 def test_epsilon_composes_over_rounds_and_equals_opacus(tmp_path):
@@ -140,14 +153,17 @@ def test_dp_off_keeps_flowers_weighted_fedavg(tmp_path):
     assert type(strategy) is fedavg.FedAvgStrategy and not strategy.uniform_mean
 
 
-def test_private_fedavg_runs_through_the_round_loop_and_is_deterministic(tmp_path):
+@pytest.mark.parametrize("reproducible", [False, True])
+def test_private_fedavg_runs_through_the_round_loop(tmp_path, reproducible):
     """Two 1-round FedAvg runs on the bundled digits (2 clients, in-process) with dp.mode = server and
-    σ = 1: ε recorded for the round, the same seed gives the same final model bit for bit."""
+    σ = 1: ε recorded for the round; the same seed gives other noise, so another final model,
+    unless insecure-reproducible-noise, which repeats it bit for bit."""
     from strategies.common import run_federated
 
     finals = []
     for run in range(2):
         rc = {
+            "insecure-reproducible-noise": reproducible,
             "method": "fedavg",
             "dataset": "digits",
             "partition": "iid",
@@ -171,20 +187,22 @@ def test_private_fedavg_runs_through_the_round_loop_and_is_deterministic(tmp_pat
         (entry,) = rec.extra["model_privacy"]
         assert entry["round"] == 1 and entry["clients"] == 2 and entry["noise_std"] == pytest.approx(0.25)
         assert 0 < entry["epsilon"] < float("inf")
-    for k in finals[0].keys():
-        np.testing.assert_array_equal(finals[0][k].numpy(), finals[1][k].numpy())
+    same = {k: np.array_equal(finals[0][k].numpy(), finals[1][k].numpy()) for k in finals[0].keys()}
+    floats = [k for k in same if finals[0][k].numpy().dtype.kind == "f"]  # noise below 1 rounds ints to 0
+    assert all(same.values()) if reproducible else not any(same[k] for k in floats)
 
 
 @pytest.mark.parametrize("sigma", [0.0, 2.0])
 def test_clipping_and_noise_equal_flowers_public_dp_wrapper_bit_for_bit(tmp_path, sigma):
     """strategies/dp.py writes out the computation of Flower's DifferentialPrivacyServerSideFixedClipping
     (whose helpers are private): on a float64 model (the wrapper clips in the replies' dtype,
-    fedderm in float64) with equal weights, and the same NumPy seed, both give the same bits."""
+    fedderm in float64) with equal weights, and with insecure-reproducible-noise the same NumPy
+    seed, both give the same bits."""
     from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 
     from strategies.dp import noise_seed
 
-    strategy = _strategy(tmp_path, sigma=sigma, seed=3, clip=1.0)
+    strategy = _strategy(tmp_path, sigma=sigma, seed=3, clip=1.0, reproducible=True)
     rng = np.random.default_rng(5)
     sent = ArrayRecord(
         {k: Array(rng.standard_normal(s)) for k, s in (("a", (4, 3)), ("b", (7,)), ("c", (1,)))}

@@ -15,13 +15,18 @@ from fedderm.relay_privacy import privatise, relay_epsilon, releases_per_upload
 
 def test_clipping_and_noise():
     x = torch.randn(2000, 16) * 3
-    clipped = privatise(x, clip=1.5, noise_multiplier=0.0, seed=0)
+    clipped = privatise(x, clip=1.5, noise_multiplier=0.0)
     assert clipped.norm(dim=1).max() <= 1.5 + 1e-5
     small = x / x.norm(dim=1, keepdim=True)  # norm 1 <= C: unchanged
-    assert torch.allclose(privatise(small, 1.5, 0.0, 0), small)
-    noisy = privatise(small, clip=2.0, noise_multiplier=0.5, seed=1)
-    assert (noisy - small).std().item() == pytest.approx(1.0, rel=0.03)  # sigma * C
-    assert torch.equal(noisy, privatise(small, 2.0, 0.5, 1))  # seeded
+    assert torch.allclose(privatise(small, 1.5, 0.0), small)
+    noisy, again = privatise(small, clip=2.0, noise_multiplier=0.5), privatise(small, 2.0, 0.5)
+    for got in (noisy, again):
+        assert (got - small).std().item() == pytest.approx(1.0, rel=0.03)  # sigma * C
+        assert (got - small).mean().abs().item() < 0.01
+    assert not torch.isclose(noisy, again).any()  # fresh noise from the OS's CSPRNG every call
+    seeded = privatise(small, 2.0, 0.5, insecure_seed=1)  # insecure-reproducible-noise only
+    assert (seeded - small).std().item() == pytest.approx(1.0, rel=0.03)
+    assert torch.equal(seeded, privatise(small, 2.0, 0.5, insecure_seed=1))
 
 
 @pytest.mark.parametrize("k,n", [(16, 40), (100, 30), (64, 64), (1024, 100), (5, 3)])

@@ -2,12 +2,12 @@
 losses in ``fedderm/moco.py``; docs/methods/fedclf.md.  Its ``fedclf.*`` MoCo keys are read by
 FedMoCo and Local CL too."""
 
-from fedderm.config import Config
+from fedderm.config import AUTO, Config, ConfigError
 from fedderm.methods import PREFIX_PROBE, Method, need, register_method
 
 # FedCLF's MoCo keys; FedMoCo and Local CL read queue-size, temperature and momentum too.
 FEDCLF_OPTIONS = {
-    "fedclf.feature-sharing": True,  # false = FedMoCo (no relay)
+    "fedclf.feature-sharing": AUTO,  # auto: on in a simulation (see feature_sharing); false = FedMoCo
     "fedclf.local-negatives": False,  # false = Eq. 5 (remote negatives only), true = Eq. 4
     "fedclf.queue-size": 1024,  # K: local bank Q_l and negatives bank Q_CL
     "fedclf.temperature": 0.2,  # tau of Eq. 6 (MoCo v2)
@@ -24,7 +24,9 @@ FEDCLF_OPTIONS = {
 }
 #: one line per option: the run-config reference (docs/run-config.md)
 FEDCLF_DOCS = {
-    "fedclf.feature-sharing": "upload and relay features; `false` = FedMoCo",
+    "fedclf.feature-sharing": "upload and relay the clients' features (raw MoCo features unless "
+    '`fedclf.relay-noise-multiplier` > 0); `"auto"`: on in a simulation, and in a deployment only with the '
+    "private relay, else the run stops naming this key (docs/privacy.md); `true`: on; `false` = FedMoCo",
     "fedclf.local-negatives": "`false`: remote negatives only (000 Eq. 5); `true`: local and remote negatives (Eq. 4)",
     "fedclf.queue-size": "K: size of the local bank, of the negatives bank and of each client's upload "
     "(also read by `fedmoco`, `localcl`)",
@@ -75,9 +77,9 @@ def check_fedclf(cfg: Config) -> None:
     need(cfg, 0 < cfg.option("fedclf.relay-delta") < 1, "fedclf.relay-delta", "must be in (0, 1)")
     need(
         cfg,
-        not cfg.option("fedclf.leakage-audit") or cfg.option("fedclf.feature-sharing"),
+        not cfg.option("fedclf.leakage-audit") or cfg.option("fedclf.feature-sharing") is not False,
         "fedclf.leakage-audit",
-        "needs the feature relay (fedclf.feature-sharing = true): without it nothing is relayed",
+        'needs the feature relay (fedclf.feature-sharing = true or "auto"): without it nothing is relayed',
     )
     views = cfg.option("fedclf.leakage-views")
     need(
@@ -92,6 +94,25 @@ def check_fedclf(cfg: Config) -> None:
         isinstance(non_members, int) and not isinstance(non_members, bool) and non_members >= 0,
         "fedclf.leakage-non-members",
         "must be an integer >= 0 (0 = every held-out image)",
+    )
+
+
+def feature_sharing(cfg: Config, deployment: bool) -> bool:
+    """Whether the run relays features: ``fedclf.feature-sharing`` as set, or for ``"auto"`` on in a
+    simulation and, in a ``deployment``, on only with the private relay (noise multiplier > 0); a
+    deployment with ``"auto"`` and no noise is a ConfigError naming the key and what it would send."""
+    value = cfg.option("fedclf.feature-sharing")
+    if value != "auto":
+        return bool(value)
+    if not deployment or cfg.option("fedclf.relay-noise-multiplier") > 0:
+        return True
+    raise ConfigError(
+        "run-config key 'fedclf.feature-sharing' is \"auto\" in a deployment without the private relay: "
+        "every hospital would send the server the raw MoCo features of its training images (one "
+        "128-d vector per image, from which membership can be tested), and the server would relay them "
+        "to the other hospitals. Set fedclf.feature-sharing = true to accept that, "
+        "fedclf.relay-noise-multiplier > 0 (with fedclf.relay-clip > 0) for the differentially private "
+        "relay, or false for FedMoCo (docs/privacy.md)"
     )
 
 
