@@ -71,7 +71,7 @@ def resolved_run_config(overrides: dict) -> dict:
 def check_before_start(run_config: dict, num_supernodes: int) -> None:
     """What can be checked on this machine before Ray starts: enough clients for ``min-clients``,
     the data and ``resume`` paths exist.  Raises ConfigError naming the key."""
-    from fedderm.config import ConfigError
+    from fedderm.config import EMBEDDED_DATASETS, ConfigError
 
     need = run_config["min-clients"] + (1 if run_config["holdout-centre"] else 0)
     if need > num_supernodes:
@@ -81,9 +81,7 @@ def check_before_start(run_config: dict, num_supernodes: int) -> None:
             f"federation has {num_supernodes} clients (--num-supernodes): raise --num-supernodes "
             f"to {need} or lower min-clients"
         )
-    keys = ["resume"] + (
-        ["data-path", "image-dir"] if run_config["dataset"] not in ("synthetic", "digits") else []
-    )
+    keys = ["resume"] + (["data-path", "image-dir"] if run_config["dataset"] not in EMBEDDED_DATASETS else [])
     for key in keys:
         path = str(run_config.get(key) or "")
         if path and not Path(path).expanduser().exists():

@@ -23,8 +23,11 @@ BN_STATS = ("round", "ema")
 #: values of ``augment``: ``paper`` = the method's own paper's policy (``Method.augment``; fedderm.augment)
 AUGMENT_POLICIES = ("flip", "paper", "000", "003", "004")
 
+#: values of ``dataset`` that need no ``data-path``: generated, or bundled with scikit-learn (docs/data.md)
+EMBEDDED_DATASETS = ("synthetic", "digits", "stained-digits")
+
 CHOICES: dict[str, tuple[str, ...]] = {
-    "dataset": ("synthetic", "digits", "folder", "csv", "npz"),
+    "dataset": (*EMBEDDED_DATASETS, "folder", "csv", "npz"),
     "partition": ("iid", "dirichlet", "source"),
     "optimizer": ("sgd", "adam", "adamw"),
     "lr-schedule": ("constant", "cosine", "exponential"),
@@ -272,7 +275,7 @@ def _check_ranges(cfg: Config) -> None:
     need(cfg.probe_every >= 0, "probe-every", "must be >= 0 (0 = off)")
     need(0 < cfg.lr_decay <= 1, "lr-decay", "must be in (0, 1]")
     need(all(0 < t <= 1 for t in cfg.target_list), "targets", "must be balanced accuracies in (0, 1]")
-    if cfg.dataset not in ("synthetic", "digits"):
+    if cfg.dataset not in EMBEDDED_DATASETS:
         need(bool(cfg.data_path), "data-path", f"must name the data for dataset={cfg.dataset!r}")
 
 
@@ -318,8 +321,9 @@ KEY_DOCS: dict[str, str] = {
     "method": "the method (`registry.METHODS`; the table in docs/index.md)",
     "seed": "seeds data, partitions, splits, initial weights and shuffling: same seed, same numbers on CPU, "
     "with any number of clients; never the privacy noise (`insecure-reproducible-noise`)",
-    "dataset": "the data format (docs/data.md)",
-    "data-path": "the image folder, CSV file or `.npz` file (not needed for `synthetic`)",
+    "dataset": "the data format (docs/data.md); `synthetic`, `digits` and `stained-digits` (digits in "
+    "per-centre H&E-like stains, contrast, blur and noise) are embedded",
+    "data-path": "the image folder, CSV file or `.npz` file (not needed for `synthetic`, `digits`, `stained-digits`)",
     "image-dir": "`csv` only: the folder searched (recursively) for the images; default: the CSV's folder",
     "classes": 'comma-separated class list, e.g. `"akiec,bcc,bkl,df,mel,nv,vasc"`: fixes the label order; '
     "empty: inferred from the data (a MedMNIST `.npz` named after its data set gets MedMNIST's names)",
@@ -328,7 +332,8 @@ KEY_DOCS: dict[str, str] = {
     "skip-bad-files": "`true` skips unreadable images, missing files and unknown labels (logged) instead of stopping",
     "cache-dir": "decoded, resized images are cached here, so each file is decoded once",
     "image-size": "images are resized (shorter edge) and centre-cropped to this square size (000 uses 72)",
-    "synthetic-sites": "`synthetic` and `digits`: the number of sites; `0` gives one site per client",
+    "synthetic-sites": "`synthetic`, `digits` and `stained-digits`: the number of sites (centres); `0` gives one "
+    "site per client",
     "synthetic-per-class": "`synthetic` only: images per class per site",
     "partition": "`source`: one site per client (000 §V-A); `iid`: shuffled equal shares; "
     "`dirichlet`: label proportions ~ Dir(α) per class (003 §IV-B)",

@@ -1,4 +1,4 @@
-"""Data: sources (synthetic, folder, csv, npz), partitions across clients, per-client splits.
+"""Data: sources (synthetic, digits, stained-digits, folder, csv, npz), partitions across clients, per-client splits.
 
 A client loads its share once per process with :func:`load_client_data`; the decoded pool is
 cached on disk (``cache-dir``) and in memory, so epochs read tensors, never files.
@@ -14,12 +14,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedderm.config import EMBEDDED_DATASETS
+
 from . import testset
 from .checks import check_pool, check_split
 from .digits import load_digits_pool
 from .partition import ClientSplit, partition_indices, split_client
 from .pool import DataError, ImagePool
 from .sources import load_source
+from .stained import load_stained_digits_pool
 from .synthetic import load_synthetic
 
 __all__ = [
@@ -77,6 +80,10 @@ def load_pool(
             )
         elif dataset == "digits":
             _POOLS[key] = load_digits_pool(image_size, sites=synthetic_sites or num_partitions, seed=seed)
+        elif dataset == "stained-digits":
+            _POOLS[key] = load_stained_digits_pool(
+                image_size, sites=synthetic_sites or num_partitions, seed=seed
+            )
         else:
             extra = {"image_dir": image_dir or None, "site_column": site_column} if dataset == "csv" else {}
             _POOLS[key] = load_source(
@@ -172,7 +179,7 @@ def load_client_data(
         pool,
         dataset=kind,
         data_path=source,
-        classes_given=bool(cfg.class_list) or kind in ("synthetic", "digits"),
+        classes_given=bool(cfg.class_list) or kind in EMBEDDED_DATASETS,
         whole=not own,
         who=f"client {partition_id}: " if own else "",
     )
@@ -201,7 +208,7 @@ def load_client_data(
         )
         if key not in _PARTITIONS:
             if cfg.partition != "source" and num_partitions > len(rest):
-                where = f"the {kind} data" if kind in ("synthetic", "digits") else str(source)
+                where = f"the {kind} data" if kind in EMBEDDED_DATASETS else str(source)
                 raise DataError(
                     f"client {len(rest)} has no images: {num_partitions} clients cannot share the "
                     f"{len(rest)} images of {where} (partition={cfg.partition!r}); use fewer clients "
@@ -240,7 +247,7 @@ def load_client_data(
         fixed_val=fixed_val,
     )
     share = ("its own data " if own else f"partition={cfg.partition!r} of {len(pool)} images in ") + (
-        f"the {kind} data" if kind in ("synthetic", "digits") else str(source)
+        f"the {kind} data" if kind in EMBEDDED_DATASETS else str(source)
     )
     check_split(
         split,

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedderm.config import EMBEDDED_DATASETS
+
 from .partition import ClientSplit
 from .pool import DataError, ImagePool
 
@@ -42,7 +44,7 @@ def class_counts(labels: np.ndarray, num_classes: int) -> np.ndarray:
 
 def _where(dataset: str, data_path: str, cls: str) -> str:
     """The folder of class ``cls`` (``folder`` data), else the data file."""
-    if dataset in ("synthetic", "digits") or not data_path:
+    if dataset in EMBEDDED_DATASETS or not data_path:
         return f"the {dataset or 'synthetic'} data"
     root = Path(data_path).expanduser()
     if dataset == "folder" and root.is_dir():
@@ -76,7 +78,7 @@ def check_pool(
     """
     classes = list(pool.classes)
     counts = class_counts(pool.labels, len(classes))
-    src = f"the {dataset} data" if dataset in ("synthetic", "digits") else str(data_path)
+    src = f"the {dataset} data" if dataset in EMBEDDED_DATASETS else str(data_path)
     if len(classes) < 2:
         only = f" ({classes[0]!r}, {int(counts[0])} images)" if classes else ""
         raise DataError(
@@ -104,7 +106,7 @@ def check_pool(
             )
     if (
         not classes_given
-        and dataset not in ("synthetic", "digits")
+        and dataset not in EMBEDDED_DATASETS
         and not _classes_fixed_by_file(dataset, data_path)
     ):
         largest = int(counts.max())

@@ -34,6 +34,16 @@ def digits_arrays(image_size: int = 8) -> tuple[np.ndarray, np.ndarray]:
     return images, d.target.astype(np.int64)
 
 
+def deal_out(labels: np.ndarray, sites: int, rng: np.random.Generator) -> np.ndarray:
+    """The site of every image: each class's images in a random order, dealt out in turn, so
+    that a class's counts at two sites differ by at most one."""
+    site = np.empty(len(labels), dtype=np.int64)
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        site[idx] = np.arange(len(idx)) % sites
+    return site
+
+
 def load_digits_pool(image_size: int, sites: int = 0, seed: int = 0) -> ImagePool:
     """The digits as a pool; ``sites`` > 0 deals each class out evenly (seeded) to that many sites,
     each with its own colour cast (a per-channel gain in [0.6, 1])."""
@@ -42,10 +52,7 @@ def load_digits_pool(image_size: int, sites: int = 0, seed: int = 0) -> ImagePoo
     if sites <= 0:
         return ImagePool(images=rgb.contiguous(), labels=labels, classes=CLASSES)
     rng = np.random.default_rng(seed)
-    site = np.empty(len(labels), dtype=np.int64)
-    for c in range(len(CLASSES)):
-        idx = rng.permutation(np.flatnonzero(labels == c))
-        site[idx] = np.arange(len(idx)) % sites
+    site = deal_out(labels, sites, rng)
     gains = torch.from_numpy(rng.uniform(0.6, 1.0, size=(sites, 3)).astype(np.float32))
     tinted = (rgb.float() * gains[torch.from_numpy(site)][:, :, None, None]).round().to(torch.uint8)
     return ImagePool(
