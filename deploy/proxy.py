@@ -39,7 +39,8 @@ from pathlib import Path
 from fedderm.accel.superlink import is_loopback
 
 #: The Fleet API paths a SuperNode with a registered key calls (Flower 1.42's
-#: ``flwr.supernode.fleet_http_client``, every one seen in a loopback run's access log).  Left out:
+#: ``flwr.supernode.fleet_http_connection``; all but ``deactivate-node``, the SuperNode's goodbye at
+#: the end of its connection, are in a loopback run's access log).  Left out:
 #: ``/v1/fleet/register-node`` and ``/v1/fleet/unregister-node``, which only a SuperNode without
 #: a key calls to register itself (Flower refuses them under ``--enable-supernode-auth``; the proxy
 #: refuses them even if that flag were forgotten).
