@@ -222,8 +222,15 @@ def make_hospital_key(directory: Path, name: str) -> tuple[Path, Path]:
     register`` read); an existing pair is kept."""
     _check_name(name)
     private, public = directory / f"{name}.key", directory / f"{name}.pub"
-    if private.exists() and public.exists():
+    if private.exists():  # never replaced; its public half written again if it went missing
+        if not public.exists():
+            _write(public, _public_of(private) + f" {name}\n".encode())
         return private, public
+    if public.exists():
+        raise ValueError(
+            f"{public} exists without its private key (the key the hospital sent?): give it with "
+            f"--public-key {name}={public}, or remove it to make a new pair here"
+        )
     key = ec.generate_private_key(ec.SECP384R1())
     _write(
         private,

@@ -565,3 +565,25 @@ def test_the_superlink_certificate_always_names_its_loopback_address(tmp_path, s
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert proxy.UPSTREAM_TLS_NAME in san.get_values_for_type(x509.DNSName)
     assert "127.0.0.1" in [str(ip) for ip in san.get_values_for_type(x509.IPAddress)]
+
+
+def test_a_rehearsal_key_never_replaces_a_key_already_there(tmp_path, secrets_out):
+    """``--hospital NAME`` where NAME's public key came from the hospital refuses, rather than
+    make a new pair over the registered key; a private key whose ``.pub`` went missing is kept
+    and its public half written again."""
+    folder = secrets_out / "hospitals" / "hospital-a"
+    folder.mkdir(parents=True)
+    sent = _openssh_public(ec.generate_private_key(ec.SECP384R1())) + b" hospital-a\n"
+    (folder / "hospital-a.pub").write_bytes(sent)
+    with pytest.raises(ValueError, match="exists without its private key"):
+        mc.make_certs(secrets_out, ["localhost"], ["hospital-a"])
+    assert (folder / "hospital-a.pub").read_bytes() == sent and not (folder / "hospital-a.key").exists()
+    b = mc.make_certs(secrets_out, ["localhost"], ["hospital-b"]).hospitals["hospital-b"]
+    private_before = b["private"].read_bytes()
+    b["public"].unlink()
+    again = mc.make_certs(secrets_out, ["localhost"], ["hospital-b"]).hospitals["hospital-b"]
+    assert again["private"].read_bytes() == private_before
+    key = serialization.load_ssh_private_key(private_before, None)
+    assert serialization.load_ssh_public_key(again["public"].read_bytes()).public_numbers() == (
+        key.public_key().public_numbers()
+    )
