@@ -8,11 +8,16 @@ What it does, in order (the output says each step):
  1. generates a small image folder per hospital (``<class>/<image>.png``, one synthetic site each);
  2. creates a CA, the SuperLink certificate (SAN 127.0.0.1, localhost) and a key pair per hospital
     plus one for an outsider (``deploy/make_certs.py``);
- 3. starts ``flower-superlink`` (TLS, ``--enable-supernode-auth``, runtime dependency
-    installation off), registers the hospitals' public keys with ``flwr supernode register``;
- 4. starts one ``flower-supernode`` per hospital with ``--node-config`` naming its own
-    ``data-path``, ``dataset``, ``partition-id``, ``site`` and ``state-dir``, waits until all are online;
- 5. starts a SuperNode with the outsider's (unregistered) key and checks that it is refused;
+ 3. starts ``fedderm-superlink`` (or ``flower-superlink``: TLS, ``--enable-supernode-auth``,
+    runtime dependency installation off) on 127.0.0.1 and, in front of it on a port of its own,
+    the proxy (nginx, ``deploy/proxy.py``: the Fleet API only); registers the hospitals' public keys
+    with ``flwr supernode register`` on the SuperLink's own address, as the coordinator does;
+ 4. starts one SuperNode per hospital, connected through the proxy, with ``--node-config`` naming
+    its own ``data-path``, ``dataset``, ``partition-id``, ``site`` and ``state-dir``; waits until all
+    are online;
+ 5. checks that an outsider holding the CA certificate is refused at the proxy's address (``flwr
+    supernode register``, ``flwr ls``: 403), and that a SuperNode with the outsider's
+    (unregistered) key is refused;
  6. ``flwr run``s each method and checks its results folder (``summary.json``: every hospital
     has final test metrics, every round is there) and that Flower reports the run completed;
  7. stops every process it started and every process those started (process group, descendants,
@@ -42,6 +47,7 @@ from pathlib import Path
 
 APP_DIR = Path(__file__).resolve().parents[1]
 
+from deploy import proxy as _proxy  # noqa: E402
 from deploy.make_certs import make_certs  # noqa: E402
 from fedderm import procs  # noqa: E402
 from fedderm.accel.allow import copy_bundle_files  # noqa: E402
@@ -167,6 +173,7 @@ class Loopback:
         echo=print,
         launcher: str = "warm",
         allow_lists: dict[str, Path] | None = None,
+        proxy: bool = True,
     ):
         self.workdir = Path(workdir).resolve()
         self.hospitals = [f"hospital-{chr(ord('a') + i)}" for i in range(num_hospitals)]
@@ -177,11 +184,14 @@ class Loopback:
         # warm: fedderm.accel (one pre-warmed, forked ClientApp per message, idle waits cut to
         # FEDDERM_POLL_INTERVAL, the hospital's allow-list checked); flower: Flower's own processes
         self.launcher = launcher
+        # the proxy (nginx) in front: the SuperNodes connect to it, the flwr CLI to the SuperLink
+        self.proxy = proxy
         self.allow_lists: dict[str, Path] = dict(allow_lists or {})
         self.procs: list[Proc] = []
         # every process started here carries TAG_VAR=<tag>/<name>, and so do their children
         self.tag = f"{os.getpid()}.{uuid.uuid4().hex[:12]}"
-        self.port: int | None = None
+        self.port: int | None = None  # the SuperLink's own port (127.0.0.1): the coordinator's flwr
+        self.public_port: int | None = None  # the proxy's: what the hospitals (and an outsider) reach
         self.node_ids: dict[str, int] = {}
         self.secrets = None
         self.data: dict[str, Path] = {}
@@ -232,13 +242,15 @@ class Loopback:
         self.procs.append(proc)
         return proc
 
-    def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        """Run the ``flwr`` CLI against the loopback SuperLink (own process group; killed on timeout)."""
+    def flwr(self, *args: str, timeout: float = 120, home: str = "cli") -> subprocess.CompletedProcess:
+        """Run the ``flwr`` CLI (own process group; killed on timeout): the coordinator's, on the
+        SuperLink's own address; ``home="outsider-cli"``: an outsider's, on the public address
+        (:meth:`outsider_flwr`)."""
         popen = subprocess.Popen(
             [_bin("flwr"), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env={**self.env("cli"), "COLUMNS": "200", TAG_VAR: f"{self.tag}/flwr"},
+            env={**self.env(home), "COLUMNS": "200", TAG_VAR: f"{self.tag}/flwr"},
             cwd=self.workdir,
             start_new_session=True,
             text=True,
@@ -335,12 +347,7 @@ class Loopback:
             ],
             home="superlink",
         )
-        config = self.workdir / "homes" / "cli" / "config.toml"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "127.0.0.1:{self.port}"\nroot-certificates = "{s.ca_cert}"\n'
-        )
+        self.cli_config("cli", f"127.0.0.1:{self.port}")
         deadline = time.monotonic() + timeout
         while not listening(self.port) and time.monotonic() < deadline:  # no `flwr` process per poll
             self._check_alive("superlink")
@@ -360,6 +367,87 @@ class Loopback:
             f"superlink: up on 127.0.0.1:{self.port} (TLS, SuperNode authentication on, "
             "runtime dependency installation off)"
         )
+        if self.proxy:
+            self.start_proxy(timeout=max(5.0, deadline - time.monotonic()))
+        else:
+            self.public_port = None
+            self.echo(
+                "proxy: none (--no-proxy): the SuperNodes reach every API of the SuperLink, the Control API too"
+            )
+
+    @property
+    def public_address(self) -> str:
+        """Where the hospitals connect: the proxy, or the SuperLink itself without one."""
+        return f"127.0.0.1:{self.public_port or self.port}"
+
+    def cli_config(self, home: str, address: str) -> Path:
+        """A ``flwr`` CLI home whose connection :data:`CONNECTION` is ``address`` with the CA
+        certificate (all an outsider needs besides the address: every hospital holds it)."""
+        config = self.workdir / "homes" / home / "config.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
+            f'address = "{address}"\nroot-certificates = "{self.secrets.ca_cert}"\n'
+        )
+        return config
+
+    def start_proxy(self, timeout: float = 30) -> None:
+        """nginx on a port of its own in front of the SuperLink (``deploy/proxy.py``): the Fleet
+        API is forwarded, every other request refused with 403."""
+        for proc in [p for p in self.procs if p.name == "proxy"]:
+            _stop_groups([proc.popen], tags=[f"{self.tag}/proxy"])
+            self.procs.remove(proc)
+        nginx = _proxy.find_nginx()  # a clear error naming the package when it is missing
+        s = self.secrets
+        self.public_port = free_port()
+        prefix = self.workdir / "proxy"
+        cfg = _proxy.ProxyConfig(
+            "127.0.0.1", self.public_port, "127.0.0.1", self.port, s.server_cert, s.server_key, s.superlink_ca
+        )
+        conf = _proxy.write_standalone(cfg, prefix)
+        problem = _proxy.check_config(conf, prefix, nginx)
+        if problem:
+            raise RuntimeError(f"nginx refuses the proxy configuration {conf}: {problem}")
+        self.spawn("proxy", _proxy.nginx_argv(conf, prefix, nginx), home="proxy")
+        deadline = time.monotonic() + timeout
+        while not listening(self.public_port):
+            self._check_alive("proxy")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the proxy did not listen within {timeout:.0f} s ({prefix / 'error.log'})"
+                )
+            time.sleep(0.1)
+        self.cli_config("outsider-cli", self.public_address)
+        self.echo(
+            f"proxy: nginx on 127.0.0.1:{self.public_port} -> the SuperLink's Fleet API only "
+            f"(config {conf}); the hospitals connect here"
+        )
+
+    def outsider_flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """The ``flwr`` CLI of an outsider who holds the CA certificate and reaches the public address."""
+        return self.flwr(*args, timeout=timeout, home="outsider-cli")
+
+    def try_outsider_admin(self) -> dict:
+        """An outsider with the CA certificate tries to register its own key and to list the runs
+        at the public address; return what happened (``refused``: neither worked)."""
+        before = self.registered()
+        reg = self.outsider_flwr(
+            "supernode", "register", str(self.secrets.hospitals[OUTSIDER]["public"]), CONNECTION,
+            "--format", "json",
+        )  # fmt: skip
+        ls = self.outsider_flwr("ls", CONNECTION, "--format", "json")
+        registered = self.registered() - before
+        refused = (
+            not _json_tail(reg.stdout).get("success")
+            and not _json_tail(ls.stdout).get("success")
+            and not registered
+        )
+        return {"refused": refused, "register": reg.stdout, "ls": ls.stdout, "new_nodes": registered}
+
+    def registered(self) -> set[int]:
+        """Every node the SuperLink knows (registered, online or offline), asked by the coordinator."""
+        res = self.flwr("supernode", "list", CONNECTION, "--format", "json")
+        return {int(n["node-id"]) for n in _json_tail(res.stdout).get("nodes", [])}
 
     def register(self, name: str) -> int:
         res = self.flwr(
@@ -384,7 +472,7 @@ class Loopback:
             "--root-certificates",
             str(keys["ca"]),
             "--superlink",
-            f"127.0.0.1:{self.port}",
+            self.public_address,
             "--auth-supernode-private-key",
             str(keys["private"]),
             "--node-config",
@@ -751,6 +839,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a file of approved app sha256 hashes given to every hospital "
         "(default: no allow-list); `python -m fedderm.accel app-hash .` prints the hash",
     )
+    parser.add_argument(
+        "--no-proxy",
+        action="store_true",
+        help="no nginx in front: the SuperNodes connect to the SuperLink itself (every API open to "
+        "them; to measure the proxy's cost)",
+    )
     parser.add_argument("--timeout", type=float, default=900, help="seconds allowed per run (default 900)")
     args = parser.parse_args(argv)
 
@@ -769,9 +863,19 @@ def main(argv: list[str] | None = None) -> int:
         per_class=args.per_class,
         launcher=args.launcher,
         allow_lists=allow,
+        proxy=not args.no_proxy,
     ) as fed:
         try:
             fed.start()
+            if fed.proxy:
+                admin = fed.try_outsider_admin()
+                if admin["refused"]:
+                    print(
+                        "outsider with the CA certificate at the public address: flwr supernode register "
+                        "and flwr ls refused (403 from the proxy)"
+                    )
+                else:
+                    failures.append(f"the outsider's flwr commands were not refused: {admin}")
             outsider = fed.try_outsider()
             if outsider["refused"]:
                 print(

@@ -8,11 +8,15 @@
 #      debootstrap, `docker import`ed, plus docker/base.Dockerfile (Python venv with flwr, user
 #      app, uid 49999), since Docker Hub may be unreachable.  With the local base, pip installs
 #      from a wheelhouse (`pip download` on this host, served on 127.0.0.1 during the build);
-#   3. makes certificates and keys (deploy/make_certs.py), one generated image folder per
-#      hospital, and an allow-list with this checkout's app hash (fedderm-app-hash);
-#   4. brings up docker/compose.yml: the SuperLink (TLS, SuperNode authentication), registers the
-#      three hospitals' keys (register.sh), then three SuperNodes (fedderm-supernode, the warm
-#      launcher, with the allow-list), each with its own data folder mounted read-only;
+#   3. makes certificates and keys (deploy/make_certs.py), the proxy's nginx.conf
+#      (deploy/proxy.py --docker), one generated image folder per hospital, and an allow-list with
+#      this checkout's app hash (fedderm-app-hash);
+#   4. brings up docker/compose.yml: the SuperLink (TLS, SuperNode authentication) on the host's
+#      127.0.0.1 and its proxy (nginx, the Fleet API only) on the public port, registers the three
+#      hospitals' keys (register.sh, on the SuperLink's own address), then three SuperNodes
+#      (fedderm-supernode, the warm launcher, with the allow-list), each with its own data folder
+#      mounted read-only, connected through the proxy; checks that an outsider holding the CA
+#      certificate gets 403 at the public port;
 #   5. `flwr run`s a tiny fedderm run and checks Flower's status (finished:completed) and the
 #      results (summary.json: every round, final metrics for each of the 3 hospitals);
 #   6. tears everything down: `compose down --volumes`, then checks that no container, network
@@ -201,6 +205,10 @@ s.bind(("127.0.0.1", int(sys.argv[1])))' "$PORT_WHEELS" 2> /dev/null; then
 else
     fail "FEDDERM_DOCKER_BASE must be local or official, not '$BASE_KIND'"
 fi
+if [ "$BASE_KIND" = official ]; then PROXY_BASE=debian:bookworm-slim; else PROXY_BASE="$ROOTFS_IMAGE"; fi
+docker build "${BUILD_NET[@]}" --build-arg "BASE_IMAGE=$PROXY_BASE" -f "$REPO/docker/proxy.Dockerfile" \
+    -t fedderm-proxy:bookworm "$REPO" > "$WORK/build-proxy.log" 2>&1 \
+    || fail "building fedderm-proxy (apt-get install nginx): $(tail -n 20 "$WORK/build-proxy.log")"
 for role in superlink supernode; do
     base="$LINK_BASE"; [ "$role" = supernode ] && base="$NODE_BASE"
     docker build "${BUILD_NET[@]}" "${BUILD_ARGS[@]}" --build-arg "BASE_IMAGE=$base" \
@@ -220,7 +228,10 @@ done
 cd "$REPO" || fail "cannot cd to $REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 SECRETS="$WORK/secrets"
-host_args=(--superlink-host superlink --superlink-host localhost --superlink-host 127.0.0.1)
+host_args=(--superlink-host host.docker.internal --superlink-host localhost --superlink-host 127.0.0.1)
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+SUPERLINK_PORT=$(free_port)         # the proxy's public port (the hospitals')
+SUPERLINK_ADMIN_PORT=$(free_port)   # the SuperLink's own, on 127.0.0.1 (the flwr CLI's)
 hospital_args=(); for h in "${HOSPITALS[@]}"; do hospital_args+=(--hospital "$h"); done
 "$PY" deploy/make_certs.py --out "$SECRETS" --connection "$CONNECTION" "${host_args[@]}" \
     "${hospital_args[@]}" > "$WORK/make-certs.log" 2>&1 || fail "make_certs: $(tail -n 5 "$WORK/make-certs.log")"
@@ -232,6 +243,8 @@ from deploy.loopback import make_hospital_data
 
 make_hospital_data(Path(sys.argv[1]), sys.argv[2:], per_class=12, image_size=32)
 EOF
+"$PY" -m deploy.proxy --docker --public "0.0.0.0:$SUPERLINK_PORT" --superlink "127.0.0.1:$SUPERLINK_ADMIN_PORT" \
+    --out "$SECRETS/proxy/nginx.conf" > "$WORK/proxy.log" 2>&1 || fail "deploy.proxy: $(tail -n 5 "$WORK/proxy.log")"
 APP_HASH="$("$PY" -m fedderm.accel app-hash "$REPO")" || fail "fedderm-app-hash"
 printf '# this checkout of fedderm, approved for the Docker test\n%s\n' "$APP_HASH" > "$WORK/approved.txt"
 # Flower's images run as uid 49999: the keys (mode 600) must be theirs; the data stays read-only
@@ -241,12 +254,11 @@ else
     say "not root: the keys under $SECRETS must be readable by uid 49999 (sudo chown -R 49999:49999)"
 fi
 chmod -R a+rX "$WORK/data" "$WORK/approved.txt"
-say "certificates (SAN superlink, localhost, 127.0.0.1), keys for ${HOSPITALS[*]}, 3 data folders" \
+say "certificates (SAN host.docker.internal, localhost, 127.0.0.1), keys for ${HOSPITALS[*]}, the proxy's nginx.conf, 3 data folders" \
     "of $(find "$WORK/data" -name '*.png' | wc -l) images, allow-list with app hash ${APP_HASH:0:16}…"
 
 # -- 4. the federation ------------------------------------------------------------------------------
-SUPERLINK_PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-export SUPERLINK_PORT SECRETS_DIR="$SECRETS" ALLOW_LIST="$WORK/approved.txt"
+export SUPERLINK_PORT SUPERLINK_ADMIN_PORT SECRETS_DIR="$SECRETS" ALLOW_LIST="$WORK/approved.txt"
 export HOSPITAL_A_DATA="$WORK/data/hospital-a" HOSPITAL_B_DATA="$WORK/data/hospital-b" \
     HOSPITAL_C_DATA="$WORK/data/hospital-c"
 export FLWR_HOME="$WORK/flwr-home" FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 COLUMNS=200
@@ -256,9 +268,14 @@ cat > "$FLWR_HOME/config.toml" <<EOF
 default = "$CONNECTION"
 
 [superlink.$CONNECTION]
-address = "127.0.0.1:$SUPERLINK_PORT"
+address = "127.0.0.1:$SUPERLINK_ADMIN_PORT"
 root-certificates = "$SECRETS/ca/ca.crt"
 EOF
+# an outsider: the CA certificate every hospital holds, and the public port
+OUTSIDER_HOME="$WORK/outsider-home"
+mkdir -p "$OUTSIDER_HOME"
+printf '[superlink]\ndefault = "o"\n\n[superlink.o]\naddress = "127.0.0.1:%s"\nroot-certificates = "%s"\n' \
+    "$SUPERLINK_PORT" "$SECRETS/ca/ca.crt" > "$OUTSIDER_HOME/config.toml"
 # Under cgroup v1 all containers share Docker's cgroup, which weighs as much as ONE process of
 # the host (cpu.shares 1024): on a busy host the ServerApp then cannot start within Flower's
 # 30 s claim window (HEARTBEAT_DEFAULT_INTERVAL) and the SuperExec relaunches it again and again.
@@ -273,8 +290,8 @@ if [ -n "${FEDDERM_DOCKER_CPU_SHARES:-}" ]; then
 fi
 T_UP=$(date +%s)
 UP=1
-"${COMPOSE[@]}" up -d --no-build superlink > "$WORK/up-superlink.log" 2>&1 \
-    || fail "compose up superlink: $(tail -n 10 "$WORK/up-superlink.log")"
+"${COMPOSE[@]}" up -d --no-build superlink proxy > "$WORK/up-superlink.log" 2>&1 \
+    || fail "compose up superlink proxy: $(tail -n 10 "$WORK/up-superlink.log")"
 json_field() { "$PY" -c '
 import json, sys
 text = sys.stdin.read(); start = text.find("{")
@@ -286,10 +303,10 @@ print(eval(sys.argv[1], {"d": data}))' "$1"; }
 for i in $(seq 90); do
     out="$(flwr supernode list "$CONNECTION" --format json 2>&1)"
     [ "$(echo "$out" | json_field 'd.get("success", False)')" = True ] && break
-    [ "$i" = 90 ] && fail "the SuperLink did not answer on 127.0.0.1:$SUPERLINK_PORT within 90 s: $out"
+    [ "$i" = 90 ] && fail "the SuperLink did not answer on 127.0.0.1:$SUPERLINK_ADMIN_PORT within 90 s: $out"
     sleep 1
 done
-say "superlink: up on 127.0.0.1:$SUPERLINK_PORT (TLS, --enable-supernode-auth) in $(elapsed "$T_UP") s"
+say "superlink: up on 127.0.0.1:$SUPERLINK_ADMIN_PORT (TLS, --enable-supernode-auth), proxy on port $SUPERLINK_PORT, in $(elapsed "$T_UP") s"
 sh "$SECRETS/register.sh" > "$WORK/register.log" 2>&1 || fail "register.sh: $(tail -n 5 "$WORK/register.log")"
 "${COMPOSE[@]}" up -d --no-build > "$WORK/up.log" 2>&1 || fail "compose up: $(tail -n 10 "$WORK/up.log")"
 for i in $(seq 120); do
@@ -299,7 +316,13 @@ for i in $(seq 120); do
     [ "$i" = 120 ] && fail "SuperNodes online after 120 s: $online of 3"
     sleep 1
 done
-say "supernodes: 3/3 registered and online (fedderm-supernode, allow-list, data read-only) $(elapsed "$T_UP") s after start"
+say "supernodes: 3/3 registered and online (fedderm-supernode, allow-list, data read-only, through the proxy) $(elapsed "$T_UP") s after start"
+out="$(FLWR_HOME="$OUTSIDER_HOME" flwr supernode register "$SECRETS/hospitals/hospital-a/hospital-a.pub" o 2>&1)"
+echo "$out" | grep -q "403 Forbidden" \
+    || fail "an outsider with the CA certificate was not refused at the public port $SUPERLINK_PORT: $out"
+out="$(FLWR_HOME="$OUTSIDER_HOME" flwr ls o --format json 2>&1)"
+echo "$out" | grep -q "403 Forbidden" || fail "flwr ls at the public port was not refused: $out"
+say "outsider at the public port: flwr supernode register and flwr ls refused (403 from the proxy)"
 
 # -- 5. a fedderm run -------------------------------------------------------------------------------
 RUN_CONFIG="method=\"fedavg\" model=\"tiny-cnn\" image-size=32 local-epochs=1 batch-size=16 optimizer=\"sgd\""

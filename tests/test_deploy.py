@@ -38,7 +38,8 @@ def test_make_certs_ca_server_cert_and_hospital_keys(tmp_path):
         cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(), cert.signature_hash_algorithm
     )
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert san.get_values_for_type(x509.DNSName) == ["fl.example.org"]
+    # ... and for its own loopback address behind the proxy (localhost, 127.0.0.1), always
+    assert san.get_values_for_type(x509.DNSName) == ["fl.example.org", "localhost"]
     assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["10.1.2.3", "127.0.0.1"]
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
@@ -94,7 +95,8 @@ def test_make_certs_cli_prints_what_each_host_needs(tmp_path):
         "Coordinating site (SuperLink host) needs:" in out
         and "Hospital h1 (its SuperNode host) needs:" in out
     )
-    assert 'address = "fl.example.org:9443"' in out
+    # the hospitals reach the proxy's public port; the flwr CLI the SuperLink's own loopback address
+    assert "--superlink fl.example.org:9443" in out and 'address = "127.0.0.1:9093"' in out
     assert "--auth-supernode-private-key" in out and "h1.key" in out
 
 
@@ -307,6 +309,14 @@ def test_compose_file_superlink_and_supernodes_with_tls_auth_and_own_data():
     ):
         assert flag in link
     assert "--insecure" not in link
+    # the SuperLink on the host's loopback only; the proxy (nginx, deploy/proxy.py --docker) on the
+    # public port, with the SuperLink's certificates and the generated nginx.conf
+    assert "--host=127.0.0.1" in link and "--host=0.0.0.0" not in link
+    assert services["superlink"]["network_mode"] == "host" and "ports" not in services["superlink"]
+    front = services["proxy"]
+    assert front["build"]["dockerfile"] == "docker/proxy.Dockerfile" and front["network_mode"] == "host"
+    assert any(v.endswith("/superlink:/etc/fedderm/certs:ro") for v in front["volumes"])
+    assert any(v.endswith("/proxy/nginx.conf:/etc/fedderm/nginx.conf:ro") for v in front["volumes"])
     nodes = {name: s for name, s in services.items() if name.startswith("supernode")}
     assert len(nodes) >= 3
     data_mounts, pids, keys = set(), set(), set()
@@ -316,6 +326,7 @@ def test_compose_file_superlink_and_supernodes_with_tls_auth_and_own_data():
             "--root-certificates" in cmd and "--auth-supernode-private-key" in cmd and "--insecure" not in cmd
         )
         assert 'data-path="/data"' in cmd and 'state-dir="/app/state"' in cmd
+        assert "--superlink=host.docker.internal:${SUPERLINK_PORT:-8000}" in cmd  # through the proxy
         pids.add(cmd.split("partition-id=")[1].split()[0])
         keys.add(cmd.split("--auth-supernode-private-key=")[1].split()[0])
         data = [v for v in s["volumes"] if v.endswith(":/data:ro")]

@@ -1,7 +1,8 @@
-"""The accelerated loopback federation: one SuperLink and three SuperNodes as real processes (TLS,
-SuperNode authentication, fedderm's warm launcher, each hospital's allow-list), started once for
-this module: methods through `flwr run`, a refused bundle, a SuperNode killed mid-round, FedCLF
-killed and resumed, and stopping it."""
+"""The accelerated loopback federation: one SuperLink on 127.0.0.1 behind the proxy and three
+SuperNodes as real processes (TLS, SuperNode authentication, fedderm's warm launcher, each
+hospital's allow-list), started once for this module: methods through `flwr run`, a refused
+bundle, an outsider refused at the public address, a SuperNode killed mid-round, FedCLF killed
+and resumed, and stopping it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 
 import pytest
 from proc_helpers import alive, group_members, skip_loopback, wait_for
+from test_adversary_deploy import assert_outsider_refused
 
 pytestmark = [pytest.mark.federation, skip_loopback]
 
@@ -106,6 +108,13 @@ def test_loopback_federation_tls_node_auth(loopback, tmp_path):
         assert list(home.rglob(f"*.{approved_hash[:8]}"))  # Flower unpacks an approved bundle here
         assert not list(home.rglob(f"*.{digest[:8]}"))  # ... and never unpacked the refused one
     assert not (tmp_path / "refused" / "refused" / "model.pt").exists()
+
+
+def test_an_outsider_with_the_ca_certificate_is_refused_at_the_public_address(loopback):
+    """fedderm-superlink behind the proxy: an outsider holding the CA certificate registers no
+    node, lists, stops and submits nothing at the address the hospitals use (403 for every API but
+    the Fleet API), while the coordinator's flwr and the hospitals' SuperNodes work."""
+    assert_outsider_refused(loopback)
 
 
 def _flwr_run_in_thread(fed, config: dict, log_name: str) -> tuple[threading.Thread, dict]:

@@ -22,8 +22,12 @@ pytestmark = [pytest.mark.federation, skip_loopback]
 def test_stock_flower_loopback_federation_tls_node_auth(tmp_path):
     """Flower as it ships: `flower-superlink` and `flower-supernode` of the installed Flower,
     unmodified (TLS, SuperNode authentication, no fedderm accelerator), fedderm only as the app run
-    with `flwr run`: a FedAvg round completes with every hospital's test result, and an
-    unregistered SuperNode is refused."""
+    with `flwr run`, the SuperLink on loopback behind the proxy: a FedAvg round completes with
+    every hospital's test result, an unregistered SuperNode is refused, and an outsider holding
+    the CA certificate can neither register, list, stop nor submit anything at the public address
+    (tests/test_adversary_deploy.py)."""
+    from test_adversary_deploy import assert_outsider_refused
+
     from deploy.loopback import BASE_RUN_CONFIG, Loopback
 
     lines: list[str] = []
@@ -37,6 +41,7 @@ def test_stock_flower_loopback_federation_tls_node_auth(tmp_path):
         out = fed.run("fedavg", {**BASE_RUN_CONFIG, "num-server-rounds": 1}, timeout=600)
         assert out.ok, "\n".join(out.problems)
         assert out.status == "finished:completed" and set(out.summary["final"]["per_client"]) == {"0", "1"}
+        assert_outsider_refused(fed)
     finally:
         fed.stop()
 

@@ -172,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] not in commands:
         raise SystemExit(f"usage: python -m fedderm.accel {{{'|'.join(commands)}}} ...")
     role, rest = argv[0], argv[1:]
+    if role == "superlink" and (warning := superlink.exposure_warning(rest)):
+        _log.warning("fedderm-superlink: %s", warning)
     if role != "app-hash":
         why = why_stock(role)
         if why:

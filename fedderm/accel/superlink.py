@@ -4,7 +4,9 @@ SuperNode pulls held until a message is stored (:class:`HeldPulls`)."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 import sys
 import threading
 import time as _time
@@ -33,6 +35,62 @@ def link_state_in_memory() -> None:
         return objects, link_state_factory(database, federation_manager, objects)
 
     superlink_main.get_objectstore_linkstate_factories = factories
+
+
+#: Flower's default ``--host`` (``flwr.supercore.constant.UVICORN_DEFAULT_HOST``)
+FLOWER_DEFAULT_HOST = "127.0.0.1"
+#: where the deployment guide explains the proxy
+PROXY_DOCS = "docs/deploy.md#the-proxy-only-the-fleet-api-on-the-public-address"
+
+
+def is_loopback(host: str, resolve: bool = False) -> bool:
+    """Whether ``host`` is reachable from this machine only: a loopback address, ``localhost``,
+    or (``resolve``) a name whose every address is a loopback address."""
+    host = host.strip().strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    if not resolve or not host:
+        return False
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return False
+    return bool(found) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in found)
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """The last value of ``--name VALUE`` / ``--name=VALUE`` in ``argv`` (argparse's rule), else None."""
+    value = None
+    for i, token in enumerate(argv):
+        if token == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif token.startswith(name + "="):
+            value = token.split("=", 1)[1]
+    return value
+
+
+def exposure_warning(argv: list[str]) -> str | None:
+    """The warning for a SuperLink whose ``--host`` is not a loopback address, else None.
+
+    Flower's SuperLink serves its Control API (register SuperNodes, start, list and stop runs:
+    no login without Flower's enterprise account plugin) on the same address as the Fleet API, so
+    whoever reaches that address with the CA certificate every hospital holds can administer the
+    federation and register a SuperNode of their own.  The hardened deployment keeps the SuperLink
+    on 127.0.0.1 and puts the proxy, which forwards only the Fleet API, on the public address."""
+    host = _option(argv, "--host") or FLOWER_DEFAULT_HOST
+    if is_loopback(host, resolve=True):
+        return None
+    port = _option(argv, "--port") or "8000"
+    return (
+        f"--host {host} is not a loopback address: every SuperLink API on {host}:{port} is open to "
+        "whoever reaches it, the Control API too (register a SuperNode, start, list and stop runs; "
+        "it has no login), so an outsider holding the CA certificate can join the federation. "
+        f"Listen on 127.0.0.1 and put the proxy in front (python -m deploy.proxy; {PROXY_DOCS})"
+    )
 
 
 #: how long the SuperLink holds a SuperNode's pull when no message is waiting (``FEDDERM_PULL_HOLD``)

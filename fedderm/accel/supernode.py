@@ -82,10 +82,39 @@ class SuperExecPopen:
         return getattr(self._subprocess, name)
 
 
+def isolation(argv: list[str]) -> str:
+    """The SuperNode's ``--isolation`` (argparse's rule: the last one given; Flower's default
+    ``subprocess``)."""
+    mode = "subprocess"
+    for i, token in enumerate(argv):
+        if token == "--isolation" and i + 1 < len(argv):
+            mode = argv[i + 1]
+        elif token.startswith("--isolation="):
+            mode = token.split("=", 1)[1]
+    return mode
+
+
+def refuse_unenforceable_allow_list(argv: list[str], allow_list: str | None) -> None:
+    """Stop a SuperNode asked for an allow-list it cannot enforce, with one line naming why.
+
+    The allow-list is checked by the SuperExec this SuperNode starts (``--isolation subprocess``,
+    Flower's default).  With ``--isolation process`` the SuperNode starts none: whatever SuperExec
+    the hospital runs on its own launches the ClientApps, and this process never sees them."""
+    allow_list = allow_list or os.environ.get("FEDDERM_ALLOW_LIST", "")
+    if allow_list and isolation(argv) == "process":
+        raise SystemExit(
+            f"fedderm-supernode: --isolation process starts no SuperExec here, so the allow-list "
+            f"{allow_list} cannot be enforced by this SuperNode; give it to the SuperExec you start "
+            f"(fedderm-superexec --allow-list {allow_list} --runtime-api-address ...), or run this "
+            "SuperNode with --isolation subprocess (docs/deploy.md#code-approval-the-hospitals-allow-list)"
+        )
+
+
 def supernode_main(argv: list[str]) -> None:
     """``fedderm-supernode``: ``flower-supernode`` arguments plus ``--allow-list FILE``."""
     argv = list(argv)
     allow_list = pop_option(argv, "--allow-list")
+    refuse_unenforceable_allow_list(argv, allow_list)
     extra = []
     if allow_list:
         read_allow_list(allow_list)  # fail at start, not at the first message
