@@ -33,6 +33,7 @@ from fedderm.config import Config
 from fedderm.metrics import SELECTION_METRIC, mean_over_clients
 from fedderm.results import RunRecorder, client_sort_key
 
+from . import progress
 from .globaltest import global_test
 from .nodes import NodeView, SentTo, send_and_receive, wait_for_nodes
 from .recording import Recording, RoundNotes
@@ -500,7 +501,8 @@ def _run_rounds(
         log(INFO, "resuming %s after round %d from %s", strategy.stage, ckpt["round"], recorder.run_dir)
         if ckpt.get("val-pending") and evaluate:
             pending = (ckpt["round"], arrays, time.monotonic(), ckpt.get("pending-traffic"))
-    elif evaluate:
+    progress.of(recorder).start(strategy.stage, strategy.num_rounds, start - 1)
+    if ckpt is None and evaluate:
         strategy._round_start = time.monotonic()
         if ride:
             pending = (0, arrays, strategy._round_start, None)
@@ -575,13 +577,13 @@ def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) ->
         strategy.record_notes()
     reached = rounds_to_target(strategy.recorder.rounds, strategy.cfg.target_list)
     strategy.recorder.update_extra({"rounds_to_target": reached})
-    log(
-        INFO,
-        "rounds to reach mean val %s %s: %s",
-        SELECTION_METRIC,
-        ", ".join(reached) or "(no targets)",
-        ", ".join(str(v) for v in reached.values()) or "-",
-    )
+    if reached:
+        log(
+            INFO,
+            "mean val %s reached: %s",
+            progress.metric_label(SELECTION_METRIC),
+            progress.reached(reached),
+        )
     strategy.recorder.save_model(wire.to_state_dict(final))
     strategy.recorder.save_model(wire.to_state_dict(best), name="model-best.pt")
     return final
