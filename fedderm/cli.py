@@ -60,11 +60,12 @@ def parse_pairs(text: str, seen: dict[str, Any] | None = None) -> dict[str, Any]
     return out
 
 
-def _flatten(table: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(table: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested TOML tables as flat run-config keys (``[fedclf]`` ``queue-size`` -> ``fedclf.queue-size``)."""
     flat: dict[str, Any] = {}
     for key, value in table.items():
         if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
@@ -77,7 +78,7 @@ def read_preset(path: str) -> dict[str, Any]:
     if not file.is_file():
         raise ConfigError(f"run-config file {path!r} not found")
     try:
-        return _flatten(tomllib.loads(file.read_text()))
+        return flatten(tomllib.loads(file.read_text()))
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"run-config file {path!r}: {err}") from None
 

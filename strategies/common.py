@@ -30,6 +30,7 @@ from flwr.serverapp.strategy import FedAvg
 import wire
 from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, resume_step, save_checkpoint
 from fedderm.config import Config
+from fedderm.console import CHATTER
 from fedderm.metrics import SELECTION_METRIC, mean_over_clients
 from fedderm.results import RunRecorder, client_sort_key
 
@@ -341,7 +342,8 @@ class Tracked(Recording):
             return following(server_round, replies)
         contents = [msg.content for msg in replies if not msg.has_error()]
         if contents and len(contents) == len(replies) and consistent_replies(contents, self.weighted_by_key):
-            log(INFO, "aggregate_train: Received %s results and %s failures", len(contents), 0)  # as FedAvg
+            # as FedAvg logs it; a console that leaves Flower's chatter out leaves this out too
+            log(INFO, "aggregate_train: Received %s results and %s failures", len(contents), 0, extra=CHATTER)
             metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
         else:
             checked, metrics = following(
