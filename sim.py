@@ -657,8 +657,10 @@ def _write_tables(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from fedderm.cli import plain
+
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "--num-supernodes",

@@ -20,6 +20,16 @@ from fedderm.config import ConfigError
 _PAIR = re.compile(r"""\s*([^\s=]+)=("[^"]*"|'[^']*'|\[[^\]]*\]|\{[^}]*\}|\S+)""")
 
 
+_ROLE = re.compile(r":(?:func|class|mod|meth|data|attr|exc):`~?([^`]+)`")
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain(text: str) -> str:
+    """A docstring as a command's ``--help`` shows it: reStructuredText's literals and roles as
+    their plain text (``flwr run`` -> flwr run, :func:`f` -> f)."""
+    return _LITERAL.sub(r"\1", _ROLE.sub(r"\1", text))
+
+
 def _value(key: str, text: str) -> Any:
     """The TOML value ``text`` of ``key``, or a ConfigError naming the key and the fix."""
     try:

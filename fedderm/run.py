@@ -222,7 +222,9 @@ def quiet(lines, out, verbose: bool = False):
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["-h"], ["--help"]):
-        print(__doc__.strip())
+        from .cli import plain
+
+        print(plain(__doc__).strip())
         return 0
     if "--stop-local" in args:
         if len(args) > 1:

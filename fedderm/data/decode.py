@@ -228,6 +228,28 @@ def _label_indices(names: Sequence[str], classes: list[str]) -> tuple[np.ndarray
     return idx, idx < 0
 
 
+def unknown_classes(found: Sequence[str], classes: Sequence[str], source: str) -> DataError:
+    """One line for images whose class (a folder or a label) the given class list (the run-config
+    key ``classes``) lacks: each such class once with its number of images, and for each the
+    listed class the data has no images of that is spelled most like it (a typo)."""
+    import difflib
+    from collections import Counter
+
+    counts = Counter(found)
+    absent = [c for c in classes if c not in set(found)]  # the data never names them
+    hints = []
+    for name in counts:
+        close = difflib.get_close_matches(name, absent, n=1, cutoff=0.6)
+        if close:
+            hints.append(f"{close[0]!r} for {name!r}")
+    extra = ", ".join(f"{name!r} ({n} image{'s' if n != 1 else ''})" for name, n in counts.most_common())
+    return DataError(
+        f"{source}: the data has class(es) {extra} that the run-config key 'classes' does not list "
+        f"({','.join(classes)}){'; a typo? ' + ', '.join(hints) if hints else ''}. Fix 'classes', or set "
+        "skip-bad-files=true to leave those images out"
+    )
+
+
 def _raise_or_skip(
     problems: list[tuple[str, str]], skip_bad: bool, header: str, prefix: str = ""
 ) -> list[str]:
