@@ -149,9 +149,8 @@ def _folder_listing(scan: _FolderScan, wanted: list[str] | None, skip_bad: bool)
     labels, bad = _label_indices(scan.class_of, classes)
     if bad.any() and not skip_bad:  # each class folder once, not each of its images
         root = scan.paths[int(np.flatnonzero(bad)[0])].parent.parent
-        raise unknown_classes(
-            [scan.class_of[i] for i in np.flatnonzero(bad)], classes, f"class folders in {root}"
-        )
+        found = [(scan.class_of[i], str(scan.paths[i])) for i in np.flatnonzero(bad)]
+        raise unknown_classes(found, classes, f"class folders in {root}")
     problems = [
         (str(scan.paths[i]), f"class folder {scan.class_of[i]!r} is not in the given classes {classes}")
         for i in np.flatnonzero(bad)

@@ -289,15 +289,18 @@ def _csv_listing(
     else:
         classes = sorted({v for v in rows.labels if v is not None})
     labels, unknown = _label_indices([v or "" for v in rows.labels], classes)
-    if wanted is not None and not skip_bad:  # each unlisted label once, not each of its rows
-        unlisted = [
-            rows.labels[i] for i in np.flatnonzero(unknown) if i not in rows.problems and rows.labels[i]
-        ]
-        if unlisted:
-            raise unknown_classes(unlisted, classes, f"labels in {csv_path}")
 
     def where(i: int) -> str:
         return f"line {_line(i)} (image {rows.ids[i]!r})"
+
+    if wanted is not None and not skip_bad:  # each unlisted label once, not each of its rows
+        unlisted = [
+            (rows.labels[i], where(i))
+            for i in np.flatnonzero(unknown)
+            if i not in rows.problems and rows.labels[i]
+        ]
+        if unlisted:
+            raise unknown_classes(unlisted, classes, f"labels in {csv_path}")
 
     problems = dict(rows.problems)
     for i in np.flatnonzero(unknown):
