@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -258,8 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             if folder is None and (m := _FOLDER.search(line)):
                 folder = Path(m.group(1))
         proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
+    except KeyboardInterrupt:  # the terminal's Ctrl-C reached flwr run too
         proc.wait()
         if run_id is not None:
             where = f" {superlink}" if superlink else ""

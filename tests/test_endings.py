@@ -172,3 +172,47 @@ def test_a_run_config_mistake_that_ends_the_serverapp_is_one_line_in_flowers_log
     finally:
         for f in [f for f in flower.filters if isinstance(f, console._OneLineConfigErrors)]:
             flower.removeFilter(f)
+
+
+#: lines of a real `flwr run --stream` of the default run (Flower 1.42, Ray 2.x), colour codes included
+STREAM = """\
+Successfully started run 4196573003981582883
+\x1b[92mINFO \x1b[0m:      Starting Flower Simulation
+\x1b[93mWARNING \x1b[0m:   Since flwr 1.32, default simulated SuperNodes changed from 10 to 2.
+\x1b[92mINFO \x1b[0m:      Federation `@none/default` (2 simulated SuperNodes)
+\x1b[92mINFO \x1b[0m:      To change federation size, use the following command:
+\x1b[92mINFO \x1b[0m:      \tflwr federation simulation-config @none/default <superlink> --num-supernodes <N>
+/venv/lib/python3.11/site-packages/ray/_private/worker.py:2051: FutureWarning: Tip: In future versions of Ray, Ray will no longer override accelerator visible devices env var if num_gpus=0 or num_gpus=None (default). To enable this behavior and turn off this error message, set RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0
+  warnings.warn(
+\x1b[92mINFO \x1b[0m:      client 0 (node 1184956832378929777): train 120 (labelled 120) · val 40 · test 40
+\x1b[92mINFO \x1b[0m:      configure_train: Sampled 2 nodes (out of 2)
+\x1b[92mINFO \x1b[0m:      aggregate_train: Received 2 results and 0 failures
+\x1b[92mINFO \x1b[0m:      round 1/8 · val balanced accuracy 0.550 · 56.8 s this round · ~3 min left
+\x1b[92mINFO \x1b[0m:      configure_evaluate: Sampled 2 nodes (out of 2)
+\x1b[92mINFO \x1b[0m:      aggregate_evaluate: Received 2 results and 0 failures
+\x1b[33m(ClientAppActor pid=10274)\x1b[0m WARNING :   Manually terminating ClientAppActor
+Loading weights: 100%|██████████| 103/103 [00:00<00:00, 6009.45it/s]
+\x1b[92mINFO \x1b[0m:      results: /root/fedderm-results/fedavg-synthetic-20261128-170239-2883
+"""
+
+
+def test_fedderm_runs_console_leaves_out_what_is_not_the_users_business():
+    import io
+
+    from fedderm.run import quiet
+
+    lines = STREAM.splitlines(keepends=True)
+    out = io.StringIO()
+    assert list(quiet(lines, out)) == lines  # every line still reaches fedderm-run's own reading
+    kept = out.getvalue()
+    assert [line.split(":      ")[-1] for line in kept.splitlines()] == [
+        "Successfully started run 4196573003981582883",
+        "Starting Flower Simulation",
+        "Federation `@none/default` (2 simulated SuperNodes)",
+        "client 0 (node 1184956832378929777): train 120 (labelled 120) · val 40 · test 40",
+        "round 1/8 · val balanced accuracy 0.550 · 56.8 s this round · ~3 min left",
+        "results: /root/fedderm-results/fedavg-synthetic-20261128-170239-2883",
+    ]
+    verbose = io.StringIO()
+    list(quiet(lines, verbose, verbose=True))
+    assert verbose.getvalue() == STREAM
