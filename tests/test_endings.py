@@ -72,16 +72,21 @@ def test_sim_py_on_ray_ends_with_no_process_left_and_a_quiet_console(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "override, named",
-    [('num-server-rounds="three"', "'num-server-rounds' must be int"), ("num-server-round=3", "Did you mean 'num-server-rounds'")],
-    ids=["wrong-type", "misspelled-key"],
+    "args, named",
+    [
+        (["--run-config", 'num-server-rounds="three"'], "run-config key 'num-server-rounds' must be int"),
+        (["--run-config", "num-server-round=3"], "Did you mean 'num-server-rounds'"),
+        (["--run-config", 'dataset="npz" data-path="/no/such/derma.npz"'], "'data-path': /no/such/derma.npz does not exist"),
+        (["--federation-config", "num-supernodes=1"], "federation has 1 clients (--federation-config num-supernodes)"),
+    ],
+    ids=["wrong-type", "misspelled-key", "missing-data", "too-few-supernodes"],
 )  # fmt: skip
-def test_fedderm_run_names_a_run_config_mistake_before_flower_starts(tmp_path, override, named):
+def test_fedderm_run_names_a_run_config_mistake_before_flower_starts(tmp_path, args, named):
     tag, home = uuid.uuid4().hex, tmp_path / "flwr-home"
-    home.mkdir()
+    home.mkdir()  # a fresh Flower home: flwr run would start its local SuperLink
     started = time.monotonic()
     res = subprocess.run(
-        [sys.executable, "-m", "fedderm.run", str(ROOT), "--run-config", override],
+        [sys.executable, "-m", "fedderm.run", str(ROOT), *args],
         capture_output=True,
         text=True,
         cwd=tmp_path,
