@@ -18,8 +18,10 @@ from fedderm.flower_private import grid_kind
 from .progress import duration
 
 POLL_INTERVAL = 0.1  # seconds between pulls in send_and_receive_fast
-#: seconds between the lines that say, during a long wave of messages, how many clients replied
+#: seconds until the first line that says, during a long wave of messages, how many clients have
+#: replied; each later line waits twice as long as the one before, at most :data:`PROGRESS_MAX`
 PROGRESS_EVERY = 30.0
+PROGRESS_MAX = 300.0
 #: between pulls on the simulation's in-memory grid, where a pull is cheap: every wave of
 #: messages (train, evaluate, ring hop) ends within 20 ms of its last reply instead of 100 ms
 IN_MEMORY_POLL_INTERVAL = 0.02
@@ -64,8 +66,9 @@ def send_and_receive_fast(
     last reply arrived.  This pushes ``messages``, then pulls every ``poll_interval`` s until each
     has a reply or ``timeout`` (s; None waits forever) has passed, and returns the replies
     received (like Flower: missing replies are simply absent).  Works on any Grid (simulation's
-    ``InMemoryGrid`` too).  Every ``progress_every`` seconds while replies are missing it logs how
-    many clients have replied (None: never).
+    ``InMemoryGrid`` too).  After ``progress_every`` seconds without every reply it logs how
+    many clients have replied (None: never), then after twice as long each time, up to every
+    :data:`PROGRESS_MAX` seconds (a deployment's rounds may take many minutes).
     """
     messages = list(messages)
     label = wave_label(messages)
@@ -80,7 +83,8 @@ def send_and_receive_fast(
         )
     start = clock()
     end = None if timeout is None else start + timeout
-    next_line = None if progress_every is None else start + progress_every
+    gap = progress_every
+    next_line = None if gap is None else start + gap
     expected = len(pending)
     replies: list[Message] = []
     while pending:
@@ -101,7 +105,8 @@ def send_and_receive_fast(
                 expected,
                 duration(now - start),
             )
-            next_line = now + progress_every
+            gap = min(2 * gap, max(PROGRESS_MAX, progress_every))
+            next_line = now + gap
         time.sleep(poll_interval if end is None else max(0.0, min(poll_interval, end - clock())))
     return replies
 

@@ -119,16 +119,17 @@ def _train_messages(server_round, n=2, kind="train"):
     return [Message(content, dst_node_id=10 + i, message_type=kind) for i in range(n)]
 
 
-def test_a_long_wave_says_every_30_s_how_many_clients_replied(caplog):
+def test_a_long_wave_says_after_30_s_and_then_less_often_how_many_clients_replied(caplog):
     clock = Clock()
-    grid = _Grid(clock, {"id0": 20.0, "id1": 75.0})
+    grid = _Grid(clock, {"id0": 20.0, "id1": 1000.0})
     with caplog.at_level(logging.INFO, logger="flwr"):
         replies = send_and_receive_fast(grid, _train_messages(3), poll_interval=0.0, clock=clock)
     assert len(replies) == 2
     lines = [r.getMessage() for r in caplog.records if "clients replied" in r.getMessage()]
+    # 30 s, then 60 s, 120 s, 240 s later, then every 300 s
     assert lines == [
-        "round 3 training: 1 of 2 clients replied · 30 s so far",
-        "round 3 training: 1 of 2 clients replied · 1 min so far",
+        f"round 3 training: 1 of 2 clients replied · {said} so far"
+        for said in ("30 s", "1 min 30 s", "3 min 30 s", "7 min 30 s", "12 min")
     ]
     # a short wave says nothing; None turns the lines off
     caplog.clear()
