@@ -277,8 +277,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {line}", file=sys.stderr)
         if folder is not None:
             print(f"the run's folder records why (summary.json: status, error): {folder}", file=sys.stderr)
-    elif folder is not None:
-        print(f"results: {folder}")
     return exit_code
 
 
