@@ -81,11 +81,11 @@ def option_docs() -> dict[str, str]:
 def resolve_model(cfg: Config) -> Config:
     """``cfg`` with ``model`` set: an unset model (``""``) takes the method's paper model; an unknown
     one, or one the method cannot train, is a ConfigError naming both."""
-    from fedderm.models import list_models
-
     method = METHODS[cfg.method]
     if not cfg.model:
         return dataclasses.replace(cfg, model=method.model)
+    from fedderm.models import list_models  # torch: only to check a model the run config names
+
     known = list_models()
     if cfg.model not in known:
         close = difflib.get_close_matches(cfg.model, known, n=1)

@@ -17,7 +17,7 @@ from flwr.serverapp import Grid, ServerApp
 
 import registry
 from fedderm import flower_private
-from fedderm.console import stop_children
+from fedderm.console import one_line_config_errors, stop_children
 from fedderm.data.checks import check_union
 from fedderm.lora import load_init_checkpoint
 from fedderm.models import create_classifier
@@ -332,6 +332,9 @@ def main(grid: Grid, context: Context) -> None:
         from fedderm.accel.waits import fast_object_pulls
 
         fast_object_pulls()  # its object pulls back off at 0.05 s, not Flower's 1, 2, 4, 8 s
+    # the whole run config first: a mistake ends the run with one line naming the key (Flower
+    # prints it without the traceback, then its own exit code)
+    one_line_config_errors()
     grid = FastPollGrid(
         grid
     )  # replies within 0.1 s (simulation: 0.02 s) instead of Flower's 3 s pull interval

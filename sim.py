@@ -71,16 +71,30 @@ def resolved_run_config(overrides: dict) -> dict:
 def check_before_start(run_config: dict, num_supernodes: int) -> None:
     """What can be checked on this machine before Ray starts: enough clients for ``min-clients``,
     the data and ``resume`` paths exist.  Raises ConfigError naming the key."""
-    from fedderm.config import EMBEDDED_DATASETS, ConfigError
+    check_clients(run_config, num_supernodes)
+    check_paths(run_config)
+
+
+def check_clients(run_config: dict, num_supernodes: int, option: str = "--num-supernodes") -> None:
+    """``min-clients`` (plus a held-out centre) against the federation's ``num_supernodes``
+    (``option`` names where the user sets it); raises ConfigError naming both."""
+    from fedderm.config import ConfigError
 
     need = run_config["min-clients"] + (1 if run_config["holdout-centre"] else 0)
     if need > num_supernodes:
         raise ConfigError(
             f"run-config key 'min-clients' is {run_config['min-clients']}"
             f"{' (+1 held-out centre)' if run_config['holdout-centre'] else ''} but the "
-            f"federation has {num_supernodes} clients (--num-supernodes): raise --num-supernodes "
+            f"federation has {num_supernodes} clients ({option}): raise {option} "
             f"to {need} or lower min-clients"
         )
+
+
+def check_paths(run_config: dict) -> None:
+    """The data paths (``data-path``, ``image-dir``: not for the built-in data sets) and ``resume``
+    exist on this machine; raises ConfigError naming the key."""
+    from fedderm.config import EMBEDDED_DATASETS, ConfigError
+
     keys = ["resume"] + (["data-path", "image-dir"] if run_config["dataset"] not in EMBEDDED_DATASETS else [])
     for key in keys:
         path = str(run_config.get(key) or "")
@@ -210,6 +224,38 @@ def quick_config_check(overrides: dict) -> None:
     import registry
 
     check_before_start(registry.load_config(overrides).to_flat(), 1 << 30)
+
+
+def app_run_config(app_dir: Path = APP_DIR) -> dict:
+    """The run config of the app's pyproject.toml (``[tool.flwr.app.config]``, flattened as Flower
+    flattens it), read with the standard library only."""
+    import tomllib
+
+    from fedderm.cli import flatten
+
+    with open(Path(app_dir) / "pyproject.toml", "rb") as fh:
+        return flatten(tomllib.load(fh)["tool"]["flwr"]["app"].get("config", {}))
+
+
+def check_config(
+    overrides: dict, num_supernodes: int | None = None, paths: bool = False, option: str = "--num-supernodes"
+) -> dict:
+    """What every federation must accept of a run config, in about a second (no torch, Flower or
+    Ray): the app's pyproject.toml defaults fused with ``overrides`` as ``flwr run`` fuses them,
+    every key known, every value of its type and range, every method's check; with
+    ``num_supernodes``, enough clients for ``min-clients`` (``option``: where the user sets the
+    federation's size); with ``paths``, the data and
+    ``resume`` paths exist on this machine (a local simulation's).  Returns the resolved run
+    config; raises ConfigError naming the key (``fedderm-run`` runs it before ``flwr run``)."""
+    import registry
+
+    registry.load_config(overrides)  # an unknown key is named as the user wrote it
+    run_config = registry.load_config({**app_run_config(), **overrides}).to_flat()
+    if num_supernodes is not None:
+        check_clients(run_config, num_supernodes, option)
+    if paths:
+        check_paths(run_config)
+    return run_config
 
 
 def checked_run(
@@ -609,8 +655,10 @@ def _write_tables(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from fedderm.cli import plain
+
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "--num-supernodes",
@@ -655,6 +703,18 @@ def main(argv: list[str] | None = None) -> int:
         help="--check, and load and check the data: a simulation's clients (--num-supernodes, "
         "default min-clients), or with --node-config one hospital's own data",
     )
+    check.add_argument(
+        "--check-config",
+        action="store_true",
+        help="check only the run config's keys, types and values (what any federation must "
+        "accept; no paths, GPUs or data), then exit: fedderm-run runs it before flwr run",
+    )
+    check.add_argument(
+        "--with-paths",
+        action="store_true",
+        help="with --check-config: also that data-path, image-dir and resume exist on this machine",
+    )
+    check.add_argument("--size-option", default="--num-supernodes", help=argparse.SUPPRESS)
     check.add_argument(
         "--node-config",
         default="",
@@ -701,6 +761,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--check and --check-data check one run's --run-config, not a --sweep")
     if args.node_config and not args.check_data:
         parser.error("--node-config goes with --check-data")
+    if args.with_paths and not args.check_config:
+        parser.error("--with-paths goes with --check-config")
+    if args.check_config:
+        if args.sweep:
+            parser.error("--check-config checks one run's --run-config, not a --sweep")
+        from fedderm.cli import parse_run_config
+        from fedderm.config import ConfigError
+
+        try:
+            overrides = parse_run_config(args.run_config)[0]
+            config = check_config(overrides, args.num_supernodes, args.with_paths, args.size_option)
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(f"run config ok: method {config['method']} · model {config['model']}")
+        return 0
     from fedderm.cli import parse_run_config
     from fedderm.config import ConfigError
 
@@ -813,26 +889,34 @@ def _interrupted(signum: int) -> None:
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
+#: seconds Ray's processes get to end on SIGTERM after a finished run, before SIGKILL
+RAY_GRACE = 5.0
+
+
 def _leave(code: int, grace: float = SERVER_APP_GRACE) -> None:
-    """Exit with ``code`` within ``grace`` s.  After a success, as usual; after a failure, or
-    while a thread still runs (a ServerApp whose simulation runtime failed), at once, with every
-    process this one started (Ray's) stopped, as on Ctrl-C: nothing holds the process or
-    outlives it."""
+    """Exit with ``code`` within ``grace`` s.  After a success, once every process this one started
+    (Ray's workers, which Ray's shutdown leaves for 10-30 s) has ended; after a failure, or while
+    a thread still runs (a ServerApp whose simulation runtime failed), at once, with those
+    processes killed, as on Ctrl-C: nothing holds the process or outlives it."""
     import threading
+
+    from fedderm import console
 
     deadline = time.monotonic() + grace
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
     for thread in others:
         thread.join(max(0.0, deadline - time.monotonic()))
-    if code == 0 and not any(t.is_alive() for t in others):
-        sys.exit(code)
-    from fedderm import console
-
     sys.stdout.flush()
     sys.stderr.flush()
+    if code == 0 and not any(t.is_alive() for t in others):
+        console.stop_children(grace=RAY_GRACE)
+        sys.exit(code)
     console.stop_children()
     os._exit(code)
 
 
 if __name__ == "__main__":
+    from fedderm.console import tag_processes
+
+    tag_processes()  # Ray's processes inherit the tag: none is left behind when sim.py ends
     _leave(main())

@@ -27,7 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     app = Path(args.pop(0)) if args and not args[0].startswith("-") else Path(".")
     if args and args[0] in ("-h", "--help"):
-        print(__doc__.strip())
+        from .cli import plain
+
+        print(plain(__doc__).strip())
         return 0
     sim = app / "sim.py"
     if not sim.is_file():

@@ -20,6 +20,16 @@ from fedderm.config import ConfigError
 _PAIR = re.compile(r"""\s*([^\s=]+)=("[^"]*"|'[^']*'|\[[^\]]*\]|\{[^}]*\}|\S+)""")
 
 
+_ROLE = re.compile(r":(?:func|class|mod|meth|data|attr|exc):`~?([^`]+)`")
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain(text: str) -> str:
+    """A docstring as a command's ``--help`` shows it: reStructuredText's literals and roles as
+    their plain text (``flwr run`` -> flwr run, :func:`f` -> f)."""
+    return _LITERAL.sub(r"\1", _ROLE.sub(r"\1", text))
+
+
 def _value(key: str, text: str) -> Any:
     """The TOML value ``text`` of ``key``, or a ConfigError naming the key and the fix."""
     try:
@@ -60,11 +70,12 @@ def parse_pairs(text: str, seen: dict[str, Any] | None = None) -> dict[str, Any]
     return out
 
 
-def _flatten(table: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(table: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested TOML tables as flat run-config keys (``[fedclf]`` ``queue-size`` -> ``fedclf.queue-size``)."""
     flat: dict[str, Any] = {}
     for key, value in table.items():
         if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
@@ -77,7 +88,7 @@ def read_preset(path: str) -> dict[str, Any]:
     if not file.is_file():
         raise ConfigError(f"run-config file {path!r} not found")
     try:
-        return _flatten(tomllib.loads(file.read_text()))
+        return flatten(tomllib.loads(file.read_text()))
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"run-config file {path!r}: {err}") from None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import sys
 import warnings
@@ -18,6 +19,9 @@ from . import procs
 
 #: Flower's logger (``flwr.common.log`` writes to it; fedderm's own lines go through it too)
 FLOWER_LOGGER = "flwr"
+#: ``extra`` of a line of fedderm's that repeats Flower's per-round chatter (its strategies'
+#: "aggregate_train: Received ..."): the console leaves it out as it leaves Flower's out
+CHATTER = {"fedderm_chatter": True}
 #: ANSI colours of the level names, as Flower's console shows them
 COLOURS = {"DEBUG": "94", "INFO": "92", "WARNING": "93", "ERROR": "91", "CRITICAL": "95"}
 
@@ -31,7 +35,8 @@ def _package_dir(name: str) -> str:
 
 class _Quiet(logging.Filter):
     """Keep fedderm's own lines; drop Flower's by where they come from, not by their text:
-    its INFO chatter (banners, sampling, "Received n results", the runtime's start-up lines), its
+    its INFO chatter (banners, sampling, "Received n results", the runtime's start-up lines, and
+    fedderm's lines that repeat it: :data:`CHATTER`), its
     strategies' warnings about the settings fedderm chose (``fraction_evaluate`` 0), and its
     simulation runtime's ERROR lines about a ClientApp that raised (the reason comes back in the
     client's reply and fedderm reports it in one line naming the client; a runtime failure is
@@ -45,12 +50,47 @@ class _Quiet(logging.Filter):
         self.runtime = (os.path.join(flwr, "simulation") + os.sep, os.path.join(flwr, "server") + os.sep)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "fedderm_chatter", False):
+            return False
         path = record.pathname
         if not path.startswith(self.flower):
             return True
         if record.levelno >= logging.ERROR:
             return not path.startswith(self.runtime)
         return record.levelno >= logging.WARNING and not path.startswith(self.strategies)
+
+
+def _config_error(err: BaseException | None) -> BaseException | None:
+    """The run-config mistake (:class:`fedderm.config.ConfigError`) behind ``err``, or None."""
+    from .config import ConfigError
+
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, ConfigError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+class _OneLineConfigErrors(logging.Filter):
+    """Flower logs an exception that ends the ServerApp with its traceback (``Simulation raised an
+    exception``, ``ServerApp raised an exception``) before its exit code; for a run-config mistake
+    the traceback gives way to fedderm's message, which names the key: one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        mistake = _config_error(record.exc_info[1] if record.exc_info else None)
+        if mistake is not None:
+            record.msg, record.args = f"{record.getMessage()}: {mistake}", None
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def one_line_config_errors() -> None:
+    """Install :class:`_OneLineConfigErrors` on Flower's logger (once per process)."""
+    logger = logging.getLogger(FLOWER_LOGGER)
+    if not any(isinstance(f, _OneLineConfigErrors) for f in logger.filters):
+        logger.addFilter(_OneLineConfigErrors())
 
 
 class ConsoleHandler(logging.StreamHandler):
@@ -99,10 +139,37 @@ def setup(verbose: bool = False, stream=None) -> None:
     logging.getLogger("ray").setLevel(logging.ERROR)
 
 
-def stop_children() -> None:
-    """SIGKILL every process this one started (Ray's GCS, raylet, agents, workers), so that none
-    outlives an interrupted run."""
-    for pid in procs.descendants(os.getpid()):
+#: An environment variable ``sim.py`` sets in its own environment before Ray starts
+#: (:func:`tag_processes`): every process started under it inherits it, Ray's workers too, which
+#: outlive their parent (the raylet) by 10-30 s once Ray shuts down, no longer its descendants.
+PROCESS_TAG = "FEDDERM_SIM_PROCESS"
+
+
+def tag_processes() -> None:
+    """Mark this process's environment with its own :data:`PROCESS_TAG` (pid and a random part),
+    which the processes it starts from now on inherit."""
+    os.environ[PROCESS_TAG] = f"{os.getpid()}.{secrets.token_hex(4)}"
+
+
+def _ours() -> list[int]:
+    """The processes this one started: its descendants and, with its own tag set
+    (:func:`tag_processes`), every live process of this user carrying the tag."""
+    pids = procs.descendants(os.getpid())
+    tag = os.environ.get(PROCESS_TAG, "")
+    if tag.startswith(f"{os.getpid()}."):
+        pids += [pid for pid in procs.tagged(PROCESS_TAG, tag) if pid not in pids]
+    return pids
+
+
+def stop_children(grace: float = 0.0) -> None:
+    """Stop every process this one started (Ray's GCS, raylet, agents, workers), so that none
+    outlives the run: SIGKILL at once, or with ``grace`` seconds SIGTERM first (a finished run:
+    Ray's workers end cleanly)."""
+    pids = _ours()
+    if grace > 0:
+        procs.stop_tree(pids, grace)
+        return
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:

@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import csv
 import importlib
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,18 +42,37 @@ from .train import predict
 __all__ = ["Classifier", "image_files", "load_model", "main", "model_metadata", "predict_files"]
 
 
+#: what to pass instead of a file that is no model
+_PASS = "pass a run's model-best.pt (the model that was tested) or model.pt (the last round's)"
+#: the keys and the file name of a per-round checkpoint (fedderm.checkpoint.save_checkpoint)
+_CHECKPOINT_KEYS = {"stage", "round", "arrays"}
+_CHECKPOINT_NAME = re.compile(r"checkpoint.*-round-\d+\.pt")
+
+
+def _checkpoint_error(path: Path) -> ValueError:
+    return ValueError(
+        f"{path} is a per-round checkpoint, which resumes a run; pass the run's model-best.pt "
+        f"(the model that was tested) or model.pt (the last round's): {path.parent / 'model-best.pt'}"
+    )
+
+
 def model_metadata(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(state dict, fedderm metadata) of a model file; raises naming the file when it has none."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise ValueError(f"model file {path} {'is a folder' if path.is_dir() else 'does not exist'}")
+    if _CHECKPOINT_NAME.fullmatch(path.name):  # told apart before torch reads it
+        raise _checkpoint_error(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch raises many types for a file that is no model
-        why = " ".join(str(err).split())[:200]
-        raise ValueError(f"{path} is not a PyTorch model file ({type(err).__name__}: {why})") from None
+        raise ValueError(
+            f"{path} is not a model file (PyTorch cannot read it: {type(err).__name__}); {_PASS}"
+        ) from None
     if not isinstance(state, dict):
-        raise ValueError(f"{path} holds a {type(state).__name__}, not a model's state dict")
+        raise ValueError(f"{path} holds a {type(state).__name__}, not a model's state dict; {_PASS}")
+    if _CHECKPOINT_KEYS <= set(state):  # a checkpoint under another name
+        raise _checkpoint_error(path)
     meta = dict((getattr(state, "_metadata", None) or {}).get("fedderm") or {})
     if not meta.get("classes"):
         raise ValueError(
@@ -244,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: cannot write {args.output}: {err.strerror or err}", file=sys.stderr)
         return 1
     with fh if fh is not sys.stdout else contextlib.nullcontext(fh):
-        writer = csv.writer(fh)
+        writer = csv.writer(fh, lineterminator="\n")  # csv's default is "\r\n"
         writer.writerow(header)
         for path, probs in results:
             best = int(probs.argmax())

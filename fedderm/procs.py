@@ -12,7 +12,18 @@ from typing import NamedTuple
 
 import psutil
 
-__all__ = ["ProcStat", "stat", "table", "children", "descendants", "cmdline", "environ_value"]
+__all__ = [
+    "ProcStat",
+    "stat",
+    "table",
+    "children",
+    "descendants",
+    "cmdline",
+    "environ_value",
+    "own_pids",
+    "tagged",
+    "stop_tree",
+]
 
 #: psutil's status names as the state letters of proc(5) (``Z`` = zombie)
 _STATE = {
@@ -105,3 +116,44 @@ def environ_value(pid: int, name: str) -> str | None:
         return psutil.Process(pid).environ().get(name)
     except _GONE:
         return None
+
+
+def own_pids() -> list[int]:
+    """The pids of this user's live processes (zombies left out)."""
+    me = os.getuid()
+    out = []
+    for proc in psutil.process_iter(["uids", "status"]):
+        uids = proc.info.get("uids")
+        if uids is not None and uids.real == me and proc.info.get("status") != psutil.STATUS_ZOMBIE:
+            out.append(proc.pid)
+    return out
+
+
+def tagged(name: str, value: str) -> list[int]:
+    """This user's live processes whose environment has ``name=value`` (a tag a test or a
+    launcher set, which every process started below inherits)."""
+    return [pid for pid in own_pids() if pid != os.getpid() and environ_value(pid, name) == value]
+
+
+def stop_tree(roots, grace: float = 5.0) -> list[int]:
+    """Stop the processes ``roots`` (an int or an iterable of pids) and every process below them:
+    SIGTERM to all (as found before any is stopped, so that orphans are not missed), then SIGKILL
+    to those still alive after ``grace`` seconds.  Returns the pids it signalled."""
+    roots = [roots] if isinstance(roots, int) else list(roots)
+    pids = [*roots, *descendants(roots)]
+    procs = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            proc.terminate()
+            procs.append(proc)
+        except _GONE:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except _GONE:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+    return [p.pid for p in procs]

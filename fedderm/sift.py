@@ -350,8 +350,11 @@ def encode_texts(model_name: str, texts: Sequence[str], pooling: str = "mean") -
     if pooling not in ("mean", "cls"):
         raise ValueError(f"sift.text-pooling must be 'mean' or 'cls', got {pooling!r}")
     from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     source, local = resolve_text_model(model_name)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # its "Loading weights" bar is no news on a run's console
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
         model = AutoModel.from_pretrained(source, local_files_only=local).eval()
@@ -361,6 +364,9 @@ def encode_texts(model_name: str, texts: Sequence[str], pooling: str = "mean") -
             "Give a local folder with config, tokenizer and weights, or a hub name "
             "on a machine with hub access"
         ) from err
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     batch = tokenizer(list(texts), padding=True, truncation=True, return_tensors="pt")
     with torch.no_grad():
         hidden = model(**batch).last_hidden_state

@@ -30,9 +30,11 @@ from flwr.serverapp.strategy import FedAvg
 import wire
 from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, resume_step, save_checkpoint
 from fedderm.config import Config
+from fedderm.console import CHATTER
 from fedderm.metrics import SELECTION_METRIC, mean_over_clients
 from fedderm.results import RunRecorder, client_sort_key
 
+from . import progress
 from .globaltest import global_test
 from .nodes import NodeView, SentTo, send_and_receive, wait_for_nodes
 from .recording import Recording, RoundNotes
@@ -340,7 +342,8 @@ class Tracked(Recording):
             return following(server_round, replies)
         contents = [msg.content for msg in replies if not msg.has_error()]
         if contents and len(contents) == len(replies) and consistent_replies(contents, self.weighted_by_key):
-            log(INFO, "aggregate_train: Received %s results and %s failures", len(contents), 0)  # as FedAvg
+            # as FedAvg logs it; a console that leaves Flower's chatter out leaves this out too
+            log(INFO, "aggregate_train: Received %s results and %s failures", len(contents), 0, extra=CHATTER)
             metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
         else:
             checked, metrics = following(
@@ -500,7 +503,8 @@ def _run_rounds(
         log(INFO, "resuming %s after round %d from %s", strategy.stage, ckpt["round"], recorder.run_dir)
         if ckpt.get("val-pending") and evaluate:
             pending = (ckpt["round"], arrays, time.monotonic(), ckpt.get("pending-traffic"))
-    elif evaluate:
+    progress.of(recorder).start(strategy.stage, strategy.num_rounds, start - 1)
+    if ckpt is None and evaluate:
         strategy._round_start = time.monotonic()
         if ride:
             pending = (0, arrays, strategy._round_start, None)
@@ -575,13 +579,13 @@ def run_federated(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) ->
         strategy.record_notes()
     reached = rounds_to_target(strategy.recorder.rounds, strategy.cfg.target_list)
     strategy.recorder.update_extra({"rounds_to_target": reached})
-    log(
-        INFO,
-        "rounds to reach mean val %s %s: %s",
-        SELECTION_METRIC,
-        ", ".join(reached) or "(no targets)",
-        ", ".join(str(v) for v in reached.values()) or "-",
-    )
+    if reached:
+        log(
+            INFO,
+            "mean val %s reached: %s",
+            progress.metric_label(SELECTION_METRIC),
+            progress.reached(reached),
+        )
     strategy.recorder.save_model(wire.to_state_dict(final))
     strategy.recorder.save_model(wire.to_state_dict(best), name="model-best.pt")
     return final

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from logging import WARNING
+from logging import INFO, WARNING
 
 from flwr.app import Message
 from flwr.common import log
@@ -15,10 +15,40 @@ from flwr.serverapp import Grid
 import wire
 from fedderm.flower_private import grid_kind
 
+from .progress import duration
+
 POLL_INTERVAL = 0.1  # seconds between pulls in send_and_receive_fast
+#: seconds until the first line that says, during a long wave of messages, how many clients have
+#: replied; each later line waits twice as long as the one before, at most :data:`PROGRESS_MAX`
+PROGRESS_EVERY = 30.0
+PROGRESS_MAX = 300.0
 #: between pulls on the simulation's in-memory grid, where a pull is cheap: every wave of
 #: messages (train, evaluate, ring hop) ends within 20 ms of its last reply instead of 100 ms
 IN_MEMORY_POLL_INTERVAL = 0.02
+
+
+#: message types as a person says them
+_WAVES = {
+    "train": "training",
+    "train.pretrain": "pre-training",
+    "train.finetune": "fine-tuning",
+    "evaluate": "evaluation",
+    "query.info": "the handshake (the clients load their data)",
+}
+
+
+def wave_label(messages: list[Message]) -> str:
+    """What a wave of ``messages`` is, for a person: ``round 3 training``, ``round 3 evaluation``,
+    ``the handshake (the clients load their data)``."""
+    if not messages or not isinstance(messages[0], Message):
+        return "messages"
+    kind = messages[0].metadata.message_type
+    what = _WAVES.get(kind) or _WAVES.get(kind.split(".")[0], kind)
+    if kind.startswith("train.") and kind not in _WAVES:
+        what = f"training ({kind.split('.', 1)[1]})"
+    config = messages[0].content.config_records.get("config")
+    server_round = config.get("server-round") if config is not None else None
+    return f"round {server_round} {what}" if isinstance(server_round, int) else what
 
 
 def send_and_receive_fast(
@@ -26,6 +56,8 @@ def send_and_receive_fast(
     messages: Iterable[Message],
     timeout: float | None = None,
     poll_interval: float = POLL_INTERVAL,
+    progress_every: float | None = PROGRESS_EVERY,
+    clock=time.monotonic,
 ) -> list[Message]:
     """``grid.send_and_receive`` that checks for replies every ``poll_interval`` seconds.
 
@@ -34,9 +66,13 @@ def send_and_receive_fast(
     last reply arrived.  This pushes ``messages``, then pulls every ``poll_interval`` s until each
     has a reply or ``timeout`` (s; None waits forever) has passed, and returns the replies
     received (like Flower: missing replies are simply absent).  Works on any Grid (simulation's
-    ``InMemoryGrid`` too).
+    ``InMemoryGrid`` too).  After ``progress_every`` seconds without every reply it logs how
+    many clients have replied (None: never), then after twice as long each time, up to every
+    :data:`PROGRESS_MAX` seconds (a deployment's rounds may take many minutes).
     """
-    pushed = list(grid.push_messages(list(messages)))
+    messages = list(messages)
+    label = wave_label(messages)
+    pushed = list(grid.push_messages(messages))
     pending = {mid for mid in pushed if mid}
     if len(pending) < len(pushed):
         log(
@@ -45,7 +81,11 @@ def send_and_receive_fast(
             len(pushed) - len(pending),
             len(pushed),
         )
-    end = None if timeout is None else time.monotonic() + timeout
+    start = clock()
+    end = None if timeout is None else start + timeout
+    gap = progress_every
+    next_line = None if gap is None else start + gap
+    expected = len(pending)
     replies: list[Message] = []
     while pending:
         got = list(grid.pull_messages(pending))
@@ -53,9 +93,21 @@ def send_and_receive_fast(
         pending.difference_update(m.metadata.reply_to_message_id for m in got)
         if not pending:
             break
-        if end is not None and time.monotonic() >= end:
+        now = clock()
+        if end is not None and now >= end:
             break
-        time.sleep(poll_interval if end is None else max(0.0, min(poll_interval, end - time.monotonic())))
+        if next_line is not None and now >= next_line:
+            log(
+                INFO,
+                "%s: %d of %d clients replied · %s so far",
+                label,
+                expected - len(pending),
+                expected,
+                duration(now - start),
+            )
+            gap = min(2 * gap, max(PROGRESS_MAX, progress_every))
+            next_line = now + gap
+        time.sleep(poll_interval if end is None else max(0.0, min(poll_interval, end - clock())))
     return replies
 
 
@@ -127,6 +179,8 @@ class FastPollGrid(WrappedGrid):
         self.state_clock = None
         #: why the run must stop (:meth:`stop`): every later call on the grid raises it
         self.stopped = ""
+        #: seconds between the "n of m clients replied" lines of a long wave (None: none)
+        self.progress_every = PROGRESS_EVERY
 
     def stop(self, reason: str) -> None:
         """End the ServerApp's wait: its next (or current) push, pull or node query raises
@@ -162,4 +216,4 @@ class FastPollGrid(WrappedGrid):
         ]
 
     def send_and_receive(self, messages, *, timeout=None):
-        return send_and_receive_fast(self, messages, timeout, self.poll_interval)
+        return send_and_receive_fast(self, messages, timeout, self.poll_interval, self.progress_every)

@@ -25,6 +25,7 @@ from flwr.serverapp.strategy import FedAvg
 from fedderm.models import create_classifier
 from wire import to_record, to_state_dict
 
+from . import progress
 from .common import Tracked, run_federated, run_rounds
 from .probe import probe_due, probe_round
 
@@ -110,14 +111,12 @@ def pretrain(strategy: Tracked, grid: Grid, initial_arrays: ArrayRecord) -> Arra
             for pid, m in strategy.train_per_client.items()
         }
         mean = recorder.log_round(server_round, "pretrain", per_client)
-        log(
-            INFO,
-            "pretrain round %d/%d · SSL loss %.4f · %d clients",
-            server_round,
-            strategy.num_rounds,
-            mean.get("loss", float("nan")),
-            len(per_client),
+        left = progress.of(recorder).finish_round(strategy.stage, server_round)
+        fields = [("SSL loss", f"{mean.get('loss', float('nan')):.4f}"), ("clients", str(len(per_client)))]
+        line = progress.round_line(
+            "pretrain", server_round, strategy.num_rounds, fields, strategy.round_seconds, left
         )
+        log(INFO, "%s", line)
         if probe_due(strategy.cfg, server_round, strategy.num_rounds):  # probe-every (strategies/probe.py)
             probe_round(grid, strategy.cfg, recorder, server_round, arrays)
 
@@ -137,6 +136,10 @@ def pretrain_then_finetune(
 ) -> None:
     """The whole SSL plan: pre-train, then fine-tune (federated or local) and test."""
     log(INFO, "stage 1/2: self-supervised pre-training (%d rounds)", stage1.num_rounds)
+    stages = [(stage1.stage, stage1.num_rounds)]
+    if cfg.finetune != "none":  # the time left counts the fine-tuning rounds from the start
+        stages.append(("finetune", cfg.finetune_rounds))
+    progress.of(recorder).plan(stages)
     arrays = pretrain(stage1, grid, initial_arrays)
     finetune_pretrained(grid, cfg, recorder, classes, arrays, backbone_state)
 

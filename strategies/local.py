@@ -18,6 +18,7 @@ from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint
 from fedderm.metrics import mean_over_clients
 from fedderm.models import create_model
 
+from . import progress
 from .common import save_round
 from .flbt_family import save_pr_curves
 from .nodes import SentTo
@@ -61,29 +62,28 @@ def run(grid: Grid, cfg, recorder, classes: list[str], model=None) -> None:
     model = model if model is not None else create_model(cfg.model, len(classes), cfg.image_size)
     init = ArrayRecord(model.state_dict())
     ckpt = latest_checkpoint(recorder.run_dir, DEFAULT_STAGE) if cfg.resume else None
+    start = 1
     if ckpt is not None:
         recorder.restore(ckpt["recorder"])
         start = ckpt["round"] + 1
         log(INFO, "local: resuming after round %d from %s", ckpt["round"], recorder.run_dir)
-    else:
+    progress.of(recorder).start(DEFAULT_STAGE, cfg.num_server_rounds, start - 1)
+    if ckpt is None:
         val, _ = _ask(grid, nodes, "evaluate", 0, "val", init)
         recorder.log_round(0, "val", val)
-        start = 1
     for r in range(start, cfg.num_server_rounds + 1):
         started = time.monotonic()
         train, _ = _ask(grid, nodes, "train", r, arrays=init if r == 1 else None)
         val, _ = _ask(grid, nodes, "evaluate", r, "val")
         loss = mean_over_clients(train).get("train_loss")
         mean = recorder.log_round(r, "val", val, train={"train_loss": loss} if loss is not None else None)
-        log(
-            INFO,
-            "round %d/%d (local, no aggregation) · val balanced_accuracy %.3f · accuracy %.3f · %.1f s",
-            r,
-            cfg.num_server_rounds,
-            mean.get("balanced_accuracy", float("nan")),
-            mean.get("accuracy", float("nan")),
-            time.monotonic() - started,
-        )
+        fields = [
+            ("val balanced accuracy", f"{mean.get('balanced_accuracy', float('nan')):.3f}"),
+            ("val accuracy", f"{mean.get('accuracy', float('nan')):.3f}"),
+        ]
+        left = progress.of(recorder).finish_round(DEFAULT_STAGE, r)
+        seconds = time.monotonic() - started
+        log(INFO, "%s", progress.round_line("local", r, cfg.num_server_rounds, fields, seconds, left))
         save_round(
             grid,
             recorder,

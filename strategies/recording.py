@@ -16,6 +16,8 @@ import wire
 from fedderm.metrics import SELECTION_METRIC, mean_over_clients
 from fedderm.results import client_sort_key
 
+from . import progress
+
 
 @dataclass
 class RoundNotes:
@@ -152,20 +154,22 @@ class Recording:
             self.best_round, self.best_score = server_round, score
             self.best_arrays = wire.copy_record(arrays)  # Arrays are immutable: no data copy
         train = _mean_train_loss(self.train_per_client)
-        log(
-            INFO,
-            "%sround %d/%d · val %s %.3f · accuracy %.3f · train loss %s · best %.3f @ round %s · %.1f s",
-            f"{self.action} " if self.action else "",
+        left = progress.of(self.recorder).finish_round(self.stage, server_round)
+        fields = [
+            (f"val {progress.metric_label(SELECTION_METRIC)}", f"{score:.3f}"),
+            ("val accuracy", f"{self.last_mean.get('accuracy', float('nan')):.3f}"),
+            ("train loss", f"{train['train_loss']:.3f}" if train else "-"),
+            ("best val", f"{self.best_score:.3f} (round {self.best_round})"),
+        ]
+        line = progress.round_line(
+            self.action,
             server_round,
             self.num_rounds,
-            SELECTION_METRIC,
-            score,
-            self.last_mean.get("accuracy", float("nan")),
-            f"{train['train_loss']:.3f}" if train else "-",
-            self.best_score,
-            self.best_round,
-            self.round_seconds,
+            fields,
+            self.round_seconds if server_round > 0 else None,
+            left,
         )
+        log(INFO, "%s", line)
 
 
 def _mean_train_loss(per_client: dict[str, dict[str, float]]) -> dict[str, float] | None:

@@ -31,10 +31,12 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from fedderm.checkpoint import DEFAULT_STAGE
 from fedderm.ssl_pseudo import backbone_arrays, encoder_prefix, original_ssl_network, pretrain_multitask
 from fedderm.train import resolve_device, use_bn_stats
 from wire import PSEUDO, to_record, to_state_dict
 
+from . import progress
 from .common import Tracked
 from .finetune import LocalFinetune, pretrain
 from .flbt import build_strategy
@@ -189,6 +191,9 @@ def original_images_stage(grid: Grid, cfg, recorder) -> dict:
 def run(grid: Grid, cfg, recorder, classes: list[str]) -> None:
     where, tasks, finetune = (str(cfg.option(k)) for k in ("ssl.pretrain", "ssl.tasks", "ssl.finetune"))
     recorder.update_extra({"ssl": {"pretrain": where, "tasks": tasks, "finetune": finetune}})
+    # the time left counts both stages' rounds (the server's pseudo-image stage has no rounds)
+    stages = [] if where == "pseudo" else [("pretrain", int(cfg.option("ssl.rounds")))]
+    progress.of(recorder).plan([*stages, (DEFAULT_STAGE, cfg.num_server_rounds)])
     encoder = (
         pseudo_stage(grid, cfg, recorder, tasks)
         if where == "pseudo"

@@ -41,7 +41,7 @@ def test_readme_relative_links_resolve():
 def test_readme_setup_commands_are_the_ones_ci_runs():
     readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
     for command in (
-        "pip install -e . && FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 flwr run . --stream",
+        "python -m fedderm.install && FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 flwr run . --stream",
         "pip install -e '.[test]' && pytest",
     ):
         assert command in readme and command in ci, command

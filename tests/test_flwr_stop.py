@@ -71,7 +71,7 @@ def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
             )
         wait_for(lambda: listening(port), "the SuperLink listens", 60)
         app = str(copy_bundle_files(APP_DIR, tmp_path / "app"))  # the bundle, without the checkout's .venv
-        # fedderm-run: a run config Flower refuses gets Flower's message and fedderm-check's line
+        # a run config Flower refuses: Flower's message; fedderm-run names the key before Flower runs
         refused = fed.flwr("run", app, "t", "--run-config", "num-server-round=2")
         assert "Invalid run configuration" in refused.stdout, refused.stdout
         wrapped = subprocess.run(
@@ -82,8 +82,8 @@ def test_flwr_stop_records_stopped_and_leaves_no_ray_process(tmp_path):
             timeout=120,
         )
         assert wrapped.returncode == 2, wrapped.stdout + wrapped.stderr
-        assert "Invalid run configuration" in wrapped.stdout
-        assert "num-server-rounds" in wrapped.stderr  # fedderm-check: did you mean
+        assert "Invalid run configuration" not in wrapped.stdout  # Flower was not asked
+        assert "Did you mean 'num-server-rounds'" in wrapped.stderr
 
         run_config = run_config_arg(
             {**RUN_CONFIG, "output-dir": str(out), "cache-dir": str(tmp_path / "cache")}

@@ -98,6 +98,21 @@ def _plain(d):
     return d / "plain.pt"
 
 
+def _json(d):  # a run folder's summary.json
+    (d / "summary.json").write_text('{"status": "done"}')
+    return d / "summary.json"
+
+
+def _checkpoint(d):
+    torch.save({"stage": "train", "round": 8, "arrays": {"w": torch.zeros(2)}}, d / "checkpoint-round-8.pt")
+    return d / "checkpoint-round-8.pt"
+
+
+def _renamed_checkpoint(d):
+    torch.save({"stage": "train", "round": 8, "arrays": {"w": torch.zeros(2)}}, d / "saved.pt")
+    return d / "saved.pt"
+
+
 def _other_model(d):
     """Run metadata that names another network than the weights it holds."""
     recorder = RunRecorder(d / "run", "fedavg", {})
@@ -109,18 +124,33 @@ def _other_model(d):
     "make, expect",
     [
         (_missing, r"model file .*missing\.pt does not exist"),
-        (_text, r"notes\.pt is not a PyTorch model file"),
+        (
+            _text,
+            r"notes\.pt is not a model file \(PyTorch cannot read it: \w+\); pass a run's model-best\.pt",
+        ),
+        (
+            _json,
+            r"summary\.json is not a model file \(PyTorch cannot read it: \w+\); pass a run's model-best\.pt",
+        ),
+        (
+            _checkpoint,
+            r"checkpoint-round-8\.pt is a per-round checkpoint, which resumes a run; pass .*model-best\.pt$",
+        ),
+        (
+            _renamed_checkpoint,
+            r"saved\.pt is a per-round checkpoint, which resumes a run; pass the run's model-best\.pt",
+        ),
         (_plain, r"plain\.pt carries no fedderm metadata"),
         (_other_model, r"model\.pt: its weights do not fit model 'vit-micro' with 3 classes"),
     ],
-    ids=["missing", "not-torch", "no-metadata", "other-network"],
+    ids=["missing", "not-torch", "json", "checkpoint", "renamed-checkpoint", "no-metadata", "other-network"],
 )
 def test_wrong_model_file_is_one_line_naming_it(make, expect, image_folder, tmp_path, capsys):
     folder, _ = image_folder
     out = tmp_path / "pred.csv"
     assert main([str(make(tmp_path)), str(folder), "-o", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ")
+    assert len(err) == 1 and err[0].startswith("error: ") and "weights_only" not in err[0]
     assert re.search(expect, err[0]), err[0]
     assert not out.exists()
 
@@ -161,3 +191,4 @@ def test_python_m_writes_the_csv(saved_model, image_folder, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert len(read_csv(out)) == 1 + len(files)
+    assert b"\r" not in out.read_bytes()  # "\n" line ends, as every other CSV of a run

@@ -228,6 +228,35 @@ def _label_indices(names: Sequence[str], classes: list[str]) -> tuple[np.ndarray
     return idx, idx < 0
 
 
+def unknown_classes(found: Sequence[tuple[str, str]], classes: Sequence[str], source: str) -> DataError:
+    """One line for images whose class (a folder or a label) the given class list (the run-config
+    key ``classes``) lacks, ``found`` holding (class, where: a file or a CSV line) per image: each
+    such class once, with its number of images and the first of them, and the listed class the
+    data has no images of that is spelled most like it (a typo)."""
+    import difflib
+
+    first: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for name, where in found:
+        first.setdefault(name, where)
+        counts[name] = counts.get(name, 0) + 1
+    absent = [c for c in classes if c not in counts]  # listed, and the data never names them
+    hints = [
+        f"{close[0]!r} for {name!r}"
+        for name in counts
+        if (close := difflib.get_close_matches(name, absent, n=1, cutoff=0.6))
+    ]
+    extra = ", ".join(
+        f"{name!r} ({n} image{'s' if n != 1 else ''}, first {first[name]})"
+        for name, n in sorted(counts.items(), key=lambda kv: -kv[1])
+    )
+    return DataError(
+        f"{source}: the data has class(es) {extra} that the run-config key 'classes' does not list "
+        f"({','.join(classes)}){'; a typo? ' + ', '.join(hints) if hints else ''}. Fix 'classes', or set "
+        "skip-bad-files=true to leave those images out"
+    )
+
+
 def _raise_or_skip(
     problems: list[tuple[str, str]], skip_bad: bool, header: str, prefix: str = ""
 ) -> list[str]:

@@ -23,6 +23,7 @@ from fedderm.data.decode import (
     _subdirs,
     _visible,
     _walk_images,
+    unknown_classes,
 )
 from fedderm.data.pool import DataError, ImagePool
 
@@ -146,6 +147,10 @@ def _scan_folder(root: Path) -> _FolderScan:
 def _folder_listing(scan: _FolderScan, wanted: list[str] | None, skip_bad: bool) -> _Listing:
     classes = wanted if wanted is not None else scan.class_names
     labels, bad = _label_indices(scan.class_of, classes)
+    if bad.any() and not skip_bad:  # each class folder once, not each of its images
+        root = scan.paths[int(np.flatnonzero(bad)[0])].parent.parent
+        found = [(scan.class_of[i], str(scan.paths[i])) for i in np.flatnonzero(bad)]
+        raise unknown_classes(found, classes, f"class folders in {root}")
     problems = [
         (str(scan.paths[i]), f"class folder {scan.class_of[i]!r} is not in the given classes {classes}")
         for i in np.flatnonzero(bad)

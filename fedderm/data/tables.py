@@ -25,6 +25,7 @@ from fedderm.data.decode import (
     _raise_or_skip,
     _split_code,
     _walk_images,
+    unknown_classes,
 )
 from fedderm.data.pool import DataError, ImagePool
 
@@ -291,6 +292,15 @@ def _csv_listing(
 
     def where(i: int) -> str:
         return f"line {_line(i)} (image {rows.ids[i]!r})"
+
+    if wanted is not None and not skip_bad:  # each unlisted label once, not each of its rows
+        unlisted = [
+            (rows.labels[i], where(i))
+            for i in np.flatnonzero(unknown)
+            if i not in rows.problems and rows.labels[i]
+        ]
+        if unlisted:
+            raise unknown_classes(unlisted, classes, f"labels in {csv_path}")
 
     problems = dict(rows.problems)
     for i in np.flatnonzero(unknown):
