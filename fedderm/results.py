@@ -642,9 +642,9 @@ class RunRecorder:
         rejected = [
             m
             for m in self.extra.get("missing_clients", [])
-            if str(m.get("reason", "")).startswith("rejected")
+            if isinstance(m, dict) and str(m.get("reason", "")).startswith("rejected")
         ]
-        errors = self.extra.get("aggregation_errors", [])
+        errors = self.extra.get("aggregation_errors") or []
         lines = []
         if rejected:
             who = sorted({str(m.get("partition-id")) for m in rejected}, key=client_sort_key)

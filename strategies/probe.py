@@ -88,9 +88,8 @@ def probe_round(grid: Grid, cfg, recorder, server_round: int, arrays: ArrayRecor
             rejected.append((node, f"rejected: {problem}"))
             continue
         metrics = dict(msg.content["metrics"])
-        pid = str(
-            recorder.node_partitions.get(node, metrics["partition-id"])
-        )  # the handshake's, not the claim
+        claim = metrics.get("partition-id", node)
+        pid = str(recorder.node_partitions.get(node, claim))  # the handshake's partition, not the claim
         for kind in PROBES:
             per_kind[kind][pid] = {
                 k.split(".", 1)[1]: v for k, v in metrics.items() if k.startswith(kind + ".")

@@ -119,8 +119,8 @@ def evaluation_problem(
     problem = metrics_problem(metrics, allow_nan=True)
     problem = problem or unit_problem(metrics, [prefix + name for name in METRIC_NAMES])
     loss = metrics.get(prefix + "loss")
-    if problem is None and loss is not None and not (math.isnan(loss) or loss >= 0):
-        problem = f"metric {prefix + 'loss'!r} = {loss!r} is negative"
+    if problem is None and loss is not None and (_number(loss) is None or loss < 0):
+        problem = f"metric {prefix + 'loss'!r} = {loss!r} is not a number >= 0"
     if problem is None and "num-examples" in metrics:
         problem = count_problem(
             "num-examples",
@@ -136,8 +136,8 @@ def evaluation_problem(
         if (num_classes is not None and len(cells) != num_classes**2) or side * side != len(cells):
             want = f"{num_classes}×{num_classes}" if num_classes is not None else "a square"
             problem = f"{CONFUSION_KEY!r} has {len(cells)} cells, expected {want}"
-        elif any(c < 0 or c != math.floor(c) for c in cells):
-            problem = f"{CONFUSION_KEY!r} holds negative or fractional counts"
+        elif any(not math.isfinite(c) or c < 0 or c != math.floor(c) for c in cells):
+            problem = f"{CONFUSION_KEY!r} holds counts that are not integers >= 0"
         elif "num-examples" in metrics and sum(cells) != metrics["num-examples"]:
             problem = (
                 f"{CONFUSION_KEY!r} counts {int(sum(cells))} images, 'num-examples' {metrics['num-examples']}"

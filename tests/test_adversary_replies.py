@@ -341,7 +341,11 @@ def evaluate_reply(node: int, split_size=10, pid=None, cm=None, **metrics) -> Me
     ("reply", "words"),
     [
         (dict(balanced_accuracy=5.0), "'balanced_accuracy' = 5.0 is outside [0, 1]"),
-        (dict(loss=-1.0), "'loss' = -1.0 is negative"),
+        (dict(loss=-1.0), "'loss' = -1.0 is not a number >= 0"),
+        (
+            dict(cm=[4.0, 1.0, 3.0, float("nan")]),
+            "'confusion-matrix' holds counts that are not integers >= 0",
+        ),
         (dict(split_size=11), "exceeds the 10 images of that split"),
         (dict(cm=[4, 1, 3, 1]), "counts 9 images, 'num-examples' 10"),
         (dict(cm=[4, 1, 3, 1, 1]), "has 5 cells, expected 2×2"),
