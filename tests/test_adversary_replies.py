@@ -460,6 +460,27 @@ def test_a_global_test_reply_of_another_size_is_rejected(tmp_path, task_identity
     )
 
 
+def test_local_training_files_each_reply_under_its_nodes_partition(tmp_path, task_identity):
+    """``local`` (no aggregation) records every client's own rows: a reply claiming another
+    client's partition is rejected, not written over that client's row."""
+    from strategies.local import _ask
+
+    cfg = registry.load_config({"method": "local", "min-clients": 1})
+    recorder = RunRecorder(tmp_path / "run", "local", cfg.to_flat())
+    recorder.node_partitions = {11: 0, 12: 1}
+    recorder.node_sizes = {n: {"train": 9, "labelled": 9, "val": 10, "test": 10} for n in (11, 12)}
+    fake = {11: 0.6, 12: 0.9}
+
+    def content_of(msg):
+        node = msg.metadata.dst_node_id
+        return evaluate_reply(node, pid=0, accuracy=fake[node]).content
+
+    per_client, good = _ask(Scripted(content_of), [11, 12], "evaluate", 1, "val", recorder=recorder)
+    assert list(per_client) == ["0"] and per_client["0"]["accuracy"] == 0.6
+    (missing,) = recorder.extra["missing_clients"]
+    assert missing["node-id"] == 12 and "claims partition-id 0" in missing["reason"]
+
+
 def test_a_bad_sift_hop_is_skipped_and_the_ring_goes_on(tmp_path, task_identity):
     """SiFT's ring passes each reply on to the next client: a NaN pair, or one of the wrong shape,
     is skipped (the next hop gets the pair from before it) and recorded."""
