@@ -27,7 +27,7 @@ from strategies.common import StateClock, run_federated
 from strategies.fastpoll import FastPollGrid
 from strategies.holdout import HoldoutGrid, finetune_holdout, holdout_nodes
 from strategies.nodes import SentTo, wait_for_nodes
-from strategies.screening import short_reason
+from strategies.screening import info_problem, short_reason
 from wire import ray_out_of_band, to_record
 
 app = ServerApp()
@@ -41,18 +41,24 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
         Message(RecordDict({"config": ConfigRecord(cfg.to_flat())}), dst_node_id=n, message_type="query.info")
         for n in node_ids
     ]
-    infos, failed = {}, []
+    infos, failed, rejected = {}, [], {}
     sent = SentTo(msgs)  # a dead node's error reply comes from the SuperLink: map by message id
     for reply in grid.send_and_receive(msgs, timeout=timeout):
         node = sent.node_of(reply)
         if reply.has_error():
             reason = " ".join(short_reason(reply.error.reason, 2000).split())  # data errors name the client
             failed.append(reason if reason.startswith("client ") else f"node {node}: {reason}")
+        elif problem := info_problem(reply.content.config_records.get("info")):
+            rejected[node] = problem
         else:
             infos[node] = reply.content["info"]
     if failed:
         raise RuntimeError("clients refused the run or could not load their data: " + "; ".join(failed))
-    silent = sorted(set(node_ids) - set(infos))
+    for node, problem in rejected.items():  # left out of the federation: its later replies are rejected
+        log(
+            WARNING, "node %d: handshake reply rejected: %s; the node takes no part in the run", node, problem
+        )
+    silent = sorted(set(node_ids) - set(infos) - set(rejected))
     if silent:
         log(WARNING, "nodes %s did not answer the handshake within %.0f s", silent, timeout)
     held = holdout_nodes(cfg, infos)  # a centre kept out of the federation (holdout-centre)
@@ -60,6 +66,7 @@ def meet_clients(grid: Grid, node_ids: list[int], cfg, timeout: float = 600) -> 
         raise RuntimeError(
             f"only {len(infos) - len(held)} of {len(node_ids) - len(held)} federated clients answered "
             f"the handshake within {timeout:.0f} s (min-clients={cfg.min_clients})"
+            + "".join(f"; node {n}'s reply was rejected: {p}" for n, p in rejected.items())
         )
     by_pid: dict[int, list[int]] = {}
     for nid, info in infos.items():
@@ -412,6 +419,10 @@ def run_plan(grid: Grid, cfg, method, recorder: RunRecorder, infos: dict) -> Pat
     # sends every message to the ClientApp actors: Arrays out of band, as sim.py does (wire.py)
     ray_out_of_band(only_in_ray=True)
     recorder.node_partitions = {nid: int(info["partition-id"]) for nid, info in infos.items()}
+    # what each client's replies are screened against (strategies/screening.py)
+    recorder.node_sizes = {
+        nid: {k: int(info[k]) for k in ("train", "labelled", "val", "test")} for nid, info in infos.items()
+    }
     held = holdout_nodes(cfg, infos)
     skipped = {
         str(info["partition-id"]): int(info["skipped-files"])

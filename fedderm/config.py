@@ -41,6 +41,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "augment": AUGMENT_POLICIES,
     "bn-stats": BN_STATS,
     "vit-pool": ("avg", "token"),
+    "aggregation": ("mean", "median", "trimmed-mean", "krum", "multi-krum", "bulyan"),
 }
 
 
@@ -137,6 +138,12 @@ class Config:
     probe_every: int = 0
     # privacy randomness (fedderm/noise.py)
     insecure_reproducible_noise: bool = False
+    # screening and robust aggregation of the clients' replies (strategies/screening.py, strategies/robust.py)
+    aggregation: str = "mean"
+    byzantine_clients: int = 1
+    trimmed_mean_beta: float = 0.2
+    multi_krum_select: int = 0
+    max_update_norm: float = 0.0
     # method-specific keys ("<method>.<key>"), validated against the registry's declarations
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -277,6 +284,55 @@ def _check_ranges(cfg: Config) -> None:
     need(all(0 < t <= 1 for t in cfg.target_list), "targets", "must be balanced accuracies in (0, 1]")
     if cfg.dataset not in EMBEDDED_DATASETS:
         need(bool(cfg.data_path), "data-path", f"must name the data for dataset={cfg.dataset!r}")
+    need(cfg.max_update_norm >= 0, "max-update-norm", "must be >= 0 (0 = off)")
+    need(cfg.byzantine_clients >= 0, "byzantine-clients", "must be >= 0")
+    need(0 <= cfg.trimmed_mean_beta < 0.5, "trimmed-mean-beta", "must be in [0, 0.5)")
+    need(
+        cfg.multi_krum_select >= 0,
+        "multi-krum-select",
+        "must be >= 0 (0 = the replies less byzantine-clients)",
+    )
+    _check_aggregation(cfg)
+
+
+def robust_needs(cfg: Config) -> tuple[int, str]:
+    """The fewest replies ``aggregation`` needs to tolerate ``byzantine-clients`` = f bad ones, and why
+    (Krum: n > 2f + 2, Blanchard et al. 2017; Bulyan: n ≥ 4f + 3, El Mhamdi et al. 2018; the median
+    is outvoted by f of n < 2f + 1)."""
+    f = cfg.byzantine_clients
+    return {
+        "mean": (1, "one reply"),
+        "median": (2 * f + 1, "the median of n replies holds against fewer than n/2 bad ones: n >= 2f + 1"),
+        "trimmed-mean": (1, ""),
+        "krum": (2 * f + 3, "Krum scores each reply by its n - f - 2 nearest: n >= 2f + 3"),
+        "multi-krum": (2 * f + 3, "Krum scores each reply by its n - f - 2 nearest: n >= 2f + 3"),
+        "bulyan": (4 * f + 3, "Bulyan selects n - 2f replies by Krum, then trims 2f: n >= 4f + 3"),
+    }[cfg.aggregation]
+
+
+def _check_aggregation(cfg: Config) -> None:
+    """Robust aggregation: enough clients for ``byzantine-clients`` (every round aggregates at least
+    ``min-clients`` replies: fewer keep the global model), checked before the run."""
+    f, n, rule = cfg.byzantine_clients, cfg.min_clients, cfg.aggregation
+    need, why = robust_needs(cfg)
+    if n < need:
+        raise ConfigError(
+            f"run-config key 'min-clients' = {n} is too few for aggregation = {rule!r} with "
+            f"byzantine-clients = {f}: it needs {need} ({why}); raise min-clients (and start as many "
+            "clients) or lower byzantine-clients"
+        )
+    cut = int(cfg.trimmed_mean_beta * n)
+    if rule == "trimmed-mean" and cut < f:
+        raise ConfigError(
+            f"run-config key 'trimmed-mean-beta' = {cfg.trimmed_mean_beta!r} cuts int({cfg.trimmed_mean_beta!r} x "
+            f"min-clients = {n}) = {cut} replies from each end of every coordinate, fewer than "
+            f"byzantine-clients = {f}: raise trimmed-mean-beta (< 0.5) or min-clients"
+        )
+    if rule == "multi-krum" and cfg.multi_krum_select > n - f:
+        raise ConfigError(
+            f"run-config key 'multi-krum-select' = {cfg.multi_krum_select} is more than min-clients - "
+            f"byzantine-clients = {n - f}: a selection that large can include the bad replies (0 = n - f)"
+        )
 
 
 def parse_config(
@@ -419,6 +475,24 @@ KEY_DOCS: dict[str, str] = {
     "message (one exchange per round instead of two; the same metrics); `false`: a separate evaluate message",
     "tensorboard": "`true`: the server writes TensorBoard event files into the run folder (scalars per round, "
     "per client and mean; the final table as text); `tensorboard --logdir <output-dir>`",
+    "aggregation": "how the server combines the screened updates: `mean` (FedAvg, weighted by `num-examples`), "
+    "or one of Flower's robust rules: `median` (coordinate-wise, FedMedian), `trimmed-mean` (FedTrimmedAvg, "
+    "`trimmed-mean-beta`), `krum` (the one update nearest the others), `multi-krum` (the mean of the "
+    "`multi-krum-select` nearest), `bulyan`; the median, trimmed mean and Bulyan ignore `num-examples`. For the "
+    "methods that average one model per reply (FedAvg, FedProx, FedBN, FL-BT, MOON, Semi-FL, the self-supervised "
+    "pre-training and fine-tuning, LoRA adapters); refused for `scaffold` and `feddyn` (their server step needs the "
+    'mean), `sift` (a ring, nothing averaged), `local`/`localcl` (nothing averaged) and `dp.mode = "server"` '
+    "(clipping and noise calibrated to the mean); docs/security-replies-section.md",
+    "byzantine-clients": "f: how many bad replies a robust `aggregation` must withstand: `min-clients` must be "
+    ">= 2f + 1 (`median`), 2f + 3 (`krum`, `multi-krum`), 4f + 3 (`bulyan`), and `trimmed-mean` cut at least f "
+    "per side (int(`trimmed-mean-beta` x `min-clients`) >= f); checked before the run",
+    "trimmed-mean-beta": '`aggregation = "trimmed-mean"`: the share of replies cut from each end of every '
+    "coordinate before averaging, in [0, 0.5)",
+    "multi-krum-select": '`aggregation = "multi-krum"`: how many of the best-scored updates are averaged '
+    "(weighted by `num-examples`); `0`: the round's replies less `byzantine-clients`",
+    "max-update-norm": "`C` > 0: a reply whose weights lie further than C (L2, over every floating-point "
+    "array, BatchNorm statistics included) from the global model sent is rejected (logged, summary.json "
+    '`missing_clients`); `0`: off. Rejected, not clipped: for clipping use `dp.mode = "server"`',
     "probe-every": "`k` > 0: every k pre-training rounds (and after the last) every client scores the current "
     "encoder with a cosine kNN (k = 20) and a logistic-regression probe on frozen features, trained on "
     "its labelled images, scored on val (splits `probe-knn`, `probe-linear`; self-supervised methods "

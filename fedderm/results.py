@@ -259,6 +259,9 @@ class RunRecorder:
         self.final: dict[str, Any] | None = None
         self.extra: dict[str, Any] = {}
         self.node_partitions: dict[int, int] = {}  # node id -> partition id, from the handshake
+        #: node id -> the split sizes it declared at the handshake (train, labelled, val, test): what
+        #: its replies' ``num-examples`` are checked against (strategies/screening.py)
+        self.node_sizes: dict[int, dict[str, int]] = {}
         #: the class list (names in label order) and images per class per client and split
         self.classes: dict[str, Any] | None = None
         #: what model.pt is (fedderm.inference): classes, method, model, image size, network
@@ -641,7 +644,30 @@ class RunRecorder:
         if self.warnings:
             title += f"  [!] {len(self.warnings)} health warning(s): not a result to report as is"
         table = format_table(self.final["per_client"], title)
-        return "\n".join([table, *(f"[!] {w}" for w in self.warnings)])
+        return "\n".join([table, *(f"[!] {w}" for w in self.warnings), *self._screening_lines()])
+
+    def _screening_lines(self) -> list[str]:
+        """A line for the replies screening rejected and one for the rounds whose aggregation
+        failed (strategies/screening.py), when there were any: a malicious or broken client."""
+        rejected = [
+            m
+            for m in self.extra.get("missing_clients", [])
+            if isinstance(m, dict) and str(m.get("reason", "")).startswith("rejected")
+        ]
+        errors = self.extra.get("aggregation_errors") or []
+        lines = []
+        if rejected:
+            who = sorted({str(m.get("partition-id")) for m in rejected}, key=client_sort_key)
+            lines.append(
+                f"[!] {len(rejected)} replies rejected by screening, of client(s) {', '.join(who)} "
+                "(summary.json missing_clients)"
+            )
+        if errors:
+            lines.append(
+                f"[!] {len(errors)} aggregation(s) failed; those rounds kept their global model "
+                "(summary.json aggregation_errors)"
+            )
+        return lines
 
     def _confusions(self) -> list[tuple[str, str, dict]]:
         """(set, client, entry with confusion_matrix/per_class) of the final test: the final

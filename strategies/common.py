@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterable
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,17 @@ from . import progress
 from .globaltest import global_test
 from .nodes import NodeView, SentTo, send_and_receive, wait_for_nodes
 from .recording import Recording, RoundNotes
-from .screening import reply_problem, short_reason
+from .robust import robust_aggregate
+from .screening import (
+    count_problem,
+    evaluation_problem,
+    l2_distance,
+    metrics_problem,
+    partition_problem,
+    pr_curve_problem,
+    reply_problem,
+    short_reason,
+)
 from .traffic import array_bytes, record_bytes
 
 
@@ -95,6 +106,29 @@ def rounds_to_target(
     for target in targets:
         hit = [rnd for rnd, value in curve if value is not None and value == value and value >= target]
         out[f"{target:g}"] = min(hit) if hit else None
+    return out
+
+
+def common_metrics(contents: list[RecordDict], arrays: bool = True) -> list[RecordDict]:
+    """``contents`` (screened replies) with their arrays (unless not ``arrays``) and, as their one
+    MetricRecord ``metrics``, the scalar metrics every one of them holds: what Flower's metric
+    aggregation takes (it stops on keys that differ between replies).  Contents as they are when
+    they all hold the same scalar metrics."""
+    if not contents or any("metrics" not in c.metric_records for c in contents):
+        return contents
+    common = [
+        k
+        for k, v in contents[0]["metrics"].items()
+        if not isinstance(v, list)
+        and all(k in c["metrics"] and not isinstance(c["metrics"][k], list) for c in contents)
+    ]
+    if arrays and all(list(c["metrics"].keys()) == common for c in contents):
+        return contents
+    out = []
+    for c in contents:
+        content = RecordDict({name: record for name, record in c.array_records.items()} if arrays else {})
+        content["metrics"] = MetricRecord({k: c["metrics"][k] for k in common})
+        out.append(content)
     return out
 
 
@@ -185,6 +219,9 @@ class Tracked(Recording):
         self.evaluated: dict[str, dict[str, float]] | None = None
         self.sent: ArrayRecord | None = None  # the global model of the current train round
         self.accepted: list[Message] = []  # this round's train replies that passed screening
+        #: this evaluation's replies that passed screening, with the partition id each is filed under
+        self.eval_accepted: list[tuple[str, Message]] = []
+        self._ridden: dict[int, str] = {}  # train replies whose val-in-train metrics were rejected
         self._round_start = time.monotonic()
         #: bytes of model traffic of the current round (``down``: server -> clients, ``up``:
         #: clients -> server, ``messages``); strategies with extra records add to it.
@@ -222,29 +259,114 @@ class Tracked(Recording):
     #: ``client_app.dispatch`` runs on a train message's model before training on it.
     val_rides_train = False
 
-    #: True for strategies whose clients send back only part of the model (FedBN keeps its
-    #: BatchNorm layers, FedMAE its excluded parameters): replies may hold a subset of the keys.
-    partial_replies = False
+    #: the records a train reply may hold (a method adds its own: SCAFFOLD's ``control-delta``,
+    #: FedCLF's ``features``, FedMAE's ``local-arrays``); a reply with others is rejected
+    reply_records: frozenset[str] = frozenset({"arrays", "metrics"})
+
+    #: the split whose size, as each client declared it at the handshake, bounds a train reply's
+    #: ``num-examples`` (the weight of its update), by :attr:`action`: the labelled images in
+    #: supervised training and fine-tuning, every training image in pre-training
+    WEIGHT_SPLITS = {"": "labelled", "finetune": "labelled", "pretrain": "train"}
+
+    def kept_keys(self) -> frozenset[str]:
+        """Keys of the global model that stay on the clients (FedBN's BatchNorm layers, FedMAE's
+        excluded parameters): a train reply holds every other key sent, and only those."""
+        return frozenset()
+
+    def declared(self, node: int, split: str) -> int | None:
+        """Images of ``split`` node ``node`` declared at the handshake; None without one (a strategy
+        driven outside the ServerApp)."""
+        sizes = self.recorder.node_sizes.get(node)
+        return None if sizes is None else int(sizes[split])
+
+    def num_classes(self) -> int | None:
+        """The run's number of classes (from the handshake), or None before it is known."""
+        names = (self.recorder.classes or {}).get("names")
+        return len(names) if names else None
+
+    def partition_problem(self, node: int, metrics, known: dict[int, int] | None = None) -> str | None:
+        """:func:`~strategies.screening.partition_problem` against ``known`` (default: the
+        handshake's node -> partition map)."""
+        return partition_problem(node, metrics, self.recorder.node_partitions if known is None else known)
 
     def validate_reply(self, msg: Message) -> str | None:
-        """Why this train reply must be rejected, or None.  Default: its weights must match
-        the global model sent this round key by key (or, with :attr:`partial_replies`, for the
-        keys it holds) in shape and dtype, and be finite."""
+        """Why this train reply must be rejected, or None.  Its records are the method's
+        (:attr:`reply_records`); its metrics finite numbers, its ``partition-id`` the handshake's;
+        ``num-examples`` (its weight) an integer from 1 to what it declared at the handshake
+        (:attr:`WEIGHT_SPLITS`); its weights those of :meth:`weights_problem`."""
+        node = self.reply_node(msg)
+        ridden = self._ridden.pop(id(msg), None)  # its val-in-train metrics failed (take_val)
+        if ridden:
+            return ridden
+        extra = sorted(set(msg.content.keys()) - self.reply_records)
+        if extra:
+            return f"records the method does not send: {extra[:3]}"
+        metrics = msg.content.metric_records.get("metrics")
+        if metrics is None:
+            return "no 'metrics' MetricRecord"
+        problem = metrics_problem(metrics) or self.partition_problem(node, metrics)
+        if problem:
+            return problem
+        key, split = self.weighted_by_key, self.WEIGHT_SPLITS.get(self.action, "train")
+        if key not in metrics:
+            return f"no {key!r} (the weight of its update)"
+        declared = f"{split} images it declared at the handshake"
+        return count_problem(key, metrics[key], self.declared(node, split), declared=declared) or (
+            self.weights_problem(msg)
+        )
+
+    def weights_problem(self, msg: Message) -> str | None:
+        """Why the weights of a train reply cannot be aggregated, or None: they must match the
+        global model sent this round (less :meth:`kept_keys`) key by key in shape and dtype, be
+        finite, and (``max-update-norm`` > 0) lie within that L2 distance of it."""
         if self.sent is None:
             return None
-        reply = msg.content.array_records.get("arrays")
-        if reply is not None and self.partial_replies:
-            extra = sorted(set(reply.keys()) - set(self.sent.keys()))
+        reply, kept = msg.content.array_records.get("arrays"), self.kept_keys()
+        template = ArrayRecord({k: a for k, a in self.sent.items() if k not in kept}) if kept else self.sent
+        problem = reply_problem(reply, template)
+        bound = self.cfg.max_update_norm
+        if problem is None and bound > 0 and (norm := l2_distance(reply, self.sent)) > bound:
+            problem = f"its update's L2 norm {norm:.4g} exceeds max-update-norm = {bound:g}"
+        return problem
+
+    def validate_evaluation(
+        self, msg: Message, record: str = "metrics", split: str | None = None
+    ) -> str | None:
+        """Why an evaluation reply (or, ``record`` = ``val-metrics``, the val metrics riding in a train
+        reply) must be rejected, or None: only a MetricRecord (and on test, ``pr-curve``), its
+        ``partition-id`` the handshake's, its metrics those of an evaluation
+        (:func:`~strategies.screening.evaluation_problem`) of at most the images of ``split``
+        (default: this evaluation's) it declared, its PR curves well formed."""
+        node, split = self.reply_node(msg), split or self.split
+        if record == "metrics":
+            extra = sorted(set(msg.content.keys()) - {"metrics", wire.PR_CURVE})
             if extra:
-                return f"parameters the global model does not have: {extra[:3]}"
-            return reply_problem(reply, ArrayRecord({k: self.sent[k] for k in reply.keys()}))
-        return reply_problem(reply, self.sent)
+                return f"records an evaluation does not send: {extra[:3]}"
+        metrics = msg.content.metric_records.get(record)
+        if metrics is None:
+            return f"no {record!r} MetricRecord"
+        most = self.declared(node, split) if split in ("val", "test") else None
+        problem = self.partition_problem(node, metrics) or evaluation_problem(
+            metrics, most, self.num_classes()
+        )
+        if problem is None and record == "metrics" and wire.PR_CURVE in msg.content:
+            curves = msg.content.config_records.get(wire.PR_CURVE)
+            if curves is None:
+                return f"{wire.PR_CURVE!r} is not a ConfigRecord"
+            problem = pr_curve_problem(curves, self.num_classes(), None if most is None else most + 2)
+        return problem
 
     def screen(
-        self, server_round: int, sent_to: list[int], replies: list[Message], validate: bool = True
+        self,
+        server_round: int,
+        sent_to: list[int],
+        replies: list[Message],
+        validate: bool | Callable[[Message], str | None] = True,
     ) -> list[Message]:
         """The replies fit for aggregation; failures, silences and rejections are logged and
-        recorded in ``summary.json`` under ``missing_clients``."""
+        recorded in ``summary.json`` under ``missing_clients``.  ``validate``: True for
+        :meth:`validate_reply`, a function for another check, False for none."""
+        check = self.validate_reply if validate is True else validate or None
         good, missing = [], []
         answered = set()
         for msg in replies:
@@ -253,7 +375,7 @@ class Tracked(Recording):
             problem = (
                 f"failed: {short_reason(msg.error.reason)}"
                 if msg.has_error()
-                else (f"rejected: {p}" if validate and (p := self.validate_reply(msg)) else None)
+                else (f"rejected: {p}" if check is not None and (p := check(msg)) else None)
             )
             if problem:
                 missing.append((node, problem))
@@ -267,17 +389,27 @@ class Tracked(Recording):
         self.note_missing(server_round, missing)
         return good
 
+    def reply_partition(self, msg: Message, metrics) -> str:
+        """The partition id a reply is filed under: the one the handshake gave its node (the
+        reply's own ``partition-id`` claim in ``metrics`` only without a handshake)."""
+        claim = metrics.get("partition-id")
+        node = self.reply_node(msg)
+        known = self.recorder.node_partitions
+        return str(known[node] if node in known else claim if claim is not None else node)
+
     def _per_client(
         self, replies: list[Message], server_round: int | None = None, record: str = "metrics"
     ) -> dict[str, dict[str, float]]:
-        """partition id -> the metrics of each reply's MetricRecord ``record`` (``partition-id`` and
-        the GPU peak taken out; the peaks recorded for ``server_round``), in client order."""
+        """partition id (:meth:`reply_partition`) -> the metrics of each reply's MetricRecord
+        ``record`` (``partition-id`` and the GPU peak taken out; the peaks recorded for
+        ``server_round``), in client order."""
         per_client, peaks = {}, {}
         for msg in replies:
             if msg.has_error():
                 continue
             metrics = msg.content[record]
-            pid = str(metrics.pop("partition-id", self.reply_node(msg)))
+            pid = self.reply_partition(msg, metrics)
+            metrics.pop("partition-id", None)
             if wire.GPU_PEAK in metrics:
                 peaks[pid] = float(metrics.pop(wire.GPU_PEAK))
             per_client[pid] = dict(metrics)
@@ -288,6 +420,7 @@ class Tracked(Recording):
     def configure_train(self, server_round, arrays, config, grid):
         self._round_start = time.monotonic()
         self.sent = arrays
+        self._ridden = {}
         config["num-rounds"] = self.num_rounds
         messages = list(super().configure_train(server_round, arrays, config, grid))
         if self.action:
@@ -333,24 +466,29 @@ class Tracked(Recording):
 
     def _aggregate(self, server_round: int, replies: list[Message]):
         """The next strategy's ``aggregate_train``.  Instead of Flower's own FedAvg one: its checks
-        and log line, its metric aggregation, and :func:`wire.weighted_mean` of the replies (the
-        same bits, without Flower's decoding copies: docs/benchmarks.md).  Replies with errors or
-        that fail the checks go through Flower's FedAvg itself, without their numbers
-        (:func:`_without_numbers`), for its log lines and its error."""
+        and log line, its metric aggregation (over the metrics every reply holds), and
+        :func:`wire.weighted_mean` of the replies (the same bits, without Flower's decoding copies:
+        docs/benchmarks.md), or with a robust ``aggregation`` Flower's rule for it
+        (:mod:`strategies.robust`).  Replies with errors or that fail the checks go through
+        Flower's FedAvg itself, without their numbers (:func:`_without_numbers`), for its log
+        lines and its error."""
         following = super().aggregate_train
         if getattr(following, "__func__", None) is not FedAvg.aggregate_train:
             return following(server_round, replies)
-        contents = [msg.content for msg in replies if not msg.has_error()]
-        if contents and len(contents) == len(replies) and consistent_replies(contents, self.weighted_by_key):
-            # as FedAvg logs it; a console that leaves Flower's chatter out leaves this out too
-            log(INFO, "aggregate_train: Received %s results and %s failures", len(contents), 0, extra=CHATTER)
-            metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
+        ok = [msg for msg in replies if not msg.has_error()]
+        contents = common_metrics([msg.content for msg in ok]) if len(ok) == len(replies) else []
+        if contents and consistent_replies(contents, self.weighted_by_key):
+            if self.cfg.aggregation == "mean":
+                # as FedAvg logs it; a console that leaves Flower's chatter out leaves this out too
+                log(INFO, "aggregate_train: Received %s results and %s failures", len(contents), 0, extra=CHATTER)
+                metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
         else:
             checked, metrics = following(
                 server_round, [msg if msg.has_error() else _without_numbers(msg) for msg in replies]
             )
             if checked is None:
                 return None, None
+            contents = [msg.content for msg in ok]
         weights = [float(next(iter(c.metric_records.values()))[self.weighted_by_key]) for c in contents]
         if self.uniform_mean:  # e.g. SCAFFOLD Alg. 1: x ← x + (1/|S|) Σ Δy_i
             weights = [1.0] * len(contents)
@@ -358,7 +496,44 @@ class Tracked(Recording):
         records = [next(iter(c.array_records.values())) for c in contents]
         if self.own_keys:
             records = [ArrayRecord({k: a for k, a in r.items() if k not in self.own_keys}) for r in records]
+        if self.cfg.aggregation != "mean":
+            metric_records = [next(iter(c.metric_records.values())) for c in contents]
+            return robust_aggregate(self.cfg, server_round, ok, records, metric_records)
         return wire.weighted_mean(records, weights), metrics
+
+    def combine(
+        self, server_round: int, replies: list[Message], records: list[ArrayRecord], weights: list[float]
+    ) -> ArrayRecord:
+        """``records`` (one per reply, weighing ``weights``) combined as this run's ``aggregation``
+        combines the updates: for records aggregated beside them (FedMAE's kept parameters)."""
+        if self.cfg.aggregation == "mean":
+            return wire.weighted_mean(records, weights)
+        metrics = [MetricRecord({self.weighted_by_key: w}) for w in weights]
+        return robust_aggregate(self.cfg, server_round, replies, records, metrics)[0]
+
+    def aggregation_failed(self, server_round: int, step: str, err: Exception) -> None:
+        """``step`` (``aggregate_train`` or ``aggregate_evaluate``) raised: log it (with the
+        traceback), note it (summary.json ``aggregation_errors``); the round loop keeps the global
+        model for this round and goes on."""
+        log(
+            ERROR,
+            "%s round %d: %s failed: %s; the global model of this round is kept and the run goes on "
+            "(summary.json: aggregation_errors)\n%s",
+            self.stage,
+            server_round,
+            step,
+            f"{type(err).__name__}: {err}",
+            "".join(traceback.format_exception(err)).rstrip(),
+        )
+        self.note(
+            "aggregation_errors",
+            {
+                "stage": self.stage,
+                "round": server_round,
+                "step": step,
+                "error": f"{type(err).__name__}: {err}",
+            },
+        )
 
     def configure_evaluate(self, server_round, arrays, config, grid):
         self.split = str(config.get("split", "val"))
@@ -370,12 +545,17 @@ class Tracked(Recording):
         replies = list(replies)
         if not replies and not getattr(self, "_eval_sent_to", None):
             return None  # nothing was sent (e.g. no evaluation during pre-training)
-        replies = self.screen(server_round, self._eval_sent_to, replies, validate=False)
+        replies = self.screen(server_round, self._eval_sent_to, replies, validate=self.validate_evaluation)
+        self.eval_accepted = [(self.reply_partition(msg, msg.content["metrics"]), msg) for msg in replies]
         per_client = self._per_client(replies)
         if not per_client:
             log(WARNING, "round %d: no client returned %s metrics", server_round, self.split)
             return None
-        super().aggregate_evaluate(server_round, replies)  # Flower's consistency checks and logs
+        contents = common_metrics([msg.content for msg in replies], arrays=False)
+        if sum(float(c["metrics"].get("num-examples", 0)) for c in contents) > 0:  # Flower's checks and logs
+            super().aggregate_evaluate(
+                server_round, [Message(c, reply_to=m) for c, m in zip(contents, replies)]
+            )
         self.evaluated = per_client  # written by the round loop (evaluate_round), not from this hook
         scalars = {
             pid: {k: v for k, v in m.items() if isinstance(v, (int, float))} for pid, m in per_client.items()
@@ -389,7 +569,12 @@ class Tracked(Recording):
         """Send ``arrays`` to every client for evaluation on ``split``; return the mean metrics."""
         msgs = self.configure_evaluate(server_round, arrays, ConfigRecord({"split": split}), grid)
         self.evaluated = None
-        self.aggregate_evaluate(server_round, self.in_order(send_and_receive(grid, msgs, timeout)))
+        replies = self.in_order(send_and_receive(grid, msgs, timeout))
+        try:
+            self.aggregate_evaluate(server_round, replies)
+        except Exception as err:  # noqa: BLE001 - no reply may end the run: recorded, the round goes on
+            self.aggregation_failed(server_round, "aggregate_evaluate", err)
+            self.evaluated = None
         if self.evaluated is not None:
             self.last_mean = self.record_evaluation(server_round, self.evaluated)
         return self.last_mean
@@ -398,7 +583,14 @@ class Tracked(Recording):
         """The per-client val metrics that rode in train ``replies`` (``wire.VAL_METRICS``), taken
         out of them (Flower's FedAvg checks want one MetricRecord per train reply)."""
         ridden = [msg for msg in replies if not msg.has_error() and wire.VAL_METRICS in msg.content]
-        per_client = self._per_client(ridden, record=wire.VAL_METRICS)
+        good = []
+        for msg in ridden:  # a reply whose val metrics are bad is rejected as a whole (validate_reply)
+            problem = self.validate_evaluation(msg, record=wire.VAL_METRICS, split="val")
+            if problem:
+                self._ridden[id(msg)] = f"{wire.VAL_METRICS}: {problem}"
+            else:
+                good.append(msg)
+        per_client = self._per_client(good, record=wire.VAL_METRICS)
         for msg in ridden:
             del msg.content[wire.VAL_METRICS]
         return per_client
@@ -526,7 +718,11 @@ def _run_rounds(
             strategy.finish_ridden(done, done_arrays, val, strategy._round_start - started, traffic)
             pending = None
         # screen and aggregate
-        new, _ = strategy.aggregate_train(server_round, replies)
+        try:
+            new, _ = strategy.aggregate_train(server_round, replies)
+        except Exception as err:  # noqa: BLE001 - no reply may end the run: recorded, the model is kept
+            strategy.aggregation_failed(server_round, "aggregate_train", err)
+            new = None
         if new is not None:
             arrays = new
         # evaluate (or let the val ride in the next round's train message), then record

@@ -7,8 +7,10 @@ that round."""
 
 from __future__ import annotations
 
+import torch
 from flwr.serverapp.strategy import FedAvg
 
+from fedderm.flbt import batchnorm_keys
 from fedderm.models import create_model
 
 from .common import Tracked
@@ -18,7 +20,16 @@ from .flbt_family import PRCurves, run_strategy
 class FedBNStrategy(PRCurves, Tracked, FedAvg):
     """Flower's FedAvg (it averages whatever keys the clients send: the non-BN ones)."""
 
-    partial_replies = True  # the BatchNorm layers stay on the clients
+    _kept: frozenset[str] | None = None
+
+    def kept_keys(self) -> frozenset[str]:
+        """The BatchNorm layers' keys (by module type, of ``model`` built on the meta device):
+        they stay on the clients, every reply holds every other key sent."""
+        if self._kept is None:
+            with torch.device("meta"):
+                model = create_model(self.cfg.model, 2, self.cfg.image_size)
+            self._kept = frozenset(batchnorm_keys(model))
+        return self._kept
 
     def configure_evaluate(self, server_round, arrays, config, grid):
         if str(config.get("split", "val")) in ("test", "global-test") and self.best_round is not None:

@@ -41,6 +41,7 @@ from .common import Tracked
 from .dp import deployed, refuse_reproducible_noise
 from .finetune import pretrain_strategy, pretrain_then_finetune
 from .nodes import SentTo
+from .screening import count_problem, metrics_problem, unit_problem
 
 
 def relay_features(
@@ -98,8 +99,9 @@ class FedCLFStrategy(Tracked, FedAvg):
 
     # -- collecting -------------------------------------------------------------------
     def _note_partition(self, msg: Message) -> None:
-        if msg.has_content() and "metrics" in msg.content and "partition-id" in msg.content["metrics"]:
-            self.partition_of[self.reply_node(msg)] = int(msg.content["metrics"]["partition-id"])
+        metrics = msg.content.metric_records.get("metrics") if msg.has_content() else None
+        if metrics is not None and not count_problem("partition-id", metrics.get("partition-id"), least=0):
+            self.partition_of[self.reply_node(msg)] = int(metrics["partition-id"])
 
     def _pid(self, nid: int) -> int:
         """The partition id of node ``nid`` (handshake, else its replies; else the node id)."""
@@ -129,10 +131,29 @@ class FedCLFStrategy(Tracked, FedAvg):
             str(self.cfg.option("fedclf.feature-dtype")),
         )
 
+    reply_records = Tracked.reply_records | {FEATURES}
+
+    def relay_metrics_problem(self, msg: Message) -> str | None:
+        """Why the relay's own metrics of a reply cannot be read, or None: finite numbers, counts
+        (``relay-releases``, ``remote-features``, the audit's members and non-members) non-negative
+        integers, the audit's ``leakage-auc`` in [0, 1] and with its two counts."""
+        metrics = msg.content.metric_records.get("metrics")
+        if metrics is None:
+            return "no 'metrics' MetricRecord"
+        problem = metrics_problem(metrics) or unit_problem(metrics, ["leakage-auc"])
+        for key in ("relay-releases", "remote-features", "leakage-members", "leakage-non-members"):
+            if problem is None and key in metrics:
+                problem = count_problem(key, metrics[key], least=0)
+        if problem is None and "leakage-auc" in metrics:
+            if not {"leakage-members", "leakage-non-members"} <= set(metrics.keys()):
+                problem = "'leakage-auc' without 'leakage-members' and 'leakage-non-members'"
+        return problem
+
     def validate_reply(self, msg: Message) -> str | None:
-        """The model checks of every method, then (feature sharing) the feature upload's."""
+        """The model checks of every method, the relay's metrics, then (feature sharing) the
+        feature upload's."""
         self._note_partition(msg)
-        problem = super().validate_reply(msg)
+        problem = super().validate_reply(msg) or self.relay_metrics_problem(msg)
         if problem is None and self.feature_sharing:
             problem = self.feature_problem(msg)
         return problem
@@ -156,7 +177,11 @@ class FedCLFStrategy(Tracked, FedAvg):
             self._note_partition(r)
             if r.has_error():
                 log(WARNING, "fedclf: node %d sent no initial features: %s", nid, r.error.reason)
-            elif problem := self.feature_problem(r):
+            elif problem := (
+                self.partition_problem(nid, r.content.metric_records.get("metrics") or {})
+                or self.relay_metrics_problem(r)
+                or self.feature_problem(r)
+            ):
                 rejected.append((nid, f"rejected: {problem}"))
             else:
                 good.append(r)

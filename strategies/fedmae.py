@@ -22,9 +22,9 @@ from flwr.app import ArrayRecord, Message
 from flwr.common import log
 from flwr.serverapp.strategy import FedAvg
 
-from fedderm.mae import MAEOptions, build_mae, load_mae_checkpoint, vit_backbone_state
+from fedderm.mae import MAEOptions, build_mae, excluded_keys, load_mae_checkpoint, vit_backbone_state
 from fedderm.models import create_classifier
-from wire import LOCAL_RECORD, to_record, weighted_mean
+from wire import LOCAL_RECORD, to_record
 
 from .common import Tracked
 from .finetune import finetune_pretrained, pretrain_strategy, pretrain_then_finetune
@@ -37,26 +37,36 @@ class FedMAEStrategy(Tracked, FedAvg):
     last round."""
 
     _global: ArrayRecord | None = None
-    _local: list[tuple[ArrayRecord, float]] = []  # this round's accepted replies' kept parameters, weights
+    #: this round's accepted replies' kept parameters, with their replies and weights
+    _local: list[tuple[Message, ArrayRecord, float]] = []
+    _kept: frozenset[str] | None = None
+    reply_records = Tracked.reply_records | {LOCAL_RECORD}
 
     def configure_train(self, server_round, arrays, config, grid):
         self._global = arrays
         config["send-local"] = server_round == self.num_rounds
         return super().configure_train(server_round, arrays, config, grid)
 
-    partial_replies = True  # the excluded parameters stay on the clients
+    def kept_keys(self) -> frozenset[str]:
+        """The parameters ``fedmae.exclude`` keeps on the clients (of the MAE built on the meta
+        device: names only, no weights)."""
+        if self._kept is None:
+            with torch.device("meta"):
+                mae = build_mae(self.cfg)
+            self._kept = frozenset(excluded_keys(mae, MAEOptions.from_config(self.cfg).exclude))
+        return self._kept
 
     def validate_reply(self, msg: Message) -> str | None:
         """The shared weights as for every strategy, and the kept parameters (``local-arrays``,
-        last round only) against the global model's: shape, dtype, finite values."""
+        last round only) against the global model's: exactly the kept keys, shape, dtype, finite values."""
         problem = super().validate_reply(msg)
         if problem or LOCAL_RECORD not in msg.content or self._global is None:
             return problem
-        local = msg.content.array_records[LOCAL_RECORD]
-        extra = sorted(set(local.keys()) - set(self._global.keys()))
-        if extra:
-            return f"{LOCAL_RECORD}: parameters the global model does not have: {extra[:3]}"
-        problem = reply_problem(local, ArrayRecord({k: self._global[k] for k in local.keys()}))
+        local = msg.content.array_records.get(LOCAL_RECORD)
+        if local is None:
+            return f"{LOCAL_RECORD!r} is not an ArrayRecord"
+        kept = ArrayRecord({k: a for k, a in self._global.items() if k in self.kept_keys()})
+        problem = reply_problem(local, kept)
         return f"{LOCAL_RECORD}: {problem}" if problem else None
 
     def _aggregate(self, server_round: int, replies: list[Message]):
@@ -67,7 +77,7 @@ class FedMAEStrategy(Tracked, FedAvg):
             if LOCAL_RECORD in msg.content:
                 record = msg.content.pop(LOCAL_RECORD)
                 weight = msg.content["metrics"]["num-examples"]
-                self._local.append((record, float(weight)))
+                self._local.append((msg, record, float(weight)))
         return super()._aggregate(server_round, replies)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
@@ -76,8 +86,14 @@ class FedMAEStrategy(Tracked, FedAvg):
         local = self._local
         if arrays is None:
             return None, metrics
-        # weighted by num-examples, as FedAvg weights the synchronised parameters
-        local_mean = weighted_mean([r for r, _ in local], [w for _, w in local]) if local else ArrayRecord()
+        # weighted by num-examples, as FedAvg weights the synchronised parameters (or the run's robust rule)
+        local_mean = (
+            self.combine(
+                server_round, [m for m, _, _ in local], [r for _, r, _ in local], [w for _, _, w in local]
+            )
+            if local
+            else ArrayRecord()
+        )
         if local:
             log(
                 INFO,

@@ -53,7 +53,7 @@ class LocalFinetune(Tracked, FedAvg):
             server_round, ArrayRecord() if server_round > 0 else arrays, config, grid
         )
 
-    def validate_reply(self, msg: Message) -> str | None:
+    def weights_problem(self, msg: Message) -> str | None:
         return "a local fine-tuning reply must not carry weights" if "arrays" in msg.content else None
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):

@@ -17,13 +17,13 @@ from wire import PR_CURVE, to_record
 from .common import run_federated
 
 
-def pr_curves_of(replies: list[Message]) -> list[tuple]:
-    """``(partition id, curves)`` of every test reply carrying a ``pr-curve`` record."""
+def pr_curves_of(replies: list[tuple[str, Message]]) -> list[tuple]:
+    """``(partition id, curves)`` of every screened test reply carrying a ``pr-curve`` record, each
+    given with the partition id the handshake gave its node."""
     found = []
-    for msg in replies:
+    for pid, msg in replies:
         if msg.has_error() or PR_CURVE not in msg.content:
             continue
-        pid = msg.content["metrics"].get("partition-id", msg.metadata.src_node_id)
         found.append(
             (pid, {k: (list(v) if isinstance(v, list) else v) for k, v in msg.content[PR_CURVE].items()})
         )
@@ -40,8 +40,10 @@ def draw_pr_curves(recorder, curves: list[tuple], classes: list[str] | None, met
     ]
 
 
-def save_pr_curves(recorder, replies: list[Message], classes: list[str] | None, method: str) -> list:
-    """Draw ``pr_curve_client<id>.png`` for every test reply carrying a ``pr-curve`` record."""
+def save_pr_curves(
+    recorder, replies: list[tuple[str, Message]], classes: list[str] | None, method: str
+) -> list:
+    """Draw ``pr_curve_client<id>.png`` for every ``(partition id, test reply)`` carrying a ``pr-curve`` record."""
     return draw_pr_curves(recorder, pr_curves_of(replies), classes, method)
 
 
@@ -55,10 +57,11 @@ class PRCurves:
     _pr_curves: list = []
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
-        replies = list(replies)
-        # before Tracked pops partition-id from the metrics
-        self._pr_curves = pr_curves_of(replies) if self.split == "test" else []
-        return super().aggregate_evaluate(server_round, replies)
+        self.eval_accepted = []
+        result = super().aggregate_evaluate(server_round, replies)
+        # the replies that passed screening, under the partition ids the handshake gave their nodes
+        self._pr_curves = pr_curves_of(self.eval_accepted) if self.split == "test" else []
+        return result
 
     def record_evaluation(self, server_round: int, per_client: dict) -> dict:
         draw_pr_curves(self.recorder, self._pr_curves, self.classes, self.cfg.method)

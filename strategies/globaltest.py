@@ -5,6 +5,7 @@ set (held out before partitioning, or ``test-data-path``) with its method's own 
 
 from __future__ import annotations
 
+from collections import Counter
 from logging import INFO
 
 from flwr.app import ArrayRecord, ConfigRecord
@@ -26,9 +27,31 @@ def global_test(strategy, grid: Grid, arrays: ArrayRecord, server_round: int) ->
         server_round,
         strategy._eval_sent_to,
         strategy.in_order(send_and_receive(grid, msgs, cfg.round_timeout)),
-        validate=False,
+        validate=strategy.validate_evaluation,
     )
+    node_of = {strategy.reply_partition(m, m.content["metrics"]): strategy.reply_node(m) for m in replies}
     per_client = strategy._per_client(replies)
+    sizes = Counter(m.get("num-examples") for m in per_client.values())
+    if len(sizes) > 1:  # one global test set: a size most clients do not report is rejected
+        (size, count), (_, second) = sizes.most_common(2)
+        keep = {pid for pid, m in per_client.items() if m.get("num-examples") == size and count > second}
+        strategy.note_missing(
+            server_round,
+            [
+                (
+                    node_of[pid],
+                    f"rejected: global test set of {m.get('num-examples')} images; "
+                    + (
+                        f"{count} of {len(per_client)} clients evaluated {size}"
+                        if keep
+                        else "no size has a majority"
+                    ),
+                )
+                for pid, m in per_client.items()
+                if pid not in keep
+            ],
+        )
+        per_client = {pid: m for pid, m in per_client.items() if pid in keep}
     if not per_client:
         raise RuntimeError("no client returned metrics on the global test set (test-set='global')")
     source = cfg.test_data_path or ("npz test_* arrays" if cfg.dataset == "npz" else "held out of the data")

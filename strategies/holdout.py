@@ -119,9 +119,10 @@ def finetune_holdout(grid: Grid, cfg, recorder, node_id: int, classes: list[str]
         reason = replies[0].error.reason if replies else f"no reply within {cfg.round_timeout:g} s"
         raise RuntimeError(f"held-out centre (node {node_id}) failed to fine-tune: {reason}")
     reply = replies[0]
-    save_pr_curves(recorder, [reply], classes, f"{cfg.method} → held-out centre")
     metrics = dict(reply.content["metrics"])
-    pid = str(metrics.pop("partition-id"))
+    claim = metrics.pop("partition-id", node_id)  # filed under the partition the handshake gave the node
+    pid = str(recorder.node_partitions.get(node_id, claim))
+    save_pr_curves(recorder, [(pid, reply)], classes, f"{cfg.method} → held-out centre")
     curves = {k: [float(v) for v in metrics.pop(k, [])] for k in CURVES}
     best_epoch = int(metrics.pop("best-epoch"))
     metrics.pop("start", None)

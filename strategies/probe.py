@@ -18,6 +18,8 @@ from flwr.serverapp import Grid
 
 from .common import send_and_receive, short_reason, wait_for_nodes
 from .nodes import SentTo
+from .recording import record_missing
+from .screening import count_problem, evaluation_problem, partition_problem
 
 PROBES = ("knn", "linear")
 
@@ -26,6 +28,34 @@ def probe_due(cfg, server_round: int, num_rounds: int) -> bool:
     """Whether pre-training round ``server_round`` of ``num_rounds`` is probed."""
     k = int(cfg.probe_every)
     return k > 0 and server_round >= 1 and (server_round % k == 0 or server_round == num_rounds)
+
+
+def probe_problem(msg: Message, node: int, recorder) -> str | None:
+    """Why a probe reply cannot be recorded, or None: only a MetricRecord, its node's partition id,
+    each probe's metrics an evaluation's (:func:`~strategies.screening.evaluation_problem`) of at
+    most the validation images it declared, ``labelled`` at most its labelled images."""
+    extra = sorted(set(msg.content.keys()) - {"metrics"})
+    metrics = msg.content.metric_records.get("metrics")
+    if extra or metrics is None:
+        return f"a probe reply holds one MetricRecord 'metrics', not {sorted(msg.content.keys())[:3]}"
+    sizes = recorder.node_sizes.get(node, {})
+    names = (recorder.classes or {}).get("names")
+    problem = partition_problem(node, metrics, recorder.node_partitions)
+    for kind in PROBES:
+        problem = problem or evaluation_problem(
+            metrics, sizes.get("val"), len(names) if names else None, f"{kind}."
+        )
+    if problem is None and "num-examples" not in metrics:
+        problem = "no 'num-examples'"
+    if problem is None and "labelled" in metrics:
+        problem = count_problem(
+            "labelled",
+            metrics["labelled"],
+            sizes.get("labelled"),
+            least=0,
+            declared="labelled images it declared",
+        )
+    return problem
 
 
 def probe_round(grid: Grid, cfg, recorder, server_round: int, arrays: ArrayRecord) -> dict[str, dict]:
@@ -42,6 +72,7 @@ def probe_round(grid: Grid, cfg, recorder, server_round: int, arrays: ArrayRecor
     ]
     per_kind: dict[str, dict[str, dict]] = {kind: {} for kind in PROBES}
     sent = SentTo(msgs)  # a dead node's error reply comes from the SuperLink: map by message id
+    rejected = []
     for msg in send_and_receive(grid, msgs, cfg.round_timeout):
         if msg.has_error():
             log(
@@ -52,13 +83,19 @@ def probe_round(grid: Grid, cfg, recorder, server_round: int, arrays: ArrayRecor
                 short_reason(msg.error.reason),
             )
             continue
+        node = sent.node_of(msg)
+        if problem := probe_problem(msg, node, recorder):
+            rejected.append((node, f"rejected: {problem}"))
+            continue
         metrics = dict(msg.content["metrics"])
-        pid = str(metrics["partition-id"])
+        claim = metrics.get("partition-id", node)
+        pid = str(recorder.node_partitions.get(node, claim))  # the handshake's partition, not the claim
         for kind in PROBES:
             per_kind[kind][pid] = {
                 k.split(".", 1)[1]: v for k, v in metrics.items() if k.startswith(kind + ".")
             }
             per_kind[kind][pid]["num-examples"] = int(metrics["num-examples"])
+    record_missing(recorder, "probe", server_round, rejected)
     means = {}
     for kind in PROBES:
         if per_kind[kind]:

@@ -31,6 +31,27 @@ class RoundNotes:
     scalars: list[tuple[str, int, dict[str, float]]] = field(default_factory=list)
 
 
+def missing_entries(recorder, stage: str, server_round: int, missing: list[tuple[int, str]]) -> list[dict]:
+    """Log the clients left out of ``stage``'s ``server_round`` (``missing``: (node id, reason) pairs)
+    and return their ``summary.json`` ``missing_clients`` entries."""
+    entries = []
+    for node, why in missing:
+        pid = str(recorder.node_partitions.get(node, f"node {node}"))
+        log(WARNING, "%s round %d: client %s (node %d) left out: %s", stage, server_round, pid, node, why)
+        entries.append(
+            {"stage": stage, "round": server_round, "partition-id": pid, "node-id": node, "reason": why}
+        )
+    return entries
+
+
+def record_missing(recorder, stage: str, server_round: int, missing: list[tuple[int, str]]) -> None:
+    """:func:`missing_entries`, written into ``summary.json`` at once: for the steps outside a
+    strategy's round (probes, pseudo images, local training)."""
+    entries = missing_entries(recorder, stage, server_round, missing)
+    if entries:
+        recorder.update_extra({"missing_clients": [*recorder.extra.get("missing_clients", []), *entries]})
+
+
 class Recording:
     """Mixin of :class:`strategies.common.Tracked`: notes what the hooks find and records it once
     per round.  Uses the strategy's ``recorder``, ``stage``, ``action``, ``num_rounds``, ``split``,
@@ -43,27 +64,8 @@ class Recording:
     def note_missing(self, server_round: int, missing: list[tuple[int, str]]) -> None:
         """Log the clients left out of ``server_round`` and note them for ``summary.json``
         (``missing_clients``): ``missing`` holds (node id, reason) pairs."""
-        for node, why in missing:
-            log(
-                WARNING,
-                "%s round %d: client %s (node %d) left out: %s",
-                self.stage,
-                server_round,
-                self._partition(node),
-                node,
-                why,
-            )
-        for n, why in missing:
-            self.note(
-                "missing_clients",
-                {
-                    "stage": self.stage,
-                    "round": server_round,
-                    "partition-id": self._partition(n),
-                    "node-id": n,
-                    "reason": why,
-                },
-            )
+        for entry in missing_entries(self.recorder, self.stage, server_round, missing):
+            self.note("missing_clients", entry)
 
     def note_gpu_peaks(self, server_round: int | None, peaks: dict[str, float]) -> None:
         """Note each client's peak CUDA memory of this round's messages (summary.json ``gpu_peak_mib``)."""

@@ -12,6 +12,7 @@ clients receive W inside the model's state dict.
 
 from __future__ import annotations
 
+import math
 import time
 from logging import INFO, WARNING
 
@@ -34,6 +35,7 @@ from fedderm.sift import (
 
 from .common import Tracked, run_federated
 from .nodes import SentTo
+from .screening import count_problem, info_problem, l2_distance, metrics_problem, reply_problem
 
 #: Record keys of the model pair in ring messages and replies.
 SHORT, LONG = "short", "long"
@@ -91,12 +93,19 @@ class SiftStrategy(Tracked, FedAvg):
             sent = SentTo(msgs)  # a dead node's error reply comes from the SuperLink
             for reply in grid.send_and_receive(msgs, timeout=self.hop_timeout):
                 nid = sent.node_of(reply)
-                if reply.has_error():
+                why = (
+                    reply.error.reason
+                    if reply.has_error()
+                    else info_problem(reply.content.config_records.get("info"))
+                )
+                if why is None and int(reply.content["info"]["partition-id"]) in self.partition_of.values():
+                    why = f"partition-id {reply.content['info']['partition-id']} is another node's"
+                if why is not None:
                     log(
                         WARNING,
                         "SiFT: node %d did not say its partition id (%s); left out of the ring",
                         nid,
-                        reply.error.reason,
+                        why,
                     )
                 else:
                     self.partition_of[nid] = int(reply.content["info"]["partition-id"])
@@ -116,11 +125,37 @@ class SiftStrategy(Tracked, FedAvg):
         reply = replies[0]
         if reply.has_error():
             return None, f"error: {reply.error.reason}"
-        missing = [k for k in pair if k not in reply.content.array_records]
-        if missing:
-            return None, f"reply without {missing}"
         self.count_traffic(up=self.wire_bytes(reply.content), messages=1)
-        return reply, None
+        problem = self.hop_problem(node, pair, reply)
+        return (None, f"rejected: {problem}") if problem else (reply, None)
+
+    def hop_problem(self, node: int, pair: dict[str, ArrayRecord], reply: Message) -> str | None:
+        """Why a hop's reply must not be passed on, or None: the pair's records and ``metrics``
+        only; every model of the pair with the keys, shapes and dtypes sent and finite values
+        (``max-update-norm`` > 0: within that L2 distance of the pair sent, over both models);
+        finite metrics, its ``partition-id`` its node's, ``num-examples`` at most the labelled
+        images it declared at the handshake."""
+        extra = sorted(set(reply.content.keys()) - {*pair, "metrics"})
+        if extra:
+            return f"records the method does not send: {extra[:3]}"
+        for key, sent in pair.items():
+            if problem := reply_problem(reply.content.array_records.get(key), sent):
+                return f"{key}: {problem}"
+        metrics = reply.content.metric_records.get("metrics")
+        if metrics is None:
+            return "no 'metrics' MetricRecord"
+        problem = metrics_problem(metrics) or self.partition_problem(node, metrics, self.partition_of)
+        if problem is None and "num-examples" in metrics:
+            declared = "labelled images it declared at the handshake"
+            problem = count_problem(
+                "num-examples", metrics["num-examples"], self.declared(node, "labelled"), declared=declared
+            )
+        bound = self.cfg.max_update_norm
+        if problem is None and bound > 0:
+            norm = math.sqrt(sum(l2_distance(reply.content[k], sent) ** 2 for k, sent in pair.items()))
+            if norm > bound:
+                problem = f"its update's L2 norm {norm:.4g} exceeds max-update-norm = {bound:g}"
+        return problem
 
     def train_round(
         self, grid: Grid, server_round: int, pair: dict[str, ArrayRecord]
@@ -134,6 +169,14 @@ class SiftStrategy(Tracked, FedAvg):
             reply, why = self.hop(grid, node, server_round, pair)
             if reply is None:
                 skipped[str(pid)] = why
+                if why.startswith("rejected: "):  # logged below; in summary.json's missing_clients too
+                    entry = {
+                        "stage": self.stage,
+                        "round": server_round,
+                        "partition-id": str(pid),
+                        "node-id": node,
+                    }
+                    self.note("missing_clients", {**entry, "reason": why})
                 log(
                     WARNING,
                     "SiFT round %d: skipping client %d (node %d): %s; the ring goes on",

@@ -44,6 +44,8 @@ from .flbt_family import projected_net, run_strategy
 from .local import run as run_local
 from .nodes import SentTo
 from .probe import probe_due, probe_round
+from .recording import record_missing
+from .screening import metrics_problem, partition_problem, pseudo_problem
 
 
 def _pretrain_augment(cfg):
@@ -54,9 +56,12 @@ def _pretrain_augment(cfg):
     return policy(cfg.augment, "pretrain", registry.METHODS[cfg.method].augment)
 
 
-def collect_pseudo_images(grid: Grid, node_ids: list[int], timeout: float = 7200):
+def collect_pseudo_images(grid: Grid, node_ids: list[int], timeout: float = 7200, cfg=None, recorder=None):
     """Stage 1: ask every centre for pseudo images.  Returns (images uint8 (M,3,S,S), centre index
-    (M,) by partition-id order, per-centre metrics)."""
+    (M,) by partition-id order, per-centre metrics).  With ``cfg`` and ``recorder`` every reply is
+    screened (:func:`pseudo_problem`, finite metrics, the handshake's partition id): a reply that
+    fails is left out, logged and recorded (``missing_clients``), and the stage goes on with the
+    others (at least ``min-clients``)."""
     msgs = [
         Message(
             RecordDict({"config": ConfigRecord({"server-round": 0})}), dst_node_id=n, message_type="train.gan"
@@ -70,10 +75,25 @@ def collect_pseudo_images(grid: Grid, node_ids: list[int], timeout: float = 7200
         raise RuntimeError(
             "ssl-flbt: the GAN stage failed:\n  " + "\n  ".join(errors or ["(missing replies)"])
         )
+    known = recorder.node_partitions if recorder is not None else {}
+    rejected = []
+    if cfg is not None:
+        for r in list(replies):
+            if problem := pseudo_reply_problem(r, sent.node_of(r), cfg, known):
+                rejected.append((sent.node_of(r), f"rejected: {problem}"))
+                replies.remove(r)
+        if recorder is not None:
+            record_missing(recorder, "gan", 0, rejected)
+        if len(replies) < cfg.min_clients:
+            raise RuntimeError(
+                f"ssl-flbt: only {len(replies)} centres sent usable pseudo images (min-clients={cfg.min_clients}): "
+                + "; ".join(f"node {n}: {why}" for n, why in rejected)
+            )
     by_centre = {}
     for r in replies:
         metrics = dict(r.content["metrics"])
-        pid = int(metrics.pop("partition-id"))
+        claim = metrics.pop("partition-id")
+        pid = int(known.get(sent.node_of(r), claim))  # the handshake's partition id, not the claim
         by_centre[pid] = (r.content[PSEUDO][PSEUDO].numpy(), metrics)
     images, centres, info = [], [], {}
     for index, pid in enumerate(sorted(by_centre)):
@@ -82,6 +102,27 @@ def collect_pseudo_images(grid: Grid, node_ids: list[int], timeout: float = 7200
         centres.append(torch.full((len(pseudo),), index, dtype=torch.long))
         info[str(pid)] = metrics
     return torch.cat(images), torch.cat(centres), info
+
+
+def pseudo_reply_problem(reply: Message, node: int, cfg, known: dict[int, int]) -> str | None:
+    """Why a ``train.gan`` reply cannot join the pseudo-image set, or None: only its images and
+    metrics, finite metrics, its node's partition id, the images of :func:`pseudo_problem`."""
+    extra = sorted(set(reply.content.keys()) - {PSEUDO, "metrics"})
+    metrics = reply.content.metric_records.get("metrics")
+    if extra:
+        return f"records the method does not send: {extra[:3]}"
+    if metrics is None:
+        return "no 'metrics' MetricRecord"
+    return (
+        metrics_problem(metrics)
+        or partition_problem(node, metrics, known)
+        or pseudo_problem(
+            reply.content.array_records.get(PSEUDO),
+            metrics.get("num-examples"),
+            int(cfg.option("ssl.pseudo-per-centre")),
+            cfg.image_size,
+        )
+    )
 
 
 def save_pseudo_grid(path, images: torch.Tensor, centres: torch.Tensor, per_row: int = 12) -> None:
@@ -107,7 +148,7 @@ def pseudo_stage(grid: Grid, cfg, recorder, tasks: str) -> dict:
         if cfg.option("ssl.fid-select")
         else "",
     )
-    images, centres, gan_info = collect_pseudo_images(grid, nodes)
+    images, centres, gan_info = collect_pseudo_images(grid, nodes, cfg=cfg, recorder=recorder)
     gan_seconds = time.monotonic() - start
     save_pseudo_grid(recorder.run_dir / "pseudo_images.png", images, centres)
     log(

@@ -121,6 +121,17 @@ def need(cfg: Config, ok: bool, key: str, what: str) -> None:
         raise ConfigError(f"run-config key {key!r} {what}, got {cfg.option(key)!r}")
 
 
+def mean_only(cfg: Config, method: str, why: str) -> None:
+    """For ``method``'s ``check``: refuse a robust ``aggregation`` (one of Flower's rules in place of
+    the mean), saying ``why`` the method's server step cannot take one."""
+    if cfg.method == method and cfg.aggregation != "mean":
+        raise ConfigError(
+            f"run-config key 'aggregation' = {cfg.aggregation!r} does not apply to method {method!r}: "
+            f'{why}; set aggregation = "mean" (robust rules fit the methods that average one model '
+            "per reply: docs/security-replies-section.md)"
+        )
+
+
 #: The declared value of an option key that means "unset: the method's paper default" (``Method.defaults``).
 UNSET = ("", -1)
 #: the ViTs that the ViT methods (FedMAE, Fed-BEiT, FedMoCo-v3) can pre-train

@@ -41,6 +41,12 @@ def check_dp(cfg: Config) -> None:
         raise ConfigError(f"run-config key 'dp.noise-multiplier' must be >= 0, got {sigma!r}")
     if not 0 < delta < 1:
         raise ConfigError(f"run-config key 'dp.delta' must be in (0, 1), got {delta!r}")
+    if mode == "server" and cfg.aggregation != "mean":
+        raise ConfigError(
+            f"run-config key 'aggregation' = {cfg.aggregation!r} does not combine with dp.mode = 'server': "
+            "its clipping bound and noise are calibrated to the mean of the clipped updates; set "
+            'aggregation = "mean" (clipping already bounds what one client can do: docs/privacy.md)'
+        )
     if mode != "off" and cfg.method not in DP_METHODS:
         raise ConfigError(
             f"run-config key 'dp.mode' = {mode!r} does not apply to method {cfg.method!r}: server-side "

@@ -2,7 +2,7 @@
 ``strategies/sift.py`` (its own ``run``), ``clients/sift.py``, the model and text head in
 ``fedderm/sift.py``; docs/methods/sift.md."""
 
-from fedderm.methods import Method, register_method
+from fedderm.methods import Method, mean_only, register_method
 
 #: one line per option: the run-config reference (docs/run-config.md)
 DOCS = {
@@ -19,6 +19,10 @@ DOCS = {
     "sift.hop-timeout": "seconds to wait for one client's reply before skipping it (keep >= 15 s in simulation)",
     "sift.long-bn": "the long-term model's BatchNorm statistics: `recompute` on the client's images, `ema` or `copy`",
 }
+
+
+def check_sift(cfg) -> None:
+    mean_only(cfg, "sift", "its ring hands one model from client to client and averages nothing")
 
 
 METHOD = register_method(
@@ -40,6 +44,7 @@ METHOD = register_method(
             "sift.long-bn": "recompute",
         },
         sends=("short", "long", "metrics"),
+        check=check_sift,
         network="",
         data_check="fedderm.sift:check_class_texts",
         rebuild="fedderm.sift:rebuild_saved",
