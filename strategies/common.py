@@ -480,7 +480,13 @@ class Tracked(Recording):
         if contents and consistent_replies(contents, self.weighted_by_key):
             if self.cfg.aggregation == "mean":
                 # as FedAvg logs it; a console that leaves Flower's chatter out leaves this out too
-                log(INFO, "aggregate_train: Received %s results and %s failures", len(contents), 0, extra=CHATTER)
+                log(
+                    INFO,
+                    "aggregate_train: Received %s results and %s failures",
+                    len(contents),
+                    0,
+                    extra=CHATTER,
+                )
                 metrics = self.train_metrics_aggr_fn(contents, self.weighted_by_key)
         else:
             checked, metrics = following(
