@@ -28,7 +28,7 @@ FOREST_PNG = Path("docs") / "img" / "ledger-forest.png"
 FOREST_DATA = Path("docs") / "img" / "ledger-forest.json"
 CLAIM_KEYS = {
     "id", "paper", "claim", "group", "paper_effect", "direction", "paper_source", "source", "row", "vs",
-    "row2", "vs2", "metric", "unit", "setting",
+    "row2", "vs2", "metric", "unit", "setting", "printed", "n", "commit",
 }  # fmt: skip
 GROUP_KEYS = {"id", "title", "paper", "registered"}
 
@@ -90,7 +90,7 @@ def load_registry(root: Path) -> tuple[list[dict], list[dict]]:
         bad = set(c) - CLAIM_KEYS
         if bad:
             raise LedgerError(f"{where}: unknown key {sorted(bad)[0]!r}")
-        for key in ("id", "paper", "claim", "paper_source", "source", "row", "group"):
+        for key in ("id", "paper", "claim", "paper_source", "source", "group", *(() if "printed" in c else ("row",))):
             if key not in c:
                 raise LedgerError(f"{where}: missing {key!r}")
         if c["id"] in ids or c["id"] in seen:
@@ -103,11 +103,30 @@ def load_registry(root: Path) -> tuple[list[dict], list[dict]]:
     return claims, groups
 
 
-def evaluate(root: Path, catalogue) -> Index:
+def evaluate(root: Path, catalogue, errors: list[str] | None = None) -> Index:
+    """Every claim's result; a claim that cannot be computed is left out, its reason in ``errors``
+    (raised when ``errors`` is None)."""
     claims, groups = load_registry(root)
     results: dict[str, Result] = {}
     for c in claims:
+        try:
+            _evaluate_one(c, catalogue, results)
+        except LedgerError as err:
+            if errors is None:
+                raise
+            errors.append(str(err))
+    out = {g["id"]: Group(g, [r for r in results.values() if r.claim["group"] == g["id"]]) for g in groups}
+    return Index(results, out)
+
+
+def _evaluate_one(c: dict, catalogue, results: dict[str, Result]) -> None:
+    if True:  # noqa: SIM108
         where = f"{REGISTRY}: claim {c['id']!r}"
+        if "printed" in c:  # a difference printed with no table to recompute it from
+            d, digits = _printed_diff(c, where)
+            v = stats.verdict(d.ci, c.get("paper_effect"), c.get("direction"))
+            results[c["id"]] = Result(c, d, v, False, c["commit"], digits)
+            return
         src = catalogue.get(c["source"], where)
         metric = src.metric(c.get("metric"))
         row = src.find(c["row"])
@@ -116,11 +135,22 @@ def evaluate(root: Path, catalogue) -> Index:
             raise LedgerError(f"{where}: {c['row']!r} is a reference row: give vs")
         row2 = src.find(c["row2"]) if c.get("row2") else None
         vs2 = src.find(c["vs2"]) if c.get("vs2") else None
-        d = src.diff(row, vs, metric, row2, vs2)
+        try:
+            d = src.diff(row, vs, metric, row2, vs2)
+        except LedgerError as err:
+            raise LedgerError(f"{where}: {err}") from None
         v = stats.verdict(d.ci, c.get("paper_effect"), c.get("direction"))
         results[c["id"]] = Result(c, d, v, src.recorded, src.commit, src.digits[metric])
-    out = {g["id"]: Group(g, [r for r in results.values() if r.claim["group"] == g["id"]]) for g in groups}
-    return Index(results, out)
+
+
+def _printed_diff(c: Mapping[str, Any], where: str) -> tuple[Diff, int]:
+    from fedderm.ledger.docs import _DIFF, _digits
+
+    m = _DIFF.match(c["printed"].replace("\u2212", "-"))
+    if not m or "n" not in c or "commit" not in c:
+        raise LedgerError(f"{where}: printed = 'Δ [low, high]' needs n and commit")
+    ci = (float(m["lo"]), float(m["hi"])) if m["lo"] else None
+    return Diff(float(m["m"]), None, int(c["n"]), ci, {}, True), _digits(m["m"])
 
 
 # --------------------------------------------------------------------------- text
@@ -173,14 +203,14 @@ def claims_table(index: Index, paper: str | None = None) -> str:
         c = r.claim
         if paper and c["paper"] != paper:
             continue
-        here = f"{fmt_diff(r.diff, r.digits)} (n = {r.diff.n})"
+        here = fmt_diff(r.diff, r.digits) + (f" (n = {r.diff.n})" if r.diff.ci else "")
         cells = [
             c["paper"],
             f"{c['claim']} ({c.get('setting', c['source'])})",
             paper_effect_text(c, r.digits),
             here,
             _num(r.diff.detectable, r.digits),
-            verdict_text(r),
+            f"**{r.verdict}**",  # the evidence column says when it rests on unrecorded numbers
             _evidence(r),
         ]
         lines.append("| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |")
@@ -188,11 +218,28 @@ def claims_table(index: Index, paper: str | None = None) -> str:
     for g in index.groups.values():
         if paper and g.group.get("paper") != paper:
             continue
-        names = "; ".join(
-            m.claim["claim"] + f" ({m.claim.get('setting', '')})".replace(" ()", "") for m in g.members
-        )
+        names = "; ".join(dict.fromkeys(m.claim["claim"] for m in g.members))
         lines.append(f"| {g.group['title']} | {names} | {verdict_text(g)} |")
     return "\n" + "\n".join(lines) + "\n"
+
+
+def summary_text(index: Index) -> str:
+    """How many claims and comparisons end in each verdict, and which claims are not underpowered."""
+    def counts(verdicts: list[str]) -> str:
+        return ", ".join(f"{verdicts.count(v)} {v}" for v in stats.VERDICTS if verdicts.count(v))
+
+    groups = list(index.groups.values())
+    comps = list(index.results.values())
+    text = (
+        f"Of the {len(groups)} claims tested here: {counts([g.verdict for g in groups])}. "
+        f"Of their {len(comps)} comparisons: {counts([r.verdict for r in comps])}; "
+        f"{sum(not r.recorded for r in comps)} of the comparisons rest on unrecorded numbers."
+    )
+    for word in (stats.REPRODUCED, stats.CONTRADICTED, stats.SMALLER):
+        named = [g.group["title"] for g in groups if g.verdict == word]
+        if named:
+            text += f" {word.capitalize()}: " + "; ".join(named) + "."
+    return "\n" + text + "\n"
 
 
 def multiplicity_text(index: Index, page_intervals: tuple[int, int] | None = None) -> str:

@@ -38,7 +38,7 @@ from fedderm.ledger.sources import Cell, Diff, PrintedSource, RecordSource, Sour
 
 MARKER = re.compile(r"<!--L\s+(?P<head>.*?)-->(?P<body>.*?)<!--/L-->", re.S)
 MINUS = "\u2212"
-BLOCK_KINDS = ("table", "claims", "multiplicity", "sources", "forest", "paper", "words")
+BLOCK_KINDS = ("table", "claims", "summary", "multiplicity", "sources", "forest", "paper", "words", "printed")
 #: pages the lint reads in full; other pages only between <!-- ledger:lint --> and <!-- /ledger:lint -->
 FULL_LINT = ("claims.md", "quick-tables.md")
 LINT_REGION = re.compile(r"<!-- ledger:lint -->(.*?)<!-- /ledger:lint -->", re.S)
@@ -126,9 +126,15 @@ def _split_head(head: str) -> tuple[list[str], dict[str, str]]:
     return args, opts
 
 
+def _blank_code(text: str) -> str:
+    """``text`` with code blocks and code spans blanked (same length): markers there are examples."""
+    return _CODE.sub(lambda m: " " * len(m.group(0)), text)
+
+
 def markers(page: Path, text: str) -> list[Marker]:
     out = []
-    for m in MARKER.finditer(text):
+    for m in MARKER.finditer(_blank_code(text)):
+        m = MARKER.match(text, m.start())
         args, opts = _split_head(m.group("head"))
         if not args:
             raise LedgerError(f"{page.name}: empty marker <!--L {m.group('head')}-->")
@@ -146,7 +152,7 @@ def markers(page: Path, text: str) -> list[Marker]:
                 text[: m.start()],
             )
         )
-    stray = re.findall(r"<!--/?L\b", MARKER.sub("", text))
+    stray = re.findall(r"<!--/?L\b", MARKER.sub("", _blank_code(text)))
     if stray:
         raise LedgerError(f"{page.name}: an unpaired or nested ledger marker ({stray[0]!r})")
     return out
@@ -483,6 +489,8 @@ def build_catalogue(root: Path, pages: dict[Path, str]) -> tuple[Catalogue, list
                 )
             if mk.opts.get("seeds"):
                 src.seeds = [int(s) for s in mk.opts["seeds"].split(",")]
+            if mk.opts.get("reference"):  # the reference a printed table was rendered with (--set)
+                src.reference = dict(p.split("=", 1) for p in mk.opts["reference"].split(";"))
             try:
                 if mk.opts.get("layout") == "sweep":
                     parse_sweep_table(src, mk.body, int(mk.opts.get("axes", len(src.axes))), mk.where)
@@ -548,7 +556,7 @@ def figure_text(cat: Catalogue, mk: Marker, claims_index: dict) -> str:
     client = _client(src, o.get("client"))
     row = src.find(o["row"]) if "row" in o else None
     text: str
-    if stat in ("mean", "value", "sd", "seeds", "n", "rank"):
+    if stat in ("mean", "value", "sd", "seeds", "seed", "n", "rank"):
         if row is None:
             raise LedgerError(f"{mk.where}: {stat} needs row=")
         if isinstance(src, PrintedSource):
@@ -567,6 +575,10 @@ def figure_text(cat: Catalogue, mk: Marker, claims_index: dict) -> str:
             text = num(c.sd, digits)
         elif stat == "seeds":
             text = " / ".join(num(c.seeds.get(s), digits) for s in src.seeds)
+        elif stat == "seed":
+            if "seed" not in o or int(o["seed"]) not in c.seeds:
+                raise LedgerError(f"{mk.where}: seed= one of {sorted(c.seeds)}")
+            text = num(c.seeds[int(o["seed"])], digits)
         elif stat == "n":
             text = str(c.n)
         else:
@@ -598,8 +610,15 @@ def figure_text(cat: Catalogue, mk: Marker, claims_index: dict) -> str:
         if client is not None:
             raise LedgerError(f"{mk.where}: paired differences are of the clients' mean (no client=)")
         d = src.diff(row, vs, metric, row2, vs2)
+        if stat in ("dseeds", "drange", "dabsrange"):
+            if not d.values and isinstance(src, PrintedSource):  # a printed interval: seeds from the table
+                d = src.computed_diff(row, vs, metric, row2, vs2)
+            if not d.values:
+                raise LedgerError(f"{mk.where}: no per-seed values for {stat}")
         values = [d.values[k] for k in sorted(d.values)]
-        if stat == "diff":
+        if d.mean is None and stat != "diff":
+            text = "n/a"  # no pair recorded yet
+        elif stat == "diff":
             text = fmt_diff(d, digits, bold="plain" not in mk.args)
         elif stat == "dmean":
             text = num(d.mean, digits, True)
@@ -618,8 +637,6 @@ def figure_text(cat: Catalogue, mk: Marker, claims_index: dict) -> str:
             text = f"{num(a[0], digits)} to {num(a[-1], digits)}"
         else:
             raise LedgerError(f"{mk.where}: unknown statistic {stat!r}")
-        if stat in ("dseeds", "drange", "dabsrange") and not values:
-            raise LedgerError(f"{mk.where}: no per-seed values for {stat}")
     if not src.recorded:
         text += f"[†]({_sources_link(mk.page)})"
     return text
@@ -664,7 +681,8 @@ def lint(page: Path, text: str) -> list[str]:
         blanked = _CODE.sub(lambda m: " " * len(m.group(0)), blanked)
         blanked = re.sub(r"<!--.*?-->", lambda m: " " * len(m.group(0)), blanked, flags=re.S)
         for m in _RESULT.finditer(blanked):
-            if _VERSION.search(blanked[max(0, m.start() - 12) : m.start()]):
+            before = blanked[max(0, m.start() - 12) : m.start()]
+            if _VERSION.search(before) or before.endswith("§"):  # a version, a paper's section
                 continue
             line = text[: offset + m.start()].count("\n") + 1
             errors.append(f"{page.name}:{line}: {m.group(0)!r} states a number outside a ledger marker")
@@ -690,6 +708,18 @@ def table_text(cat: Catalogue, mk: Marker) -> str:
     else:
         lines = ledger_rows(src, metric_specs(mk.opts.get("metrics"), src), rows)
     return "\n" + f"*Records: {src.describe()}.*" + "\n\n" + "\n".join(lines) + "\n"
+
+
+def printed_text(mk: Marker) -> str:
+    """A number printed from runs with no record and no table to recompute it from: kept as
+    written, with its commit, and the dagger that marks it unrecorded."""
+    if not mk.opts.get("commit"):
+        raise LedgerError(f"{mk.where}: a printed figure names the commit it was printed at (commit=)")
+    link = f"[†]({_sources_link(mk.page)})"
+    body = mk.body[: -len(link)] if mk.body.endswith(link) else mk.body
+    if not body.strip() or "<!--" in body:
+        raise LedgerError(f"{mk.where}: empty printed figure")
+    return body + link
 
 
 def unrecorded_line(commit: str) -> str:
@@ -735,6 +765,10 @@ def block_text(cat: Catalogue, mk: Marker, claims_index: dict, root: Path) -> st
         return figure_text(cat, mk, claims_index)
     if mk.kind == "claims":
         return cl.claims_table(claims_index, mk.opts.get("paper"))
+    if mk.kind == "summary":
+        return cl.summary_text(claims_index)
+    if mk.kind == "printed":
+        return printed_text(mk)
     if mk.kind == "multiplicity":
         return cl.multiplicity_text(claims_index)
     if mk.kind == "sources":
@@ -760,7 +794,7 @@ def process(root: Path, write: bool) -> tuple[list[str], list[str]]:
         errors += check_printed(src, f"unrecorded {src.id}")
         errors += check_gta(src, f"unrecorded {src.id}")
     try:
-        index = cl.evaluate(root, cat)
+        index = cl.evaluate(root, cat, errors)
     except LedgerError as err:
         return errors + [str(err)], []
     changes = []
@@ -773,13 +807,22 @@ def process(root: Path, write: bool) -> tuple[list[str], list[str]]:
         if not found and page.name not in FULL_LINT:
             errors += lint(page, text)
             continue
-        out, last = [], 0
-        for mk in found:
+        wants: dict[int, str | None] = {}
+        for k, mk in enumerate(found):
+            if mk.kind == "multiplicity":
+                continue
             try:
-                want = block_text(cat, mk, index, root)
+                wants[k] = block_text(cat, mk, index, root)
             except LedgerError as err:
                 errors.append(str(err))
-                want = None
+                wants[k] = None
+        tables = [wants[k] if wants[k] is not None else mk.body for k, mk in enumerate(found) if mk.kind == "table"]
+        for k, mk in enumerate(found):
+            if mk.kind == "multiplicity":
+                wants[k] = cl.multiplicity_text(index, page_intervals(tables))
+        out, last = [], 0
+        for k, mk in enumerate(found):
+            want = wants[k]
             out.append(text[last : mk.start])
             head = mk.head
             if mk.kind == "table" and mk.args[1] in cat.sources and "unrecorded" in mk.opts:
@@ -807,6 +850,16 @@ def process(root: Path, write: bool) -> tuple[list[str], list[str]]:
     else:
         errors += cl.check_forest(root, index)
     return errors, changes
+
+
+_INTERVAL = re.compile(r"(\**)[+\-−]?\d+(?:\.\d+)? \[[+\-−]?\d+(?:\.\d+)?, [+\-−]?\d+(?:\.\d+)?\]")
+
+
+def page_intervals(tables: list[str]) -> tuple[int, int]:
+    """How many paired intervals the tables hold, and how many exclude 0 (bold: the ledger bolds
+    those, and only those)."""
+    found = [m.group(1) for t in tables for m in _INTERVAL.finditer(t)]
+    return len(found), sum(bool(b) for b in found)
 
 
 def _short(text: str, width: int = 120) -> str:

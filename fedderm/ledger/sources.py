@@ -260,6 +260,10 @@ class PrintedSource(Source):
         """The printed difference from the reference row, else one computed from the printed seeds."""
         if index2 is None and vs == self.reference_of(index) and (index, metric) in self.diffs:
             return self.diffs[(index, metric)]
+        if index2 is None and index == self.reference_of(vs) and (vs, metric) in self.diffs:
+            d = self.diffs[(vs, metric)]  # reference − row: the printed row − reference, negated
+            ci = (-d.ci[1], -d.ci[0]) if d.ci else None
+            return Diff(-d.mean, d.sd, d.n, ci, {k: -v for k, v in d.values.items()}, True)
         return self.computed_diff(index, vs, metric, index2, vs2)
 
     def computed_diff(
