@@ -90,7 +90,15 @@ def load_registry(root: Path) -> tuple[list[dict], list[dict]]:
         bad = set(c) - CLAIM_KEYS
         if bad:
             raise LedgerError(f"{where}: unknown key {sorted(bad)[0]!r}")
-        for key in ("id", "paper", "claim", "paper_source", "source", "group", *(() if "printed" in c else ("row",))):
+        for key in (
+            "id",
+            "paper",
+            "claim",
+            "paper_source",
+            "source",
+            "group",
+            *(() if "printed" in c else ("row",)),
+        ):
             if key not in c:
                 raise LedgerError(f"{where}: missing {key!r}")
         if c["id"] in ids or c["id"] in seen:
@@ -225,6 +233,7 @@ def claims_table(index: Index, paper: str | None = None) -> str:
 
 def summary_text(index: Index) -> str:
     """How many claims and comparisons end in each verdict, and which claims are not underpowered."""
+
     def counts(verdicts: list[str]) -> str:
         return ", ".join(f"{verdicts.count(v)} {v}" for v in stats.VERDICTS if verdicts.count(v))
 

@@ -816,7 +816,9 @@ def process(root: Path, write: bool) -> tuple[list[str], list[str]]:
             except LedgerError as err:
                 errors.append(str(err))
                 wants[k] = None
-        tables = [wants[k] if wants[k] is not None else mk.body for k, mk in enumerate(found) if mk.kind == "table"]
+        tables = [
+            wants[k] if wants[k] is not None else mk.body for k, mk in enumerate(found) if mk.kind == "table"
+        ]
         for k, mk in enumerate(found):
             if mk.kind == "multiplicity":
                 wants[k] = cl.multiplicity_text(index, page_intervals(tables))
