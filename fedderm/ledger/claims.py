@@ -326,12 +326,13 @@ def plot_forest(data: list[dict[str, Any]], path: Path) -> None:
     from matplotlib.lines import Line2D
 
     n = max(len(data), 1)
-    fig = Figure(figsize=(10, 0.32 * n + 1.6))
+    height = 0.24 * n + 1.4
+    fig = Figure(figsize=(12, height))
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+    ax = fig.add_axes((0.47, 0.7 / height, 0.5, 1 - 1.25 / height))
     colours = {
         stats.REPRODUCED: "#1a7f37", stats.CONTRADICTED: "#cf222e", stats.SMALLER: "#9a6700",
-        stats.UNDERPOWERED: "#57606a", stats.NOT_TESTED: "#8c959f",
+        stats.UNDERPOWERED: "#57606a", stats.NOT_TESTED: "#afb8c1",
     }  # fmt: skip
     lim = 40.0
     for y, d in enumerate(reversed(data)):
@@ -344,28 +345,31 @@ def plot_forest(data: list[dict[str, Any]], path: Path) -> None:
                     ax.annotate(
                         "",
                         xy=(edge, y),
-                        xytext=(edge * 0.93, y),
+                        xytext=(edge * 0.92, y),
                         arrowprops={"arrowstyle": "->", "color": colour},
                     )
         face = colour if d["recorded"] else "white"
-        ax.plot([max(min(d["mean"], lim), -lim)], [y], "o", color=colour, mfc=face, ms=6)
+        ax.plot([max(min(d["mean"], lim), -lim)], [y], "o", color=colour, mfc=face, ms=5)
         if d["paper_effect"] is not None:
-            ax.plot([d["paper_effect"]], [y], "D", color="#0969da", ms=5, mfc="none")
+            ax.plot([d["paper_effect"]], [y], "D", color="#0969da", ms=4, mfc="none")
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(data)))
-    ax.set_yticklabels([d["label"] for d in reversed(data)], fontsize=7)
+    ax.set_yticklabels([d["label"] for d in reversed(data)], fontsize=6.5)
+    ax.set_ylim(-0.7, len(data) - 0.3)
     ax.set_xlim(-lim, lim)
-    ax.set_xlabel("paired difference here, points (95 % interval); beyond ±40 clipped, arrow")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_xlabel(
+        "paired difference here (points) with its 95 % interval; clipped at ±40 (arrow)", fontsize=8
+    )
     handles = [Line2D([], [], color=c, lw=2, label=v) for v, c in colours.items()]
     handles += [
         Line2D([], [], marker="o", color="#57606a", mfc="#57606a", ls="", label="recorded"),
         Line2D([], [], marker="o", color="#57606a", mfc="white", ls="", label="unrecorded"),
         Line2D([], [], marker="D", color="#0969da", mfc="none", ls="", label="paper's effect"),
     ]
-    ax.legend(handles=handles, fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=4, frameon=False)
-    fig.tight_layout()
+    fig.legend(handles=handles, fontsize=7, loc="upper center", ncol=8, frameon=False)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, metadata={"Software": None})
+    fig.savefig(path, dpi=100, metadata={"Software": None})
 
 
 def write_forest(root: Path, index: Index) -> None:
