@@ -41,6 +41,7 @@ class Result:
     recorded: bool
     commit: str
     digits: int
+    complete: bool = True  # False: from records of a sweep not every run of which is in
 
     @property
     def id(self) -> str:
@@ -148,7 +149,8 @@ def _evaluate_one(c: dict, catalogue, results: dict[str, Result]) -> None:
         except LedgerError as err:
             raise LedgerError(f"{where}: {err}") from None
         v = stats.verdict(d.ci, c.get("paper_effect"), c.get("direction"))
-        results[c["id"]] = Result(c, d, v, src.recorded, src.commit, src.digits[metric])
+        complete = not src.recorded or src.records.complete
+        results[c["id"]] = Result(c, d, v, src.recorded, src.commit, src.digits[metric], complete)
 
 
 def _printed_diff(c: Mapping[str, Any], where: str) -> tuple[Diff, int]:
@@ -169,7 +171,9 @@ def _num(x: float | None, digits: int, sign: bool = False) -> str:
 
 
 def _evidence(r: Result) -> str:
-    return f"records, `{r.commit[:7]}`" if r.recorded else f"**unrecorded**, printed at `{r.commit}`"
+    if r.recorded:
+        return f"records, `{r.commit[:7]}`" + ("" if r.complete else ", **incomplete**")
+    return f"**unrecorded**, printed at `{r.commit}`"
 
 
 def verdict_text(item: Result | Group) -> str:
@@ -186,6 +190,8 @@ def verdict_text(item: Result | Group) -> str:
         text += " (on unrecorded numbers)"
     elif unrec:
         text += f" ({unrec} of {len(members)} comparisons on unrecorded numbers)"
+    if any(not m.complete for m in members):
+        text += " (records incomplete: the sweep is still running)"
     return text
 
 
