@@ -359,3 +359,38 @@ def test_every_claims_experiment_has_a_registered_comparison():
             continue
         assert ids & registered, path.name
         assert fs.load_sweep(path).reference
+
+
+def copy_of_the_ledger(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    root.mkdir(parents=True)
+    shutil.copytree(ROOT / "docs", root / "docs")
+    shutil.copytree(ROOT / "ledger", root / "ledger")
+    (root / "sweeps").symlink_to(ROOT / "sweeps")
+    return root
+
+
+def test_an_altered_record_or_table_cell_fails_the_committed_ledger(tmp_path):
+    """A record changed after the docs were rendered (or a page changed after the records) is caught."""
+    name = records.available(ROOT)[0]
+    root = copy_of_the_ledger(tmp_path)
+    folder = root / records.RECORDS_DIR / name
+    first = records.load_dir(folder).meta["recorded"][0]
+    path = folder / f"{first}.json"
+    rec = json.loads(path.read_text())
+    metric = records.load_dir(folder).sweep.metrics[0]
+    rec["summary"]["final"][metric.key] -= 0.05
+    path.write_text(json.dumps(rec))
+    errors = docs.verify(root)
+    assert any(f"table {name}" in e and "the ledger" in e for e in errors), errors[:3]
+
+    root = copy_of_the_ledger(tmp_path / "b")
+    page = root / "docs" / "claims.md"
+    text = page.read_text()
+    start = text.index(f"<!--L table {name} ")
+    row = text.index("| reference |", start)  # the first reference row: alter its mean
+    line_start = text.rindex("\n", 0, row) + 1
+    cells = text[line_start:row].split(" | ")
+    altered = text[:line_start] + text[line_start:row].replace(cells[-1], "12.34 ± 5.67", 1) + text[row:]
+    page.write_text(altered)
+    assert any(f"table {name}" in e for e in docs.verify(root))
