@@ -97,7 +97,10 @@ def plot_curves(data: Mapping[str, Any], path: Path, title: str = "") -> bool:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     if title:
-        fig.suptitle(f"{title}\nmean over seeds; band: lowest to highest seed", fontsize=9)
+        import textwrap
+
+        head = textwrap.fill(title, width=int(55 * cols))
+        fig.suptitle(f"{head}\nmean over seeds; band: lowest to highest seed", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100, metadata={"Software": None})
     return True

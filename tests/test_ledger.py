@@ -301,6 +301,12 @@ def test_importer_records_the_runs_and_their_table_to_the_digit(swept, tmp_path)
     assert rec["curves"]["mean"]["loss"] == [float(f"{e['metrics']['loss']:.6g}") for e in val]
     assert "confusion_matrix" not in json.dumps(rec) and "per_class" not in json.dumps(rec)
     assert rec["config"]["method"] == "fedprox" and "method" not in sr.meta["config_common"]
+    # the curves drawn from the records are those drawn from the run folders (to 6 digits)
+    summaries = {n: json.loads((out / n / "summary.json").read_text()) for n in sr.runs}
+    ours, theirs = sweep_plots.curve_data(sr.table(), sr.runs), sweep_plots.curve_data(table, summaries)
+    for arm, c in theirs["panels"]["T"].items():
+        assert ours["panels"]["T"][arm]["round"] == c["round"]
+        assert ours["panels"]["T"][arm]["mean"] == pytest.approx(c["mean"], rel=1e-5)
     # the ledger's own figures agree with the sweep's table.md
     md = (out / "table.md").read_text()
     src = docs.RecordSource(sr)

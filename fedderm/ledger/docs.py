@@ -38,7 +38,18 @@ from fedderm.ledger.sources import Cell, Diff, PrintedSource, RecordSource, Sour
 
 MARKER = re.compile(r"<!--L\s+(?P<head>.*?)-->(?P<body>.*?)<!--/L-->", re.S)
 MINUS = "\u2212"
-BLOCK_KINDS = ("table", "claims", "summary", "multiplicity", "sources", "forest", "paper", "words", "printed")
+BLOCK_KINDS = (
+    "table",
+    "claims",
+    "summary",
+    "multiplicity",
+    "sources",
+    "forest",
+    "curves",
+    "paper",
+    "words",
+    "printed",
+)
 #: pages the lint reads in full; other pages only between <!-- ledger:lint --> and <!-- /ledger:lint -->
 FULL_LINT = ("claims.md", "quick-tables.md")
 LINT_REGION = re.compile(r"<!-- ledger:lint -->(.*?)<!-- /ledger:lint -->", re.S)
@@ -731,8 +742,8 @@ def unrecorded_line(commit: str) -> str:
 
 def _printed_table_text(cat: Catalogue, mk: Marker) -> str:
     id = mk.args[1]
-    src = cat.printed[id]
-    if "unrecorded" not in mk.opts:
+    src = cat.printed.get(id)
+    if src is None or "unrecorded" not in mk.opts:
         raise LedgerError(
             f"{mk.where}: no records for {id}: mark the table unrecorded=<commit> it was printed at"
         )
@@ -775,7 +786,60 @@ def block_text(cat: Catalogue, mk: Marker, claims_index: dict, root: Path) -> st
         return cl.sources_text(cat)
     if mk.kind == "forest":
         return cl.forest_text(claims_index)
+    if mk.kind == "curves":
+        return curves_text(cat, mk, root)
     return None
+
+
+def curves_data(src: RecordSource) -> dict:
+    from fedderm import sweep_plots
+
+    return sweep_plots.curve_data(src.table, src.records.runs)
+
+
+def curves_text(cat: Catalogue, mk: Marker, root: Path) -> str:
+    """The validation curves of a recorded sweep (docs/img/curves-<id>.png, drawn by render)."""
+    id = mk.args[1] if len(mk.args) > 1 else ""
+    src = cat.sources.get(id)
+    if src is None:
+        raise LedgerError(f"{mk.where}: curves need records of {id!r}")
+    import os
+
+    image = os.path.relpath(root / "docs" / "img" / f"curves-{id}.png", mk.page.parent).replace(os.sep, "/")
+    return (
+        f"\n![Validation curves of {id}: each arm's mean over its seeds per round, the band from the "
+        f"lowest to the highest seed]({image})\n"
+    )
+
+
+def write_curves(root: Path, cat: Catalogue, wanted: set[str]) -> list[str]:
+    """Draw (``wanted`` ids) into docs/img/curves-<id>.png, with the plotted data beside as JSON."""
+    import json
+
+    from fedderm import sweep_plots
+
+    for id in sorted(wanted):
+        src = cat.sources[id]
+        data = curves_data(src)
+        (root / "docs" / "img").mkdir(parents=True, exist_ok=True)
+        (root / "docs" / "img" / f"curves-{id}.json").write_text(json.dumps(data, indent=1) + "\n")
+        sweep_plots.plot_curves(data, root / "docs" / "img" / f"curves-{id}.png", src.sweep.title)
+    return []
+
+
+def check_curves(root: Path, cat: Catalogue, wanted: set[str]) -> list[str]:
+    import json
+
+    errors = []
+    for id in sorted(wanted):
+        path = root / "docs" / "img" / f"curves-{id}.json"
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            saved = None
+        if saved != json.loads(json.dumps(curves_data(cat.sources[id]))):
+            errors.append(f"docs/img/curves-{id}.json: stale or missing: run python -m fedderm.ledger render")
+    return errors
 
 
 def pages(root: Path, names: Iterable[str] | None = None) -> dict[Path, str]:
@@ -847,10 +911,18 @@ def process(root: Path, write: bool) -> tuple[list[str], list[str]]:
         errors += lint(page, new)
         if write and new != text:
             page.write_text(new, encoding="utf-8")
+    curves = {
+        mk.args[1]
+        for page, text in texts.items()
+        for mk in _safe_markers(page, text)
+        if mk.kind == "curves" and len(mk.args) > 1 and mk.args[1] in cat.sources
+    }
     if write:
         cl.write_forest(root, index)
+        write_curves(root, cat, curves)
     else:
         errors += cl.check_forest(root, index)
+        errors += check_curves(root, cat, curves)
     return errors, changes
 
 
@@ -862,6 +934,13 @@ def page_intervals(tables: list[str]) -> tuple[int, int]:
     those, and only those)."""
     found = [m.group(1) for t in tables for m in _INTERVAL.finditer(t)]
     return len(found), sum(bool(b) for b in found)
+
+
+def _safe_markers(page: Path, text: str) -> list[Marker]:
+    try:
+        return markers(page, page.read_text(encoding="utf-8") if page.exists() else text)
+    except LedgerError:
+        return []
 
 
 def _short(text: str, width: int = 120) -> str:
