@@ -8,12 +8,13 @@ generated from them, and a verifier that recomputes every number the docs print.
 * :mod:`fedderm.ledger.records`: one compact JSON record per run (config, seed, commit, machine,
   torch version, per-round validation metrics, final test metrics; no predictions, no models) under
   ``ledger/records/<sweep id>/``, imported from a ``sim.py --sweep`` / ``bench.sweep_pool`` folder.
-* :mod:`fedderm.ledger.printed`: numbers the docs printed from runs whose folders are gone
-  (``ledger/unrecorded/``), kept apart from records and shown as *unrecorded* wherever they appear.
+* :mod:`fedderm.ledger.sources`: a sweep's numbers from its records, or, for runs recorded nowhere,
+  from the table a page printed (marked *unrecorded* with its commit wherever it appears).
 * :mod:`fedderm.ledger.stats`: paired differences, the power arithmetic and the four-way verdict.
 * :mod:`fedderm.ledger.claims`: the claims registry (``ledger/claims.toml``: each comparison, the
   paper's effect and where it is from) and the verdicts.
-* :mod:`fedderm.ledger.docs`: the ``<!--L ...-->`` markers in the docs and their check.
+* :mod:`fedderm.ledger.docs`: the ``<!--L ...-->`` markers in the docs, render and verify;
+  :mod:`fedderm.ledger.fmt` how numbers are written.
 """
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ def _evaluate_one(c: dict, catalogue, results: dict[str, Result]) -> None:
 
 
 def _printed_diff(c: Mapping[str, Any], where: str) -> tuple[Diff, int]:
-    from fedderm.ledger.docs import _DIFF, _digits
+    from fedderm.ledger.fmt import _DIFF, _digits
 
     m = _DIFF.match(c["printed"].replace("\u2212", "-"))
     if not m or "n" not in c or "commit" not in c:
@@ -165,7 +165,7 @@ def _printed_diff(c: Mapping[str, Any], where: str) -> tuple[Diff, int]:
 
 # --------------------------------------------------------------------------- text
 def _num(x: float | None, digits: int, sign: bool = False) -> str:
-    from fedderm.ledger.docs import num
+    from fedderm.ledger.fmt import num
 
     return num(x, digits, sign)
 
@@ -206,7 +206,7 @@ def paper_effect_text(c: Mapping[str, Any], digits: int) -> str:
 def claims_table(index: Index, paper: str | None = None) -> str:
     """One row per comparison: the paper's effect, the interval here, what it could detect, the
     verdict; then one row per claim with the combined verdict."""
-    from fedderm.ledger.docs import fmt_diff
+    from fedderm.ledger.fmt import fmt_diff
 
     head = [
         "paper", "comparison (setting here)", "paper's effect (source)", "here: Δ [95 % CI] (n)",
