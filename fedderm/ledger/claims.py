@@ -245,16 +245,17 @@ def summary_text(index: Index) -> str:
 
     groups = list(index.groups.values())
     comps = list(index.results.values())
-    text = (
-        f"Of the {len(groups)} claims tested here: {counts([g.verdict for g in groups])}. "
-        f"Of their {len(comps)} comparisons: {counts([r.verdict for r in comps])}; "
-        f"{sum(not r.recorded for r in comps)} of the comparisons rest on unrecorded numbers."
-    )
+    lines = [
+        f"- **{len(groups)} claims** tested here: {counts([g.verdict for g in groups])}.",
+        f"- **{len(comps)} comparisons** behind them: {counts([r.verdict for r in comps])}; "
+        f"{sum(not r.recorded for r in comps)} rest on unrecorded numbers, "
+        f"{sum(r.recorded and not r.complete for r in comps)} on records of a sweep still running.",
+    ]
     for word in (stats.REPRODUCED, stats.CONTRADICTED, stats.SMALLER):
         named = [g.group["title"] for g in groups if g.verdict == word]
         if named:
-            text += f" {word.capitalize()}: " + "; ".join(named) + "."
-    return "\n" + text + "\n"
+            lines.append(f"- *{word.capitalize()}*: " + "; ".join(named) + ".")
+    return "\n" + "\n".join(lines) + "\n"
 
 
 def multiplicity_text(index: Index, page_intervals: tuple[int, int] | None = None) -> str:
