@@ -400,3 +400,31 @@ def test_an_altered_record_or_table_cell_fails_the_committed_ledger(tmp_path):
     altered = text[:line_start] + text[line_start:row].replace(cells[-1], "12.34 ± 5.67", 1) + text[row:]
     page.write_text(altered)
     assert any(f"table {name}" in e for e in docs.verify(root))
+
+
+QUICK = """# q
+
+<!--L table 004-table-11-quick layout=sweep unrecorded=24a6d73-->
+| method | Accuracy | Precision | Recall | F1-score | best epoch | runs |
+|---|---|---|---|---|---|---|
+| FedAvg | 100.00 | 100.00 | 100.00 | 100.00 | 2 | 1/1 |
+| FL-BT | 75.00 | 61.64 | 75.00 | 67.13 | 2 | 1/1 |
+<!--/L-->
+
+FL-BT − FedAvg: <!--L 004-table-11-quick dmean row=FL-BT vs=FedAvg--><!--/L-->, verdict <!--L verdict claim=t11--><!--/L-->.
+
+## S { #unrecorded-numbers }
+"""
+
+
+def test_a_printed_table_md_keeps_its_layout_and_one_seed_tests_nothing(tmp_path):
+    root = mini_root(tmp_path, QUICK)
+    (root / "ledger" / "claims.toml").write_text(
+        '[[group]]\nid = "t11"\ntitle = "T"\n[[claim]]\nid = "c"\npaper = "004"\nclaim = "x"\ngroup = "t11"\n'
+        'paper_effect = 2.21\npaper_source = "004 Table XI"\nsource = "004-table-11-quick"\nrow = "FL-BT"\nvs = "FedAvg"\n'
+    )
+    assert docs.render(root)[0] == []
+    text = (root / "docs" / "claims.md").read_text()
+    assert "consistency only.*\n\n| method |" in text  # a blank line, or Markdown swallows the table
+    assert "−25.00[†](#unrecorded-numbers)" in text and "**not tested** (on unrecorded numbers)" in text
+    assert docs.verify(root) == []

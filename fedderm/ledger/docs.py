@@ -704,11 +704,9 @@ def _printed_table_text(cat: Catalogue, mk: Marker) -> str:
             f"{mk.where}: no records for {id}: mark the table unrecorded=<commit> it was printed at"
         )
     first = unrecorded_line(mk.opts["unrecorded"])
-    if mk.opts.get("layout") == "sweep":
-        body = mk.body
-        if first not in body:
-            body = "\n" + first + "\n" + body.lstrip("\n")
-        return body
+    if mk.opts.get("layout") == "sweep":  # table.md as printed, under its unrecorded line
+        rest = mk.body.replace(first, "", 1) if first in mk.body else mk.body
+        return "\n" + first + "\n\n" + rest.lstrip("\n")
     rows = parse_rows_order(src, mk)
     lines = ledger_rows(src, metric_specs_printed(mk, src), rows)
     return "\n" + first + "\n\n" + "\n".join(lines) + "\n"
