@@ -13,6 +13,8 @@ MINUS = "\u2212"
 def num(x: float | None, digits: int = 2, sign: bool = False) -> str:
     if x is None:
         return "–"
+    if round(x, digits) == 0:
+        x = 0.0  # no "−0.00"
     text = f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
     return text.replace("-", MINUS)
 
