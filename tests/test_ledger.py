@@ -428,3 +428,13 @@ def test_a_printed_table_md_keeps_its_layout_and_one_seed_tests_nothing(tmp_path
     assert "consistency only.*\n\n| method |" in text  # a blank line, or Markdown swallows the table
     assert "−25.00[†](#unrecorded-numbers)" in text and "**not tested** (on unrecorded numbers)" in text
     assert docs.verify(root) == []
+
+
+def test_a_registered_endpoint_never_printed_waits_for_records(tmp_path):
+    root = mini_root(tmp_path)
+    (root / "ledger" / "claims.toml").write_text(REGISTRY + "needs_records = true\n")
+    assert docs.render(root)[0] == []
+    text = (root / "docs" / "claims.md").read_text()
+    assert "| **pending** | registered, never printed: waits for the records of `004-ssl-flbt` |" in text
+    index = claims.evaluate(root, docs.build_catalogue(root, docs.pages(root))[0])
+    assert not index.results and [c["id"] for c in index.pending] == ["ssl"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ FOREST_PNG = Path("docs") / "img" / "ledger-forest.png"
 FOREST_DATA = Path("docs") / "img" / "ledger-forest.json"
 CLAIM_KEYS = {
     "id", "paper", "claim", "group", "paper_effect", "direction", "paper_source", "source", "row", "vs",
-    "row2", "vs2", "metric", "unit", "setting", "printed", "n", "commit",
+    "row2", "vs2", "metric", "unit", "setting", "printed", "n", "commit", "needs_records",
 }  # fmt: skip
 GROUP_KEYS = {"id", "title", "paper", "registered"}
 
@@ -62,6 +62,7 @@ class Group:
 class Index:
     results: dict[str, Result]
     groups: dict[str, Group]
+    pending: list[dict] = field(default_factory=list)  # registered comparisons waiting for records
 
     def __contains__(self, key: str) -> bool:
         return key in self.results or key in self.groups
@@ -117,7 +118,11 @@ def evaluate(root: Path, catalogue, errors: list[str] | None = None) -> Index:
     (raised when ``errors`` is None)."""
     claims, groups = load_registry(root)
     results: dict[str, Result] = {}
+    pending = []
     for c in claims:
+        if c.get("needs_records") and c["source"] not in getattr(catalogue, "sources", {}):
+            pending.append(c)  # its endpoint was never printed: it waits for the sweep's records
+            continue
         try:
             _evaluate_one(c, catalogue, results)
         except LedgerError as err:
@@ -125,7 +130,7 @@ def evaluate(root: Path, catalogue, errors: list[str] | None = None) -> Index:
                 raise
             errors.append(str(err))
     out = {g["id"]: Group(g, [r for r in results.values() if r.claim["group"] == g["id"]]) for g in groups}
-    return Index(results, out)
+    return Index(results, {k: g for k, g in out.items() if g.members}, pending)
 
 
 def _evaluate_one(c: dict, catalogue, results: dict[str, Result]) -> None:
@@ -227,6 +232,14 @@ def claims_table(index: Index, paper: str | None = None) -> str:
             f"**{r.verdict}**",  # the evidence column says when it rests on unrecorded numbers
             _evidence(r),
         ]
+        lines.append("| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |")
+    for c in index.pending:
+        if paper and c["paper"] != paper:
+            continue
+        cells = [
+            c["paper"], f"{c['claim']} ({c.get('setting', c['source'])})", paper_effect_text(c, 1),
+            "–", "–", "**pending**", f"registered, never printed: waits for the records of `{c['source']}`",
+        ]  # fmt: skip
         lines.append("| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |")
     lines += ["", "| claim | comparisons | verdict |", "|---|---|---|"]
     for g in index.groups.values():

@@ -510,6 +510,8 @@ def figure_text(cat: Catalogue, mk: Marker, claims_index: dict) -> str:
 
     if mk.kind == "verdict":
         cid = mk.opts.get("claim")
+        if any(c["id"] == cid for c in claims_index.pending):
+            return "**pending** (its runs are not recorded)"
         if cid not in claims_index:
             raise LedgerError(f"{mk.where}: no claim {cid!r} in ledger/claims.toml")
         return cl.verdict_text(claims_index[cid])
