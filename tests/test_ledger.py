@@ -438,3 +438,11 @@ def test_a_registered_endpoint_never_printed_waits_for_records(tmp_path):
     assert "| **pending** | registered, never printed: waits for the records of `004-ssl-flbt` |" in text
     index = claims.evaluate(root, docs.build_catalogue(root, docs.pages(root))[0])
     assert not index.results and [c["id"] for c in index.pending] == ["ssl"]
+
+
+def test_provenance_outside_a_checkout_takes_the_commit_it_is_given(tmp_path, monkeypatch):
+    monkeypatch.delenv("FEDDERM_COMMIT", raising=False)
+    assert records.provenance_here(tmp_path)["commit"] is None  # no .git: the importer will ask
+    monkeypatch.setenv("FEDDERM_COMMIT", "abc1234")
+    prov = records.provenance_here(tmp_path)
+    assert prov["commit"] == "abc1234" and prov["machine"]["cores"] and prov["versions"]["python"]

@@ -92,11 +92,14 @@ def versions() -> dict[str, str]:
 
 
 def provenance_here(repo: Path | None = None) -> dict[str, Any]:
-    """Where this process runs: the git commit of ``repo`` (None outside a checkout, e.g. a
-    ``git archive`` export; ``dirty`` when tracked files differ from it), machine and versions."""
+    """Where this process runs: the git commit of ``repo`` (outside a checkout, e.g. a ``git archive``
+    export, ``$FEDDERM_COMMIT`` or None; ``dirty`` when tracked files differ from it), machine and
+    versions."""
     repo = Path(repo or Path(__file__).resolve().parents[2])
     commit = _git(["rev-parse", "HEAD"], repo)
     dirty = bool(_git(["status", "--porcelain", "--untracked-files=no"], repo)) if commit else None
+    if not commit and os.environ.get("FEDDERM_COMMIT"):  # an export without .git (a device machine)
+        commit = os.environ["FEDDERM_COMMIT"]
     return {
         "commit": commit,
         "dirty": dirty,
