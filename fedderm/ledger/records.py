@@ -116,16 +116,15 @@ def _round6(value: Any) -> Any:
     return value
 
 
-def _metrics_only(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """A metrics dict without per-class tables and confusion matrices (exact values kept)."""
-    return {k: v for k, v in entry.items() if k not in ("per_class", "confusion_matrix", "per_client")}
+_PREDICTION_LIKE = ("per_class", "confusion_matrix")
 
 
 def _final(final: Mapping[str, Any]) -> dict[str, Any]:
-    out = _metrics_only(final)
-    if final.get("per_client"):
-        out["per_client"] = {c: _metrics_only(m) for c, m in final["per_client"].items()}
-    return out
+    """Final metrics without per-class tables and confusion matrices, at any depth (``per_client``,
+    ``global_test``, ...); every number kept exactly."""
+    return {
+        k: _final(v) if isinstance(v, Mapping) else v for k, v in final.items() if k not in _PREDICTION_LIKE
+    }
 
 
 def curves(summary: Mapping[str, Any]) -> dict[str, Any]:
