@@ -446,3 +446,14 @@ def test_provenance_outside_a_checkout_takes_the_commit_it_is_given(tmp_path, mo
     monkeypatch.setenv("FEDDERM_COMMIT", "abc1234")
     prov = records.provenance_here(tmp_path)
     assert prov["commit"] == "abc1234" and prov["machine"]["cores"] and prov["versions"]["python"]
+
+
+def test_a_sweep_resumed_at_another_commit_keeps_the_first_and_adds_the_second(tmp_path, monkeypatch):
+    from fedderm.ledger import records as rec
+
+    monkeypatch.setattr(rec, "provenance_here", lambda repo=None: {"commit": "aaa1111", "machine": {}})
+    assert sweep_plots.write_provenance(tmp_path)["commit"] == "aaa1111"
+    monkeypatch.setattr(rec, "provenance_here", lambda repo=None: {"commit": "bbb2222", "machine": {}})
+    sweep_plots.write_provenance(tmp_path)
+    saved = json.loads((tmp_path / records.PROVENANCE).read_text())
+    assert saved["commit"] == "aaa1111" and saved["also"] == ["bbb2222"]
