@@ -402,6 +402,7 @@ def import_folder(
         },
         "sets": dict(sets or {}),
         "commit": commit,
+        "also_commits": prov.get("also", []),  # a resume at another commit
         "dirty": prov.get("dirty"),
         "machine": machine or prov.get("machine"),
         "versions": prov.get("versions") or {"torch": sorted({e["torch"] for e in envs if e["torch"]})},

@@ -213,8 +213,10 @@ class RecordSource(Source):
             if meta.get("complete")
             else f", INCOMPLETE: {len(meta['recorded'])} of {len(meta['planned'])} runs"
         )
+        also = "".join(f", resumed at `{c[:7]}`" for c in meta.get("also_commits") or [])
+        dirty = " with local changes" if meta.get("dirty") else ""
         return (
-            f"recorded at `{self.commit[:7]}` on {machine}, torch {torch}"
+            f"recorded at `{self.commit[:7]}`{dirty}{also} on {machine}, torch {torch}"
             f" (`ledger/records/{self.id}/`{state})"
         )
 
