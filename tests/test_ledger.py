@@ -457,3 +457,41 @@ def test_a_sweep_resumed_at_another_commit_keeps_the_first_and_adds_the_second(t
     sweep_plots.write_provenance(tmp_path)
     saved = json.loads((tmp_path / records.PROVENANCE).read_text())
     assert saved["commit"] == "aaa1111" and saved["also"] == ["bbb2222"]
+
+
+def test_partial_records_leave_the_printed_table_until_the_re_run_is_complete(swept, tmp_path):
+    """Records of a sweep still running do not replace a printed table: the page keeps the printed
+    numbers (marked unrecorded) and says that a re-run is being recorded; complete records replace it."""
+    sweep_file, out = swept
+    root = tmp_path / "repo"
+    (root / "docs").mkdir(parents=True)
+    (root / "sweeps").mkdir()
+    shutil.copy(sweep_file, root / "sweeps" / "t.toml")
+    page = """# p
+
+<!--L table t unrecorded=0ld0ld0 metrics="balanced_accuracy:seeds,diff"-->
+| method | balanced_accuracy | seeds 0 / 1 | Δ vs fedavg | detectable Δ (80 % power) |
+|---|---|---|---|---|
+| fedavg | 51.00 ± 1.41 | 50.00 / 52.00 | reference | |
+| fedprox | 53.00 ± 1.41 | 52.00 / 54.00 | +2.00 (n = 2) | |
+<!--/L-->
+
+## S { #unrecorded-numbers }
+
+<!--L sources--><!--/L-->
+"""
+    (root / "docs" / "claims.md").write_text(page)
+    part = tmp_path / "part"
+    shutil.copytree(out, part)
+    shutil.rmtree(part / "r01-fedprox-s1")
+    (part / "table.json").unlink()
+    records.import_folder(part, root / "sweeps" / "t.toml", root)
+    assert docs.render(root)[0] == []
+    text = (root / "docs" / "claims.md").read_text()
+    assert "unrecorded=0ld0ld0" in text and "| fedprox | 53.00 ± 1.41 |" in text
+    assert "its re-run is being recorded (3 of 4 runs in `ledger/records/t/`)" in text
+    records.import_folder(out, root / "sweeps" / "t.toml", root)
+    assert docs.render(root)[0] == []
+    text = (root / "docs" / "claims.md").read_text()
+    assert "unrecorded=" not in text and "*Records: recorded at" in text and "53.00 ± 1.41" not in text
+    assert docs.verify(root) == []

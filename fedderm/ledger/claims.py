@@ -304,8 +304,15 @@ def sources_text(catalogue) -> str:
             )
         else:
             src = catalogue.printed[id]
+            partial = getattr(catalogue, "partial", {}).get(id)
+            note = (
+                f"; its re-run is being recorded ({len(partial.records.meta['recorded'])} of "
+                f"{len(partial.records.meta['planned'])} runs in `ledger/records/{id}/`)"
+                if partial
+                else ""
+            )
             lines.append(
-                f"| `{id}` | **unrecorded** ({len(src.rows)} rows printed) | printed at `{src.commit}` |"
+                f"| `{id}` | **unrecorded** ({len(src.rows)} rows printed){note} | printed at `{src.commit}` |"
             )
     return "\n" + "\n".join(lines) + "\n"
 

@@ -420,6 +420,8 @@ class Catalogue:
     sources: dict[str, Source] = field(default_factory=dict)
     printed: dict[str, PrintedSource] = field(default_factory=dict)
     superseded: dict[str, list[Marker]] = field(default_factory=dict)
+    #: records of a sweep still running whose printed table the pages keep until every run is in
+    partial: dict[str, RecordSource] = field(default_factory=dict)
 
     def get(self, id: str, where: str) -> Source:
         if id in self.sources:
@@ -445,7 +447,7 @@ def build_catalogue(root: Path, pages: dict[Path, str]) -> tuple[Catalogue, list
             if mk.kind != "table" or "unrecorded" not in mk.opts:
                 continue
             id = mk.args[1]
-            if id in cat.sources:  # records exist: render replaces the printed table
+            if id in cat.sources and cat.sources[id].records.complete:  # render replaces the printed table
                 cat.superseded.setdefault(id, []).append(mk)
             src = cat.printed.get(id)
             if src is None:
@@ -465,6 +467,8 @@ def build_catalogue(root: Path, pages: dict[Path, str]) -> tuple[Catalogue, list
                     parse_ledger_table(src, mk.body, metric_specs_printed(mk, src), mk.where)
             except LedgerError as err:
                 errors.append(str(err))
+    for id in [i for i in cat.sources if i in cat.printed and not cat.sources[i].records.complete]:
+        cat.partial[id] = cat.sources.pop(id)  # the printed numbers stay until the re-run is complete
     return cat, errors
 
 
