@@ -651,6 +651,12 @@ def _write_tables(
     text = ft.render_markdown(table, footer)
     (folder / "table.json").write_text(json.dumps(table, indent=2, allow_nan=False) + "\n")
     (folder / "table.md").write_text(text)
+    from fedderm import sweep_plots
+
+    sweep_plots.write_curves(table, results, folder)  # val_curves.png: each arm's curve, the seeds' spread
+    sweep_plots.write_provenance(
+        folder
+    )  # commit, machine, versions: what `python -m fedderm.ledger import` reads
     return text, folder / "table.md"
 
 

@@ -10,7 +10,9 @@ client (``bench/loop_grid.py``).  Runs start in file order, sweep after sweep, i
 name>`` (``-gpu`` with ``--gpu``); a folder that holds a finished run is skipped, as
 ``sim.py --sweep --out`` does.  Once ``--deadline-s`` has passed no run starts and the ones still
 running are stopped, so that every sweep's table.md and table.json are written with what finished
-(a run that did not finish is a failed replicate there, with the reason).
+(a run that did not finish is a failed replicate there, with the reason).  Each sweep folder also
+gets ``provenance.json`` (commit, machine, versions) and ``val_curves.png``, as with ``sim.py --sweep``;
+``python -m fedderm.ledger import DIR/<sweep name> --sweep-file FILE`` turns it into records.
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             path, out=str(_folder(out, path, args.gpu)), sets=sets, gpu=args.gpu
         )
         jobs += [(path, folders[path], args.gpu, sets, run.index, args.threads) for run in spec.runs()]
+    from fedderm import sweep_plots
+
+    for folder in folders.values():  # where the runs ran, before the first starts
+        sweep_plots.write_provenance(folder)
     print(f"{len(jobs)} runs of {len(args.sweeps)} sweep(s) over {args.jobs} processes -> {out}", flush=True)
     started = time.monotonic()
     pool = multiprocessing.get_context("spawn").Pool(args.jobs, maxtasksperchild=1)

@@ -344,6 +344,31 @@ def chance_note(table: Mapping[str, Any]) -> str:
     )
 
 
+def differences_sentence(table: Mapping[str, Any]) -> str:
+    ref = ", ".join(f"{a} = {v}" for a, v in table["reference"].items())
+    return (
+        f"**Paired differences from the reference row** ({ref}; the other axes as the row's): "
+        f"mean of (row − reference) over the replicates both completed (same seed and fold), "
+        f"with its {100 * CI_LEVEL:g} % t-interval [mean ± t(n−1)·SD/√n]; `pairs` = n. An interval "
+        "that contains 0 is no evidence of a difference."
+    )
+
+
+def markdown_tables(table: Mapping[str, Any]) -> list[str]:
+    """The tables of :func:`render_markdown` without its title, notes and footer: one table per
+    client then the GTA (``per-client``), or the one table; then the paired differences."""
+    metrics = [Metric(m["key"], m["label"], m["scale"], m["digits"]) for m in table["metrics"]]
+    lines: list[str] = []
+    if table["table"] == "per-client":
+        for i, client in enumerate(table["clients"], start=1):
+            lines += [f"**C{i}** (client {client}, test split)", "", *_md_table(table, metrics, client), ""]
+        lines += ["**GTA** (mean over clients)", ""]
+    lines += _md_table(table, metrics, None)
+    if table.get("reference"):
+        lines += ["", differences_sentence(table), "", *_md_differences(table, metrics)]
+    return lines
+
+
 def render_markdown(table: Mapping[str, Any], footer: str = "") -> str:
     """Paper-style Markdown: one row per axes combination, metric columns as mean ± SD.
 
@@ -370,16 +395,7 @@ def render_markdown(table: Mapping[str, Any], footer: str = "") -> str:
         lines += ["**GTA** (mean over clients)", ""]
     lines += [*_md_table(table, metrics, None), "", note]
     if table.get("reference"):
-        ref = ", ".join(f"{a} = {v}" for a, v in table["reference"].items())
-        lines += [
-            "",
-            f"**Paired differences from the reference row** ({ref}; the other axes as the row's): "
-            f"mean of (row − reference) over the replicates both completed (same seed and fold), "
-            f"with its {100 * CI_LEVEL:g} % t-interval [mean ± t(n−1)·SD/√n]; `pairs` = n. An interval "
-            "that contains 0 is no evidence of a difference.",
-            "",
-            *_md_differences(table, metrics),
-        ]
+        lines += ["", differences_sentence(table), "", *_md_differences(table, metrics)]
     rule = chance_note(table)
     if rule:
         lines += ["", rule]
