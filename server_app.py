@@ -359,6 +359,8 @@ def main(grid: Grid, context: Context) -> None:
         if "recorder" in CURRENT:
             CURRENT["last"] = CURRENT.pop("recorder")
         CURRENT.pop("grid", None)
+        if recorder is not None:
+            recorder.close()  # summary.json, and the TensorBoard writer's thread, also after a failure
     log(INFO, "\n%s", recorder.table())
     if CLI_RECORD not in context.state:  # sim.py prints this line itself, as its last
         log(INFO, "results: %s", run_dir)
