@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedderm.paths import MAX_COMPONENT, is_safe_component
 from fedderm.transport import TRANSPORT_DTYPES
 
 #: values of ``bn-stats``: what a local loop's BatchNorm running statistics hold (fedderm.train.RoundStats)
@@ -249,6 +250,12 @@ def _check_ranges(cfg: Config) -> None:
     need(cfg.holdout_lr > 0, "holdout-lr", "must be > 0")
     need(cfg.round_timeout > 0, "round-timeout", "must be > 0 (seconds)")
     need(cfg.keep_checkpoints >= 0, "keep-checkpoints", "must be >= 0 (0 keeps every round's checkpoint)")
+    need(
+        not cfg.run_name or is_safe_component(cfg.run_name),
+        "run-name",
+        f"must be one folder name inside output-dir (letters, digits, '.', '_', '-'; not starting with "
+        f"'.' or '-'; no '/' or '..'; at most {MAX_COMPONENT} characters)",
+    )
     need(cfg.proximal_mu >= 0, "proximal-mu", "must be >= 0")
     need(cfg.probe_every >= 0, "probe-every", "must be >= 0 (0 = off)")
     need(0 < cfg.lr_decay <= 1, "lr-decay", "must be in (0, 1]")
