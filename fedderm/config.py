@@ -115,7 +115,7 @@ class Config:
     output_dir: str = "~/fedderm-results"
     run_name: str = ""
     resume: str = ""
-    keep_checkpoints: int = 3
+    keep_checkpoints: int = 2
     round_timeout: float = 3600.0
     targets: str = "0.55,0.65,0.75,0.85"
     transport_dtype: str = "float32"
@@ -391,7 +391,8 @@ KEY_DOCS: dict[str, str] = {
     "output-dir": "where run folders are written (an absolute path is safest)",
     "run-name": "the run folder's name; default `<method>-<dataset>-<date>-<time>-<id>`",
     "resume": "a run folder to continue from its newest checkpoint (docs/failures.md)",
-    "keep-checkpoints": "per-round checkpoints kept per stage (`0` keeps all)",
+    "keep-checkpoints": "per-round checkpoints kept per stage, newest first, with the best-on-val model "
+    "they name (`0` keeps all); clients keep as many steps of their state",
     "round-timeout": "seconds a round waits for replies and for `min-clients` to connect "
     "(keep it >= 15 s in simulation)",
     "targets": "comma-separated balanced accuracies: `rounds_to_target` in summary.json gives the first round "

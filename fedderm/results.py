@@ -598,7 +598,7 @@ class RunRecorder:
             meta["fedderm"] = to_json_safe(self.model_meta)
             state_dict._metadata = meta
         path = self.run_dir / name
-        with atomic_path(path, mode=_FILE_MODE) as tmp:
+        with atomic_path(path, mode=_FILE_MODE, fsync=True) as tmp:
             torch.save(state_dict, tmp)
         return path
 

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import os
 import secrets
 import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -23,9 +26,10 @@ import server_app
 import strategies.common as common
 from bench.loop_grid import TINY_RUN, run_app
 from clients.state import client_state, state_mod
+from fedderm.checkpoint import CheckpointError, latest_checkpoint, resume_step, save_checkpoint
 from fedderm.config import ConfigError
 from fedderm.paths import inside, is_safe_component, safe_component
-from fedderm.state_store import register_simulation, unregister_simulation
+from fedderm.state_store import StateStore, register_simulation, unregister_simulation
 from wire import STAMP
 
 
@@ -153,8 +157,192 @@ def test_a_run_name_that_is_no_single_folder_is_refused(name, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+# -- a power cut: the newest checkpoint damaged ------------------------------------------------
+def _payload(value: float, best_round: int) -> dict:
+    arrays = {"w": torch.full((8,), value)}
+    return {
+        "arrays": arrays,
+        "strategy": {"best_round": best_round, "best_arrays": {"w": torch.full((8,), float(best_round))}},
+        "recorder": {"rounds": [value]},
+        "state-step": int(value),
+    }
+
+
+@pytest.mark.parametrize("damage", ["zero-byte", "truncated"])
+def test_a_damaged_newest_checkpoint_is_named_and_the_one_before_used(damage, tmp_path, caplog):
+    for r in (1, 2):
+        save_checkpoint(tmp_path, "train", r, _payload(float(r), best_round=1), keep=3)
+    newest = tmp_path / "checkpoint-round-2.pt"
+    newest.write_bytes(b"" if damage == "zero-byte" else newest.read_bytes()[:-100])
+
+    with caplog.at_level(logging.ERROR, logger="flwr"):
+        ckpt = latest_checkpoint(tmp_path, "train")
+
+    assert ckpt["round"] == 1 and torch.equal(ckpt["arrays"]["w"], torch.ones(8))
+    assert torch.equal(ckpt["strategy"]["best_arrays"]["w"], torch.ones(8))
+    assert "checkpoint-round-2.pt" in caplog.text and "damaged" in caplog.text
+    assert resume_step(tmp_path) == 1  # the clients roll back to the checkpoint the server resumes from
+
+
+def test_a_checkpoint_of_an_older_fedderm_gets_a_clear_message(tmp_path):
+    # FedCLF's relay bank was numpy: a checkpoint of that time holds arrays weights_only refuses
+    old = {"stage": "train", "round": 1, **_payload(1.0, best_round=1)}
+    old["strategy"] = {**old["strategy"], "uploads": {0: np.ones((2, 3), np.float32)}}
+    torch.save(old, tmp_path / "checkpoint-round-1.pt")
+    with pytest.raises(CheckpointError, match="checkpoint-round-1.pt .*older than its weights-only"):
+        latest_checkpoint(tmp_path, "train")
+
+
+def test_numpy_state_goes_into_a_checkpoint_and_comes_back_as_numpy(tmp_path):
+    payload = _payload(1.0, best_round=1)
+    uploads = {0: np.arange(6, dtype=np.float32).reshape(2, 3), 1: np.float64(0.5)}
+    payload["strategy"] = {**payload["strategy"], "uploads": uploads}
+    save_checkpoint(tmp_path, "train", 1, payload)
+    back = latest_checkpoint(tmp_path, "train")["strategy"]["uploads"]
+    assert isinstance(back[0], np.ndarray) and back[0].dtype == np.float32 and (back[0] == uploads[0]).all()
+    assert isinstance(back[1], np.float64) and back[1] == 0.5
+
+
+def test_checkpoints_and_client_state_reach_the_disk_before_their_names(tmp_path, monkeypatch):
+    synced = []
+    fsync = os.fsync
+
+    def spy(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    (tmp_path / "run").mkdir()
+    save_checkpoint(tmp_path / "run", "train", 1, _payload(1.0, best_round=1))
+    names = [Path(p).name for p in synced]
+    for final in ("best-round-1.pt", "checkpoint-round-1.pt"):  # the file, then the folder it was renamed in
+        i = next(i for i, n in enumerate(names) if n.startswith(f".{final}.") and n.endswith(".tmp"))
+        assert names[i + 1] == "run", names
+    synced.clear()
+    store = StateStore(tmp_path / "client-0", keep=2, label="client 0")
+    snap = store.open(1)
+    snap.put("w", {"a": torch.ones(3)})
+    snap.commit()
+    names = [Path(p).name for p in synced]
+    tensors = next(i for i, n in enumerate(names) if n.startswith(".w.s1.0.safetensors."))
+    manifest = next(i for i, n in enumerate(names) if n.startswith(".step-1.json."))
+    assert names[tensors + 1] == names[manifest + 1] == "client-0" and tensors < manifest
+
+
 class Killed(Exception):
     """Stands for the server's machine losing power."""
+
+
+def test_resume_after_a_power_cut_that_emptied_the_newest_checkpoint_equals_the_full_run(
+    tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    base = {**TINY_RUN, "cache-dir": str(tmp_path / "cache"), "output-dir": str(tmp_path / "out")}
+    full = run_app({**base, "run-name": "full"})
+    save = common.save_checkpoint
+
+    def cut_after_round_2(run_dir, stage, server_round, payload, keep=2):
+        path = save(run_dir, stage, server_round, payload, keep)
+        if server_round == 2:
+            path.write_bytes(b"")  # the rename reached the disk, the data did not
+            raise Killed("power cut after the round-2 checkpoint")
+        return path
+
+    monkeypatch.setattr(common, "save_checkpoint", cut_after_round_2)
+    with pytest.raises(Killed):
+        run_app({**base, "run-name": "cut"})
+    monkeypatch.setattr(common, "save_checkpoint", save)
+    cut = tmp_path / "out" / "cut"
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        assert run_app({"resume": str(cut)}) == cut
+
+    assert f"{cut / 'checkpoint-round-2.pt'}" in caplog.text and "resuming train after round 1" in caplog.text
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (full, cut))
+    assert a["final"] == b["final"] and a["rounds"] == b["rounds"] and b["status"] == "done"
+    wa, wb = (torch.load(d / "model.pt", weights_only=True) for d in (full, cut))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+# -- a pickle that would run code -------------------------------------------------------------
+class RunsCode:
+    """Unpickled, writes ``marker``: what a planted pickle would do."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
+
+
+def plant(path: Path, marker: Path, **fields) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({**fields, "payload": RunsCode(marker)}, path)
+
+
+def test_a_planted_checkpoint_is_refused_not_run(tmp_path):
+    marker = tmp_path / "ran"
+    save_checkpoint(tmp_path, "train", 1, _payload(1.0, best_round=1))
+    plant(tmp_path / "checkpoint-round-2.pt", marker, stage="train", round=2)
+    with pytest.raises(CheckpointError, match="checkpoint-round-2.pt"):
+        latest_checkpoint(tmp_path, "train")
+    with pytest.raises(CheckpointError, match="checkpoint-round-2.pt"):
+        resume_step(tmp_path)
+    assert not marker.exists()
+
+
+def test_a_planted_synthetic_cache_is_refused_not_run(tmp_path):
+    from fedderm.data.synthetic import load_synthetic
+
+    marker = tmp_path / "ran"
+    first = load_synthetic(2, 3, 16, 0, cache_dir=tmp_path / "cache")
+    (cached,) = (tmp_path / "cache").glob("synthetic-*.pt")
+    plant(cached, marker)
+    again = load_synthetic(2, 3, 16, 0, cache_dir=tmp_path / "cache")
+    assert not marker.exists()
+    assert torch.equal(again.images, first.images) and (again.labels == first.labels).all()
+    assert (
+        load_synthetic(2, 3, 16, 0, cache_dir=tmp_path / "cache").labels == first.labels
+    ).all()  # rewritten
+
+
+def test_a_planted_decoded_image_cache_is_refused_not_run(tmp_path):
+    from fedderm.data.cache import _cached
+    from fedderm.data.synthetic import generate
+
+    marker = tmp_path / "ran"
+    pool = generate(2, 3, 16, 0)
+    plant(tmp_path / "folder-abc.pt", marker)
+    again = _cached(tmp_path, "folder-abc", lambda: pool)
+    assert not marker.exists() and again is pool
+
+
+def test_a_planted_text_embedding_cache_is_refused_not_run(tmp_path, monkeypatch):
+    from fedderm import sift
+
+    calls = []
+
+    def encode(model_name, texts, pooling="mean"):
+        calls.append(texts)
+        return torch.ones(len(texts), 4)
+
+    monkeypatch.setattr(sift, "encode_texts", encode)
+    monkeypatch.setattr(sift, "_fingerprint", lambda name: name)
+    sift.class_text_embeddings("m", ["a", "b"], cache_dir=tmp_path)
+    (cached,) = (tmp_path / "sift-text").glob("*.pt")
+    marker = tmp_path / "ran"
+    plant(cached, marker)
+    assert torch.equal(sift.class_text_embeddings("m", ["a", "b"], cache_dir=tmp_path), torch.ones(2, 4))
+    assert not marker.exists() and len(calls) == 2
+
+
+def test_a_planted_model_file_is_refused_not_run(tmp_path):
+    from fedderm.inference import load_model
+
+    marker = tmp_path / "ran"
+    plant(tmp_path / "model-best.pt", marker)
+    with pytest.raises(ValueError, match="model-best.pt"):
+        load_model(tmp_path / "model-best.pt")
+    assert not marker.exists()
 
 
 # -- a failed run leaves no thread ------------------------------------------------------------
@@ -184,3 +372,53 @@ def test_a_failed_run_leaves_no_thread(tmp_path, monkeypatch):
     (run_dir,) = (tmp_path / "o").iterdir()
     assert list(run_dir.glob("events.out.tfevents.*"))  # it did write events
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+
+
+# -- the run folder's size ---------------------------------------------------------------------
+#: the default run's folder (ResNet-18, 64 px, 5 classes, num-server-rounds 8, keep-checkpoints 2):
+#: at most this many model-sized files (2 checkpoints, the best model, model.pt, model-best.pt)
+DEFAULT_RUN_MODELS = 5
+
+
+def test_the_default_runs_folder_stays_below_five_models(tmp_path):
+    """The checkpoints and model files of the default run, written as its rounds write them, with
+    the best round early (the most files: it differs from the newest checkpoints)."""
+    from fedderm.models import create_classifier
+    from fedderm.results import RunRecorder
+
+    cfg = registry.load_config({})
+    model = create_classifier(cfg, 5)
+    recorder = RunRecorder(tmp_path / "run", cfg.method, cfg.to_flat())
+    model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    grid = type("Grid", (), {"state_clock": None})()
+    best = None
+    for r in range(1, cfg.num_server_rounds + 1):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01)
+        arrays = {k: v.clone() for k, v in model.state_dict().items()}
+        best = arrays if r == 1 else best
+        strategy = {"best_round": 1, "best_score": 0.5, "best_arrays": best, "last_mean": {}}
+        common.save_round(
+            grid,
+            recorder,
+            "train",
+            r,
+            {"arrays": arrays, "strategy": strategy, "recorder": recorder.state()},
+            cfg.keep_checkpoints,
+        )
+    recorder.save_model(arrays)
+    recorder.save_model(best, name="model-best.pt")
+    recorder.close()
+    size = sum(p.stat().st_size for p in recorder.run_dir.rglob("*") if p.is_file())
+    assert size < DEFAULT_RUN_MODELS * model_bytes + 2**20, size / 2**20
+    assert sorted(p.name for p in recorder.run_dir.glob("*.pt")) == [
+        "best-round-1.pt",
+        "checkpoint-round-7.pt",
+        "checkpoint-round-8.pt",
+        "model-best.pt",
+        "model.pt",
+    ]
+    resumed = latest_checkpoint(recorder.run_dir, "train")
+    assert all(torch.equal(resumed["strategy"]["best_arrays"][k], best[k]) for k in best)
+    assert all(torch.equal(resumed["arrays"][k], arrays[k]) for k in arrays)

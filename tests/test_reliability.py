@@ -55,7 +55,7 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(in_process, tmp_path, 
     assert a["final"] == b["final"] and a["rounds"] == b["rounds"] and a["best_round"] == b["best_round"]
     wa, wb = torch.load(full / "model.pt"), torch.load(resumed / "model.pt")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    assert len(list(crashed.glob("checkpoint-round-*.pt"))) == 3  # rounds 1, 2, 3 (keep-checkpoints=3)
+    assert len(list(crashed.glob("checkpoint-round-*.pt"))) == 2  # rounds 2, 3 (keep-checkpoints=2)
 
 
 def _strategy(tmp_path, min_clients=1):
