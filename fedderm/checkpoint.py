@@ -5,12 +5,12 @@ methods, ``checkpoint-<stage>-round-3.pt`` for the stages of a multi-stage plan)
 atomically and flushed to disk (file and folder), so that neither a crash nor a power cut leaves
 a half-written checkpoint under a checkpoint's name.
 
-Disk: the best-on-val model goes into a file of its own, ``best[-<stage>]-round-<b>.pt``, once per
-best round; every checkpoint whose best it is names that file instead of holding a copy, and a
-checkpoint whose global model is that same model names it for its model too.  After each save the
-newest ``keep`` checkpoints of the stage stay (``keep-checkpoints``; 0 keeps all), with the best
-files they name; the rest is deleted.  A ResNet-18 checkpoint was 2 models (the global one and the
-best one); now it is at most one.
+Disk: a checkpoint holds no model itself.  Its global model goes to ``global[-<stage>]-round-<r>.pt``
+and its best-on-val model is named by reference: the global-model file of the best round (the
+best model is that round's global model), else a ``best[-<stage>]-round-<b>.pt`` written once.
+After each save the newest ``keep`` checkpoints of the stage stay (``keep-checkpoints``; 0 keeps
+all), with the model files they name; the rest is deleted.  Two checkpoints of a run whose best
+round is older than both take three models, not four; three checkpoints took six before.
 
 Loading: ``torch.load(weights_only=True)`` only (a checkpoint is a file on disk: it may have been
 replaced); what is stored is tensors, dicts, lists, tuples, numbers, strings and None.  A resumed
@@ -59,8 +59,14 @@ def checkpoint_name(stage: str, server_round: int) -> str:
     return f"{_prefix(stage)}-round-{server_round}.pt"
 
 
+def global_name(stage: str, server_round: int) -> str:
+    """The file of the global model after ``server_round`` of ``stage``."""
+    return f"{_prefix(stage, 'global')}-round-{server_round}.pt"
+
+
 def best_name(stage: str, server_round: int) -> str:
-    """The file of the best-on-val model of ``server_round`` of ``stage``."""
+    """The file of the best-on-val model of ``server_round`` of ``stage`` when it is no round's
+    global model (round 0's initial model, a method's own best)."""
     return f"{_prefix(stage, 'best')}-round-{server_round}.pt"
 
 
@@ -135,36 +141,56 @@ def _save(path: Path, obj: Any) -> None:
         torch.save(_storable(obj), tmp)
 
 
-def _readable(path: Path) -> bool:
-    """Whether ``path`` opens as a weights-only torch file (its tensors are not read)."""
+def _holds(path: Path, arrays: Mapping) -> bool:
+    """Whether the model file ``path`` holds exactly ``arrays``."""
     try:
-        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - torch raises many types for a damaged file
+        stored = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return isinstance(stored, dict) and _same_tensors(stored.get("arrays") or {}, arrays)
+    except Exception:  # noqa: BLE001 - missing or damaged: it does not
         return False
-    return True
+
+
+def _is_model(arrays: Any) -> bool:
+    return (
+        isinstance(arrays, Mapping)
+        and bool(arrays)
+        and all(isinstance(v, torch.Tensor) for v in arrays.values())
+    )
 
 
 def save_checkpoint(
     run_dir: Path, stage: str, server_round: int, payload: dict[str, Any], keep: int = 2
 ) -> Path:
     """Write ``payload`` for (stage, round); keep the newest ``keep`` of this stage (0 = all) and
-    the best-model files they name.  The strategy state's ``best_arrays`` (of ``best_round``) go
-    to :func:`best_name`'s file, once per best round."""
+    the model files they name.
+
+    The global model (``arrays``) goes to :func:`global_name`'s file; the strategy state's
+    ``best_arrays`` (of ``best_round``) are named by reference: to that round's global-model file
+    when it holds them (the usual case: the best model is a round's global model), else to
+    :func:`best_name`'s file, written once."""
     run_dir = Path(run_dir)
     payload = {"stage": stage, "round": server_round, **payload}
+    arrays = payload.get("arrays")
+    if _is_model(arrays):  # always written: a crashed run may have left another model of this round
+        name = global_name(stage, server_round)
+        _save(run_dir / name, {"stage": stage, "round": server_round, "arrays": arrays})
+        payload["arrays"] = {FILE_REF: name}
     strategy = payload.get("strategy")
     if (
         isinstance(strategy, Mapping)
-        and strategy.get("best_arrays")
+        and _is_model(strategy.get("best_arrays"))
         and strategy.get("best_round") is not None
     ):
-        best = strategy["best_arrays"]
-        name = best_name(stage, int(strategy["best_round"]))
-        if not (run_dir / name).is_file() or not _readable(run_dir / name):
-            _save(run_dir / name, {"stage": stage, "round": int(strategy["best_round"]), "arrays": best})
+        best, best_round = strategy["best_arrays"], int(strategy["best_round"])
+        if best_round == server_round and _is_model(arrays) and _same_tensors(arrays, best):
+            name = global_name(stage, best_round)
+        elif _holds(run_dir / global_name(stage, best_round), best):
+            name = global_name(stage, best_round)
+        else:
+            name = best_name(stage, best_round)
+            if not _holds(run_dir / name, best):
+                _save(run_dir / name, {"stage": stage, "round": best_round, "arrays": best})
         payload["strategy"] = {**strategy, "best_arrays": {FILE_REF: name}}
-        if isinstance(payload.get("arrays"), Mapping) and _same_tensors(payload["arrays"], best):
-            payload["arrays"] = {FILE_REF: name}
     path = run_dir / checkpoint_name(stage, server_round)
     _save(path, payload)
     prune_checkpoints(run_dir, stage, keep)
@@ -181,9 +207,9 @@ def _references(payload: Any) -> set[str]:
 
 
 def prune_checkpoints(run_dir: Path, stage: str, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints of ``stage`` (0: none) and the best-model
-    files no remaining checkpoint names.  Only files of this stage's two name patterns in
-    ``run_dir`` are ever deleted."""
+    """Delete all but the newest ``keep`` checkpoints of ``stage`` (0: none) and the model files
+    (global and best) no remaining checkpoint names.  Only files of this stage's three name
+    patterns in ``run_dir`` are ever deleted."""
     run_dir = Path(run_dir)
     rounds = _rounds(run_dir, stage)
     if keep:
@@ -194,11 +220,12 @@ def prune_checkpoints(run_dir: Path, stage: str, keep: int) -> None:
     for _, path in rounds:
         try:
             named |= _references(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
-        except Exception:  # noqa: BLE001 - a checkpoint that cannot be read: keep every best file
+        except Exception:  # noqa: BLE001 - a checkpoint that cannot be read: keep every model file
             return
-    for _, best in _numbered(run_dir, _prefix(stage, "best")):
-        if best.name not in named:
-            best.unlink(missing_ok=True)
+    for kind in ("global", "best"):
+        for _, model in _numbered(run_dir, _prefix(stage, kind)):
+            if model.name not in named:
+                model.unlink(missing_ok=True)
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -227,12 +254,13 @@ def _resolve(run_dir: Path, payload: Any, stage: str) -> Any:
         return payload
     if set(payload) == {FILE_REF}:
         name = str(payload[FILE_REF])
-        if not re.fullmatch(re.escape(_prefix(stage, "best")) + r"-round-\d+\.pt", name):
-            raise DamagedCheckpoint(f"names {name!r}, which is not a best-model file of stage {stage!r}")
-        best = _load(run_dir / name)
-        if not isinstance(best, dict) or not isinstance(best.get("arrays"), dict):
-            raise DamagedCheckpoint(f"{run_dir / name} is not a best-model file")
-        return best["arrays"]
+        kinds = "|".join(re.escape(_prefix(stage, kind)) for kind in ("global", "best"))
+        if not re.fullmatch(rf"(?:{kinds})-round-\d+\.pt", name):
+            raise DamagedCheckpoint(f"names {name!r}, which is no model file of stage {stage!r}")
+        stored = _load(run_dir / name)
+        if not isinstance(stored, dict) or not isinstance(stored.get("arrays"), dict):
+            raise DamagedCheckpoint(f"{run_dir / name} is not a model file of a checkpoint")
+        return stored["arrays"]
     return {k: _resolve(run_dir, v, stage) for k, v in payload.items()}
 
 

@@ -203,6 +203,49 @@ def test_numpy_state_goes_into_a_checkpoint_and_comes_back_as_numpy(tmp_path):
     assert isinstance(back[1], np.float64) and back[1] == 0.5
 
 
+def test_checkpoints_name_one_file_per_model_and_keep_only_what_they_name(tmp_path):
+    initial = {"w": torch.zeros(8)}
+    models = {r: {"w": torch.full((8,), float(r))} for r in (1, 2, 3, 4)}
+
+    def save(r, best_round):
+        best = initial if best_round == 0 else models[best_round]
+        strategy = {"best_round": best_round, "best_arrays": {k: v.clone() for k, v in best.items()}}
+        save_checkpoint(tmp_path, "train", r, {"arrays": models[r], "strategy": strategy}, keep=2)
+
+    save(1, best_round=0)  # the initial model is the best: a file of its own
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "best-round-0.pt",
+        "checkpoint-round-1.pt",
+        "global-round-1.pt",
+    ]
+    save(2, best_round=1)  # round 1's global model is the best: named, not copied
+    save(3, best_round=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-round-2.pt",
+        "checkpoint-round-3.pt",
+        "global-round-1.pt",
+        "global-round-2.pt",
+        "global-round-3.pt",
+    ]
+    # a crashed run left another round-4 model behind: the new checkpoint does not take it
+    torch.save(
+        {"stage": "train", "round": 4, "arrays": {"w": torch.full((8,), -1.0)}},
+        tmp_path / "global-round-4.pt",
+    )
+    save(4, best_round=4)
+    ckpt = latest_checkpoint(tmp_path, "train")
+    assert torch.equal(ckpt["arrays"]["w"], models[4]["w"]) and torch.equal(
+        ckpt["strategy"]["best_arrays"]["w"], models[4]["w"]
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-round-3.pt",
+        "checkpoint-round-4.pt",
+        "global-round-1.pt",
+        "global-round-3.pt",
+        "global-round-4.pt",
+    ]
+
+
 def test_checkpoints_and_client_state_reach_the_disk_before_their_names(tmp_path, monkeypatch):
     synced = []
     fsync = os.fsync
@@ -215,7 +258,8 @@ def test_checkpoints_and_client_state_reach_the_disk_before_their_names(tmp_path
     (tmp_path / "run").mkdir()
     save_checkpoint(tmp_path / "run", "train", 1, _payload(1.0, best_round=1))
     names = [Path(p).name for p in synced]
-    for final in ("best-round-1.pt", "checkpoint-round-1.pt"):  # the file, then the folder it was renamed in
+    # each file flushed, then the folder it was renamed in
+    for final in ("global-round-1.pt", "checkpoint-round-1.pt"):
         i = next(i for i, n in enumerate(names) if n.startswith(f".{final}.") and n.endswith(".tmp"))
         assert names[i + 1] == "run", names
     synced.clear()
@@ -376,7 +420,8 @@ def test_a_failed_run_leaves_no_thread(tmp_path, monkeypatch):
 
 # -- the run folder's size ---------------------------------------------------------------------
 #: the default run's folder (ResNet-18, 64 px, 5 classes, num-server-rounds 8, keep-checkpoints 2):
-#: at most this many model-sized files (2 checkpoints, the best model, model.pt, model-best.pt)
+#: at most this many model-sized files (the global models of the 2 checkpoints kept, the best-on-val
+#: model they name, model.pt, model-best.pt); 8 before the checkpoint policy
 DEFAULT_RUN_MODELS = 5
 
 
@@ -413,9 +458,11 @@ def test_the_default_runs_folder_stays_below_five_models(tmp_path):
     size = sum(p.stat().st_size for p in recorder.run_dir.rglob("*") if p.is_file())
     assert size < DEFAULT_RUN_MODELS * model_bytes + 2**20, size / 2**20
     assert sorted(p.name for p in recorder.run_dir.glob("*.pt")) == [
-        "best-round-1.pt",
         "checkpoint-round-7.pt",
         "checkpoint-round-8.pt",
+        "global-round-1.pt",
+        "global-round-7.pt",
+        "global-round-8.pt",
         "model-best.pt",
         "model.pt",
     ]
