@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import socket
 from collections.abc import Mapping
@@ -79,8 +80,6 @@ def _registry() -> Path:
 
 def new_token() -> str:
     """A server process's token: 128 secret bits (``secrets``), never derived from the seed."""
-    import secrets
-
     return secrets.token_hex(16)
 
 
