@@ -17,10 +17,12 @@ from flwr.serverapp import Grid, ServerApp
 
 import registry
 from fedderm import flower_private
+from fedderm.config import CHOICES, ConfigError
 from fedderm.console import one_line_config_errors, stop_children
 from fedderm.data.checks import check_union
 from fedderm.lora import load_init_checkpoint
 from fedderm.models import create_classifier
+from fedderm.paths import inside, is_safe_component, safe_component
 from fedderm.results import RunRecorder
 from fedderm.train import seed_everything
 from strategies.common import StateClock, run_federated
@@ -134,9 +136,15 @@ def client_data(infos: dict) -> dict[str, dict]:
 
 def data_label(cfg, data: dict | None) -> str:
     """The data part of a run folder's name: ``node-config-<formats>`` when hospitals named their
-    own data in node config, else the run config's ``dataset``."""
-    own = sorted({c["dataset"] for c in (data or {}).values() if c["source"] == "node-config"})
-    return f"node-config-{'-'.join(own)}" if own else cfg.dataset
+    own data in node config, else the run config's ``dataset``.  The formats are what the clients
+    reported: any that is not a known format is left out of the name (a client's word never
+    becomes a path)."""
+    known = set(CHOICES["dataset"])
+    own = {str(c.get("dataset")) for c in (data or {}).values() if c.get("source") == "node-config"}
+    if not own:
+        return cfg.dataset
+    named = sorted(own & known) + (["other"] if own - known else [])
+    return f"node-config-{'-'.join(named)}"
 
 
 def record_classes(recorder: RunRecorder, cfg, method, classes: list[str], infos: dict) -> None:
@@ -173,14 +181,22 @@ def record_classes(recorder: RunRecorder, cfg, method, classes: list[str], infos
 
 def run_dir_for(cfg, run_id: int, data: str | None = None) -> Path:
     """``<output-dir>/<run-name>``, by default ``<method>-<data>-<time>-<run id>`` (``data``: see
-    :func:`data_label`; default the run config's ``dataset``)."""
+    :func:`data_label`; default the run config's ``dataset``).  The folder is one level inside
+    ``output-dir``: a ``run-name`` that is no single safe folder name is refused (the config check
+    refuses it first), and a default name is made safe (:func:`fedderm.paths.safe_component`)."""
     data = data or cfg.dataset
-    name = cfg.run_name or f"{cfg.method}-{data}-{datetime.now():%Y%m%d-%H%M%S}-{run_id % 10000:04d}"
-    path = cfg.output_path / name
-    suffix = 1
+    if cfg.run_name:
+        name = cfg.run_name
+        if not is_safe_component(name):
+            raise ConfigError(
+                f"run-config key 'run-name' must be one folder name inside output-dir, got {name!r}"
+            )
+    else:
+        name = safe_component(f"{cfg.method}-{data}-{datetime.now():%Y%m%d-%H%M%S}-{run_id % 10000:04d}")
+    path, suffix = inside(cfg.output_path, name), 1
     while path.exists():
         suffix += 1
-        path = cfg.output_path / f"{name}-{suffix}"
+        path = inside(cfg.output_path, f"{name}-{suffix}")
     return path
 
 
@@ -369,6 +385,10 @@ def main(grid: Grid, context: Context) -> None:
         if "recorder" in CURRENT:
             CURRENT["last"] = CURRENT.pop("recorder")
         CURRENT.pop("grid", None)
+        if getattr(grid, "state_clock", None) is not None:
+            grid.state_clock.close()  # the simulation's client-state registration
+        if recorder is not None:
+            recorder.close()  # summary.json, and the TensorBoard writer's thread, also after a failure
     log(INFO, "\n%s", recorder.table())
     if CLI_RECORD not in context.state:  # sim.py prints this line itself, as its last
         log(INFO, "results: %s", run_dir)

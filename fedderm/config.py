@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedderm.paths import MAX_COMPONENT, is_safe_component
 from fedderm.transport import TRANSPORT_DTYPES
 
 #: values of ``bn-stats``: what a local loop's BatchNorm running statistics hold (fedderm.train.RoundStats)
@@ -129,7 +130,7 @@ class Config:
     output_dir: str = "~/fedderm-results"
     run_name: str = ""
     resume: str = ""
-    keep_checkpoints: int = 3
+    keep_checkpoints: int = 2
     round_timeout: float = 3600.0
     targets: str = "0.55,0.65,0.75,0.85"
     transport_dtype: str = "float32"
@@ -278,6 +279,12 @@ def _check_ranges(cfg: Config) -> None:
     need(cfg.holdout_lr > 0, "holdout-lr", "must be > 0")
     need(cfg.round_timeout > 0, "round-timeout", "must be > 0 (seconds)")
     need(cfg.keep_checkpoints >= 0, "keep-checkpoints", "must be >= 0 (0 keeps every round's checkpoint)")
+    need(
+        not cfg.run_name or is_safe_component(cfg.run_name),
+        "run-name",
+        f"must be one folder name inside output-dir (letters, digits, '.', '_', '-'; not starting with "
+        f"'.' or '-'; no '/' or '..'; at most {MAX_COMPONENT} characters)",
+    )
     need(cfg.proximal_mu >= 0, "proximal-mu", "must be >= 0")
     need(cfg.probe_every >= 0, "probe-every", "must be >= 0 (0 = off)")
     need(0 < cfg.lr_decay <= 1, "lr-decay", "must be in (0, 1]")
@@ -464,7 +471,8 @@ KEY_DOCS: dict[str, str] = {
     "output-dir": "where run folders are written (an absolute path is safest)",
     "run-name": "the run folder's name; default `<method>-<dataset>-<date>-<time>-<id>`",
     "resume": "a run folder to continue from its newest checkpoint (docs/failures.md)",
-    "keep-checkpoints": "per-round checkpoints kept per stage (`0` keeps all)",
+    "keep-checkpoints": "per-round checkpoints kept per stage, newest first, with the best-on-val model "
+    "they name (`0` keeps all); clients keep as many steps of their state",
     "round-timeout": "seconds a round waits for replies and for `min-clients` to connect "
     "(keep it >= 15 s in simulation)",
     "targets": "comma-separated balanced accuracies: `rounds_to_target` in summary.json gives the first round "

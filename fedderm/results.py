@@ -11,7 +11,11 @@ A run folder written by :class:`RunRecorder` looks like::
         config.json      resolved run config (sorted keys), written at start
         rounds.csv       one row per client per evaluation round + a 'mean' row,
                          appended as soon as the round is evaluated
-        summary.json     machine-readable summary, rewritten after every round
+        rounds.jsonl     the same evaluations as summary.json's ``rounds`` entries (test ones
+                         too), one JSON line each, appended as soon as they are recorded
+        summary.json     machine-readable summary, written when the run opens, when its status
+                         changes (failed, stopped, done) and at the end: not every round, so
+                         the bytes it costs grow with the run's length, not with its square
         model.pt         final global model state_dict (torch.save)
         curves.png       mean validation metrics per round + per-client balanced accuracy
         train_loss.png   mean training loss per round (only if train losses were logged)
@@ -270,14 +274,16 @@ class RunRecorder:
         self.health = HealthCheck(self.config)
         #: TensorBoard event files (fedderm.tracking) when the config says ``tensorboard = true``
         self.tracker = None
+        #: the in-memory summary differs from summary.json (written by :meth:`flush`)
+        self._dirty = True
+        _write_json(self.config_path, self.config, sort_keys=True)
+        with open(self.rounds_csv_path, "w", newline="", encoding="utf-8") as fh:
+            csv.writer(fh).writerow(CSV_COLUMNS)
+        self.rounds_jsonl_path.write_bytes(b"")
         if self.config.get("tensorboard") is True:
             from fedderm.tracking import Tracker
 
             self.tracker = Tracker(self.run_dir)
-
-        _write_json(self.config_path, self.config, sort_keys=True)
-        with open(self.rounds_csv_path, "w", newline="", encoding="utf-8") as fh:
-            csv.writer(fh).writerow(CSV_COLUMNS)
         if state:
             self.restore(state)
         insecure = insecure_entry(self.config)  # insecure-reproducible-noise: what it weakened
@@ -289,7 +295,7 @@ class RunRecorder:
                 INSECURE,
                 "; ".join(insecure["weakened"]),
             )
-        self._write_summary()
+        self.flush()
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint needs to restore this recorder (JSON-safe copies)."""
@@ -323,6 +329,10 @@ class RunRecorder:
         return self.run_dir / "rounds.csv"
 
     @property
+    def rounds_jsonl_path(self) -> Path:
+        return self.run_dir / "rounds.jsonl"
+
+    @property
     def summary_path(self) -> Path:
         return self.run_dir / "summary.json"
 
@@ -349,7 +359,7 @@ class RunRecorder:
             },
         }
         self.model_meta = {**dict(model_meta or {}), "classes": names}
-        self._write_summary()
+        self._dirty = True
 
     def class_names(self, num_classes: int) -> list[str]:
         """The recorded class names, or ``"0" … "C-1"`` when none were recorded."""
@@ -378,8 +388,8 @@ class RunRecorder:
         """Record one evaluation round: per_client maps partition-id (str) -> {metric: value, 'num-examples': n, maybe 'loss'}; returns the unweighted mean (mean_over_clients).
 
         Appends rows to rounds.csv immediately (one row per client + one row
-        client='mean'; columns :data:`CSV_COLUMNS`) so nothing is lost if the run
-        dies, and rewrites summary.json (atomic write: tmp + os.replace).  The
+        client='mean'; columns :data:`CSV_COLUMNS`) and the entry to rounds.jsonl, so
+        nothing is lost if the run dies; summary.json follows at :meth:`flush`.  The
         ``train_loss`` column is filled on the 'mean' row from ``train['train_loss']``
         (or ``train['loss']``) when ``train`` is given.
         """
@@ -401,7 +411,6 @@ class RunRecorder:
                 "train": dict(train) if train else {},
             }
         )
-        self._write_summary()
         return mean
 
     def _append(self, entry: dict[str, Any], keep: bool = True, track: bool = True) -> None:
@@ -438,6 +447,10 @@ class RunRecorder:
             for row in rows:
                 writer.writerow([_csv_cell(v) for v in row])
             fh.flush()
+        line = json.dumps(to_json_safe(entry), allow_nan=False) + "\n"
+        with open(self.rounds_jsonl_path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+        self._dirty = True
         if self.tracker is not None and track:  # the same values as rounds.csv (fedderm.tracking)
             self.tracker.rows(
                 str(entry["split"]),
@@ -487,8 +500,6 @@ class RunRecorder:
         )
         if extra:
             self.update_extra(extra)
-        else:
-            self._write_summary()
         return mean
 
     def _pooled(
@@ -548,7 +559,6 @@ class RunRecorder:
             },
             keep=False,
         )
-        self._write_summary()
         return mean
 
     def _check_health(
@@ -577,12 +587,15 @@ class RunRecorder:
         return list(self.health.warnings)
 
     def update_extra(self, extra: dict) -> None:
-        """Merge more top-level entries into summary.json (e.g. ``rounds_to_target``)."""
+        """Merge more top-level entries into summary.json (e.g. ``rounds_to_target``); a new
+        ``status`` (running, failed, stopped, done) is written at once, the rest by :meth:`flush`."""
         clash = _RESERVED_SUMMARY_KEYS.intersection(extra)
         if clash:
             raise ValueError(f"extra keys {sorted(clash)} are reserved in summary.json")
         self.extra.update({str(k): v for k, v in extra.items()})
-        self._write_summary()
+        self._dirty = True
+        if "status" in extra:
+            self.flush()
 
     def save_model(self, state_dict, name: str = "model.pt") -> Path:
         """torch.save the state_dict to ``run_dir/name`` (atomic); returns the path.
@@ -598,7 +611,7 @@ class RunRecorder:
             meta["fedderm"] = to_json_safe(self.model_meta)
             state_dict._metadata = meta
         path = self.run_dir / name
-        with atomic_path(path, mode=_FILE_MODE) as tmp:
+        with atomic_path(path, mode=_FILE_MODE, fsync=True) as tmp:
             torch.save(state_dict, tmp)
         return path
 
@@ -616,22 +629,33 @@ class RunRecorder:
         data["warnings"] = self.warnings
         return to_json_safe(data)
 
-    def _write_summary(self) -> None:
-        _write_json(self.summary_path, self.summary())
+    def flush(self) -> None:
+        """Write summary.json if anything changed since it was last written."""
+        if self._dirty:
+            _write_json(self.summary_path, self.summary())
+            self._dirty = False
+
+    def close(self) -> None:
+        """Write summary.json and close the TensorBoard writer (and its thread); for a run that
+        ends in any way (call it in a ``finally``).  Safe to call more than once."""
+        try:
+            self.flush()
+        finally:
+            if self.tracker is not None:
+                tracker, self.tracker = self.tracker, None
+                tracker.close()
 
     def finish(self) -> Path:
         """Write summary.json, the PNG curves and final_table.txt; return run_dir."""
-        self._write_summary()
+        self.flush()
         self._plot_curves()
         self._plot_train_loss()
         self._write_per_class()
         if self.final is not None:
             _atomic_write_bytes(self.run_dir / "final_table.txt", (self.table() + "\n").encode("utf-8"))
-        if self.tracker is not None:
-            if self.final is not None:
-                self.tracker.text("final_table", self.table())
-            self.tracker.close()
-            self.tracker = None
+        if self.tracker is not None and self.final is not None:
+            self.tracker.text("final_table", self.table())
+        self.close()
         return self.run_dir
 
     def table(self) -> str:

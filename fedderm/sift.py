@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .atomic import atomic_path
 from .config import ConfigError
 from .models import create_model
 
@@ -402,14 +403,17 @@ def class_text_embeddings(
         digest = hashlib.sha256(key.encode()).hexdigest()[:20]
         path = Path(cache_dir).expanduser() / "sift-text" / f"{digest}.pt"
         if path.is_file():
-            cached = torch.load(path)
-            if cached.get("key") == key:
+            try:  # weights_only: a cache file is a file on disk; one that would run code is refused
+                cached = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as err:  # noqa: BLE001 - damaged or foreign: compute again, overwrite
+                log.warning("ignoring unreadable cache file %s (%s)", path, type(err).__name__)
+                cached = {}
+            if isinstance(cached, dict) and cached.get("key") == key:
                 log.info("class text embeddings from cache %s", path)
                 return cached["embeddings"]
     embeddings = encode_texts(model_name, texts, pooling)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save({"key": key, "embeddings": embeddings}, tmp)
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            torch.save({"key": key, "embeddings": embeddings}, tmp)
     return embeddings

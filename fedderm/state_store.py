@@ -19,15 +19,25 @@ the snapshots after ``K`` (the crashed run went on past the checkpoint) and cont
 newest one at or before ``K``.  The newest ``keep`` steps before the current one are kept.
 
 A file that does not match its manifest (truncated by a crash of the disk or the machine) is
-reported naming the file, and the snapshot before it is used.
+reported naming the file, and the snapshot before it is used.  Every file is flushed to disk (file
+and folder) before the manifest that names it is written: a power cut leaves the previous snapshot.
+
+Where.  The folder belongs to the client: :func:`clients.state.state_folder` builds it from the
+client's own node config, the run's name reduced to one safe folder name
+(:func:`fedderm.paths.safe_component`), and, in a simulation, the run folder that the simulation's
+server registered on this machine under a secret token (:func:`register_simulation`): nothing a
+message says is a path.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import secrets
 import shutil
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,9 +46,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from fedderm.atomic import atomic_path
+from fedderm.paths import is_safe_component, safe_component
 
 LOG = logging.getLogger("fedderm.state")
 _MANIFEST = re.compile(r"step-(\d+)\.json$")
+#: the largest step, resume step or keep a server message may give (a MetricRecord-safe int)
+MAX_STEP = 2**31 - 1
+_TOKEN = re.compile(r"[0-9a-f]{32}")
 
 
 class StateError(RuntimeError):
@@ -46,8 +60,90 @@ class StateError(RuntimeError):
 
 
 def _atomic_write(path: Path, write) -> None:
-    with atomic_path(path) as tmp:
+    with atomic_path(path, fsync=True) as tmp:
         write(tmp)
+
+
+def fedderm_cache() -> Path:
+    """``$XDG_CACHE_HOME/fedderm`` (default ``~/.cache/fedderm``): this user's own fedderm folder."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "fedderm"
+
+
+def default_root() -> Path:
+    """Where a client without node-config ``state-dir`` keeps its state (one folder per run)."""
+    return fedderm_cache() / "client-state"
+
+
+def _registry() -> Path:
+    return fedderm_cache() / "simulations"
+
+
+def new_token() -> str:
+    """A server process's token: 128 secret bits (``secrets``), never derived from the seed."""
+    return secrets.token_hex(16)
+
+
+def register_simulation(token: str, run_dir: Path) -> Path:
+    """Tell this machine's simulated clients where their run keeps client state: a file named by
+    the server's secret ``token`` (readable by this user only) that holds ``run_dir``.  A client
+    given a token finds the run folder only if this machine's own simulation registered it, so a
+    server elsewhere cannot choose where a hospital writes.  Returns the registration file."""
+    if not _TOKEN.fullmatch(token):
+        raise ValueError(f"not a server token: {token!r}")
+    folder = _registry()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _drop_dead_registrations(folder)
+    entry = {"run-dir": str(Path(run_dir).resolve()), "pid": os.getpid(), "host": socket.gethostname()}
+    path = folder / token
+    with atomic_path(path, mode=0o600) as tmp:
+        tmp.write_text(json.dumps(entry))
+    return path
+
+
+def unregister_simulation(token: str) -> None:
+    """Remove the registration of ``token`` (the simulation's run ended)."""
+    if _TOKEN.fullmatch(str(token)):
+        (_registry() / token).unlink(missing_ok=True)
+
+
+def _drop_dead_registrations(folder: Path) -> None:
+    """Registrations left by simulations of this host whose server process is gone (killed)."""
+    host = socket.gethostname()
+    for path in folder.iterdir():
+        try:
+            entry = json.loads(path.read_text())
+            if entry.get("host") != host:
+                continue
+            os.kill(int(entry["pid"]), 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+
+
+def simulation_run_dir(token: object) -> Path | None:
+    """The run folder this machine's simulation registered under ``token``, or None: the token is
+    no server token, no such registration exists, or the file is not this user's own regular file."""
+    token = str(token)
+    if not _TOKEN.fullmatch(token):
+        return None
+    path = _registry() / token
+    try:
+        st = path.lstat()
+        if not path.is_file() or path.is_symlink() or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+            return None
+        run_dir = json.loads(path.read_text()).get("run-dir")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return Path(run_dir) if isinstance(run_dir, str) and Path(run_dir).is_absolute() else None
+
+
+def stamp_int(stamp: Mapping, key: str) -> int:
+    """Field ``key`` of a server's ``fedderm-state`` record as an int in [0, :data:`MAX_STEP`]."""
+    value = stamp.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STEP:
+        raise StateError(f"the server's fedderm-state record has a bad {key!r}: {value!r}")
+    return value
 
 
 class Snapshot:
@@ -140,8 +236,15 @@ class StateStore:
             manifest = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             raise StateError(f"{self.label}: state manifest {path} is unreadable ({err})") from err
-        if manifest.get("step") != step or not isinstance(manifest.get("entries"), dict):
+        entries = manifest.get("entries") if isinstance(manifest, dict) else None
+        if not isinstance(entries, dict) or manifest.get("step") != step:
             raise StateError(f"{self.label}: state manifest {path} is not a fedderm client-state manifest")
+        for name, entry in entries.items():
+            file = entry.get("file") if isinstance(entry, dict) else ""
+            if file is not None and not is_safe_component(file):
+                raise StateError(
+                    f"{self.label}: state manifest {path} names a bad file for {name!r}: {file!r}"
+                )
         return manifest
 
     def _check(self, manifest: dict) -> dict[str, dict[str, torch.Tensor]]:
@@ -229,7 +332,7 @@ class StateStore:
         self._prune(snap.step)
 
     def _free_name(self, name: str, step: int) -> str:
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+        safe = safe_component(name)[:96].rstrip(".-_") or "entry"
         n = 0
         while (self.folder / f"{safe}.s{step}.{n}.safetensors").exists():
             n += 1

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import time
 import traceback
-import uuid
 from collections.abc import Callable, Iterable
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
@@ -33,7 +32,9 @@ from fedderm.checkpoint import DEFAULT_STAGE, latest_checkpoint, resume_step, sa
 from fedderm.config import Config
 from fedderm.console import CHATTER
 from fedderm.metrics import SELECTION_METRIC, mean_over_clients
+from fedderm.paths import safe_component
 from fedderm.results import RunRecorder, client_sort_key
+from fedderm.state_store import new_token, register_simulation, unregister_simulation
 
 from . import progress
 from .globaltest import global_test
@@ -56,13 +57,31 @@ from .traffic import array_bytes, record_bytes
 class StateClock:
     """The server's side of the client-state store (:mod:`fedderm.state_store`): numbers the
     intervals between checkpoints (``step``) and stamps every message with the ``fedderm-state``
-    record the clients key and roll back their state by (:mod:`clients.state`)."""
+    record the clients key and roll back their state by (:mod:`clients.state`).
+
+    The stamp names the run (its folder's name, as one safe folder name) and never a path: where
+    a client keeps its state is the client's business.  In a simulation the clock registers the
+    run folder on this machine under its secret token (:func:`fedderm.state_store.register_simulation`),
+    so that the simulated clients, and only they, keep their state in the run folder;
+    :meth:`close` removes the registration."""
 
     def __init__(self, run_dir, keep: int, simulation: bool, resume: int = 0):
         run_dir = Path(run_dir).expanduser().resolve()
-        self.run, self.run_dir = run_dir.name, str(run_dir) if simulation else ""
+        self.run = safe_component(run_dir.name)
         self.keep, self.resume, self.step = int(keep), int(resume), int(resume)
-        self.token = uuid.uuid4().hex  # new for every server process: clients roll back once per token
+        self.token = new_token()  # new for every server process: clients roll back once per token
+        self.registered = False
+        if simulation:
+            try:
+                register_simulation(self.token, run_dir)
+                self.registered = True
+            except OSError as err:
+                log(
+                    WARNING,
+                    "client state: cannot register the simulation's run folder (%s); the "
+                    "simulated clients keep their state in their default folder",
+                    err,
+                )
 
     @classmethod
     def for_run(cls, run_dir, cfg, simulation: bool) -> StateClock:
@@ -73,13 +92,18 @@ class StateClock:
         return ConfigRecord(
             {
                 "run": self.run,
-                "run-dir": self.run_dir,
                 "step": self.step + 1,
                 "resume": self.resume,
                 "token": self.token,
                 "keep": self.keep,
             }
         )
+
+    def close(self) -> None:
+        """The run ended: remove the simulation's registration (nothing in a deployment)."""
+        if self.registered:
+            unregister_simulation(self.token)
+            self.registered = False
 
 
 def save_round(

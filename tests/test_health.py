@@ -107,6 +107,7 @@ def test_recorder_writes_warnings_to_summary_console_and_final_table_and_keeps_t
         rec.log_round(2, "val", bad, train={"train_loss": 0.5})
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "class 'akiec'" in warned[0]
+    rec.flush()  # summary.json is written when the run ends (rounds.jsonl as they come)
     assert json.loads(rec.summary_path.read_text())["warnings"] == warned
     resumed = RunRecorder(tmp_path / "run", "fedavg", {"bn-stats": "ema"}, state=rec.state())
     assert resumed.warnings == warned
@@ -119,4 +120,5 @@ def test_recorder_writes_warnings_to_summary_console_and_final_table_and_keeps_t
     healthy.log_round(1, "val", good, train={"train_loss": 1.0})
     healthy.log_round(2, "val", good, train={"train_loss": 0.5})
     healthy.set_final(good, best_round=2)
+    healthy.flush()
     assert json.loads(healthy.summary_path.read_text())["warnings"] == [] and "[!]" not in healthy.table()

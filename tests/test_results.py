@@ -65,9 +65,14 @@ def test_log_round_returns_unweighted_mean_and_appends_csv(tmp_path):
     assert mean["balanced_accuracy"] == pytest.approx((0.1 + 0.3 + 0.5) / 3)
     assert mean["auc"] == pytest.approx((0.1 + 0.3) / 2)
     assert mean["loss"] == pytest.approx((1.0 + 2.0 + 3.0) / 3)
-    # on disk right away, before finish()
+    # on disk right away, before finish(): the rows and the round's entry, appended
     with open(tmp_path / "run" / "rounds.csv", newline="") as fh:
         assert len(list(csv.DictReader(fh))) == 4
+    (line,) = (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()
+    assert json.loads(line) == rec.summary()["rounds"][0]
+    # summary.json, rewritten whole, waits for the end (flush): its bytes grow with the run, not its square
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds"] == []
+    rec.flush()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert len(summary["rounds"]) == 1 and summary["final"] is None
 
@@ -168,6 +173,7 @@ def test_summary_all_nan_mean_is_null(tmp_path):
     mean = rec.log_round(1, "val", per_client)
     assert math.isnan(mean["auc"])
     rec.set_final(per_client, best_round=None)
+    rec.flush()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["rounds"][0]["metrics"]["auc"] is None
     assert summary["final"]["auc"] is None
@@ -179,6 +185,7 @@ def test_extra_cannot_override_contract(tmp_path):
     with pytest.raises(ValueError):
         rec.set_final(FINAL, best_round=1, extra={"final": 1})
     rec.update_extra({"rounds_to_target": 2})
+    rec.flush()
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds_to_target"] == 2
 
 

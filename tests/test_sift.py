@@ -64,6 +64,7 @@ def run_sift(tmp_path, grid, run_config):
     cfg = registry.load_config(run_config)
     recorder = RunRecorder(tmp_path / "run", cfg.method, cfg.to_flat())
     strategies.sift.run(grid, cfg, recorder, CLASSES)
+    recorder.close()  # as the ServerApp does when the run ends: summary.json
     return json.loads(recorder.summary_path.read_text())
 
 

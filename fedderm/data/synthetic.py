@@ -21,7 +21,7 @@ from .pool import ImagePool
 log = logging.getLogger("fedderm.data")
 
 CLASSES = ["nevus", "melanoma", "basal_cell_carcinoma", "keratosis", "vascular"]
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 # Skin tones from light to dark (RGB, 0-1), interpolated across sites.
 _TONES = np.array([[0.96, 0.83, 0.72], [0.87, 0.68, 0.52], [0.70, 0.50, 0.36], [0.45, 0.31, 0.22]])
@@ -138,6 +138,26 @@ def generate(num_sites: int, per_class: int, image_size: int, seed: int) -> Imag
     )
 
 
+#: the ImagePool fields that are numpy arrays (stored as tensors: torch.load weights_only reads them)
+_NUMPY_FIELDS = ("labels", "sites", "groups", "splits")
+
+
+def _read_cache(path: Path) -> ImagePool | None:
+    """The pool cached in ``path``, or None when it cannot be read safely: loaded with
+    ``weights_only`` (a cache file is a file on disk: a pickle that would run code is refused, and
+    the data generated again)."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+        fields = {
+            k: (v.numpy() if k in _NUMPY_FIELDS and isinstance(v, torch.Tensor) else v)
+            for k, v in data.items()
+        }
+        return ImagePool(**fields)
+    except Exception as err:  # noqa: BLE001 - a damaged or foreign file: generate again and overwrite it
+        log.warning("ignoring unreadable cache file %s (%s: %s)", path, type(err).__name__, str(err)[:200])
+        return None
+
+
 def load_synthetic(
     num_sites: int, per_class: int, image_size: int, seed: int, cache_dir: str | Path | None = None
 ) -> ImagePool:
@@ -147,9 +167,9 @@ def load_synthetic(
     key = hashlib.sha1(f"{CACHE_VERSION}-{num_sites}-{per_class}-{image_size}-{seed}".encode()).hexdigest()[
         :16
     ]
-    path = Path(cache_dir) / f"synthetic-{key}.pt"
-    if path.exists():
-        return ImagePool(**torch.load(path, weights_only=False))
+    path = Path(cache_dir).expanduser() / f"synthetic-{key}.pt"
+    if path.is_file() and (pool := _read_cache(path)) is not None:
+        return pool
     log.info(
         "generating synthetic data: %d sites x %d classes x %d images, %d px",
         num_sites,
@@ -158,7 +178,11 @@ def load_synthetic(
         image_size,
     )
     pool = generate(num_sites, per_class, image_size, seed)
+    stored = {
+        k: (torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v)
+        for k, v in pool.__dict__.items()
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
-        torch.save(pool.__dict__, tmp)
+        torch.save(stored, tmp)
     return pool
