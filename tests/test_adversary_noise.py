@@ -35,6 +35,7 @@ from clients.common import session
 from clients.fedclf import BANK
 from clients.state import client_state
 from fedderm.config import ConfigError
+from fedderm.methods import SMALL_VIT
 from fedderm.models import create_model
 from fedderm.noise import INSECURE, REPRODUCIBLE, insecure_entry
 from fedderm.results import RunRecorder
@@ -114,13 +115,13 @@ def test_client_cannot_regenerate_the_servers_dp_noise(tmp_path, module, mode):
     the other client's clipped update.  The error is of the noise's size (the attack before:
     2e-7)."""
     method = module.__name__.split(".")[-1]
-    rc = {"method": method, "model": "tiny-cnn", "image-size": 16, "seed": 5, "min-clients": 2}
+    rc = {"method": method, "model": "vit-micro", "image-size": 16, "seed": 5, "min-clients": 2}
     rc.update({"dp.mode": mode, "dp.clip-norm": 1.0, "dp.noise-multiplier": 1.0, "tensorboard": False})
     cfg = registry.load_config(rc)
     FakeGrid(rc, 2)  # the task identity messages need
     strategy = module.build_strategy(cfg, recorder(tmp_path, cfg))
     torch.manual_seed(0)
-    state = {k: v.numpy() for k, v in create_model("tiny-cnn", 3, 16).state_dict().items()}
+    state = {k: v.numpy() for k, v in create_model("vit-micro", 3, 16).state_dict().items()}
     names = list(state)
     sent = ArrayRecord({k: Array(v) for k, v in state.items()})
     strategy.sent, strategy._sent_to = sent, [7001, 7002]
@@ -255,7 +256,7 @@ def test_insecure_switch_is_off_by_default_and_recorded_when_on(tmp_path):
     """Off in the declared defaults (and so in pyproject.toml); when on, summary.json's ``insecure``
     lists what it weakened in this run, and nothing is written while it is off."""
     assert registry.load_config({}).insecure_reproducible_noise is False
-    dp = {"method": "fedavg", "dp.mode": "server", "dp.noise-multiplier": 1.0}
+    dp = {"method": "fedavg", "model": "vit-micro", "dp.mode": "server", "dp.noise-multiplier": 1.0}
     relay = {"method": "fedclf", "fedclf.relay-clip": 1.0, "fedclf.relay-noise-multiplier": 1.0}
     cases = [
         (dp, ["dp.noise-multiplier"]),
@@ -279,6 +280,7 @@ def test_insecure_run_records_it_in_summary_json(in_process, tmp_path):
         registry.smallest_run(
             "fedavg",
             **{
+                **SMALL_VIT,  # dp.mode takes no BatchNorm model
                 "dp.mode": "server",
                 "dp.noise-multiplier": 1.0,
                 REPRODUCIBLE: True,
@@ -305,6 +307,7 @@ def test_deployment_refuses_the_insecure_switch(tmp_path):
     assert grid.sent == []
     rc = {
         "method": "fedavg",
+        **SMALL_VIT,
         "dp.mode": "server",
         "dp.noise-multiplier": 1.0,
         REPRODUCIBLE: True,
@@ -312,7 +315,7 @@ def test_deployment_refuses_the_insecure_switch(tmp_path):
     }
     cfg = registry.load_config(rc)
     torch.manual_seed(0)
-    arrays = ArrayRecord(create_model("tiny-cnn", 3, 16).state_dict())
+    arrays = ArrayRecord(create_model("vit-micro", 3, 16).state_dict())
     for kind, grid in (("deployment", DeploymentGrid(rc, 2)), ("simulation", FakeGrid(rc, 2))):
         strategy = fedavg.build_strategy(cfg, recorder(tmp_path, cfg, kind))
         if kind == "deployment":
