@@ -29,6 +29,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Message
 from flwr.common import log
 
+from fedderm.config import ConfigError
 from fedderm.leakage import audit
 from fedderm.moco import FEATURE_DIM, FeatureQueue, MoCo, build_moco, encode_keys, moco_round
 from fedderm.noise import REPRODUCIBLE
@@ -118,11 +119,30 @@ def upload(
     return ArrayRecord({"features": to_array(np.ascontiguousarray(shared.numpy().astype(dtype)))})
 
 
-def noise_seed(s: ClientSession, server_round: int) -> int | None:
+def simulated(node_config) -> bool:
+    """Whether this node is one of a simulation's: its node config (the SuperNode's own, never the
+    server's) is what Flower's simulation and fedderm's in-process grids give a node, a
+    ``num-partitions`` of a shared pool and no ``data-path`` of its own (:mod:`fedderm.node`)."""
+    return "num-partitions" in node_config and "data-path" not in node_config
+
+
+def noise_seed(context: Context, s: ClientSession, server_round: int) -> int | None:
     """The seed of this upload's relay noise: None (the OS's CSPRNG) unless the run config says
-    ``insecure-reproducible-noise``, which this client then logs as a warning."""
+    ``insecure-reproducible-noise``.  The server sends the run config, so a coordinating site that
+    runs modified code could switch it on and subtract every hospital's noise: the client takes it
+    only as a simulated node (:func:`simulated`) or when its own node config says
+    ``insecure-reproducible-noise = true``; else it raises naming the key (an error reply: nothing
+    drawn, nothing sent).  Taken, it is logged as a warning."""
     if not s.cfg.insecure_reproducible_noise:
         return None
+    if not (simulated(context.node_config) or s.node.insecure_reproducible_noise):
+        raise ConfigError(
+            f"run-config key {REPRODUCIBLE!r} is true, but client {s.partition_id} is no simulated node and "
+            "its node config does not accept it: its relay noise would be a function of the run config, "
+            "which the server knows, so the server could subtract it. This client sends no features. "
+            f"It is for simulations only; a hospital that accepts it sets {REPRODUCIBLE}=true in its own "
+            "--node-config (docs/privacy.md)"
+        )
     if s.cfg.option("fedclf.relay-noise-multiplier") > 0:
         log(
             WARNING,
@@ -199,12 +219,13 @@ def features(msg: Message, context: Context, feature_sharing: bool | None = None
     """``query.features``: the initial Q_l, encoded by the server's model."""
     s = session(context)
     opts = MocoOptions.from_config(s.cfg, feature_sharing)
+    seed = noise_seed(context, s, 0)
     bank = local_bank(context, s, moco_model(s, msg.content["arrays"]), opts.queue_size)
     save_bank(context, bank)
     return reply(
         msg,
         {"partition-id": s.partition_id, "num-examples": len(bank), **relay_metrics(s, opts)},
-        **{FEATURES: share(context, bank, opts, noise_seed(s, 0))},
+        **{FEATURES: share(context, bank, opts, seed)},
     )
 
 
@@ -214,6 +235,7 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
     cfg, config = s.cfg, msg.content["config"]
     opts = MocoOptions.from_config(cfg, feature_sharing)
     server_round, local = int(config["server-round"]), bool(config.get("local", False))
+    seed = noise_seed(context, s, server_round) if opts.feature_sharing and not local else None
     state = client_state(context)
     if local and server_round > 1:
         model = s.model(
@@ -253,9 +275,7 @@ def pretrain(msg: Message, context: Context, feature_sharing: bool | None = None
         state.put(OWN_MODEL, model.state_dict())
         return reply(msg, metrics)
     weights = to_record(model.state_dict())
-    extra = (
-        {FEATURES: share(context, bank, opts, noise_seed(s, server_round))} if opts.feature_sharing else {}
-    )
+    extra = {FEATURES: share(context, bank, opts, seed)} if opts.feature_sharing else {}
     if opts.feature_sharing:
         metrics.update(relay_metrics(s, opts))
     return reply(msg, metrics, weights, **extra)

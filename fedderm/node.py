@@ -16,6 +16,7 @@ itself and nothing else is needed.
 | ``site`` | str | a readable hospital name for the server's log |
 | ``state-dir`` | str | a folder for client state that must outlive a ClientApp process and the run |
 | ``cache-dir`` | str | where this hospital caches decoded images; default: run-config ``cache-dir`` |
+| ``insecure-reproducible-noise`` | bool | ``true``: accept the run config's switch of that name (the relay noise then seeded from the run config, which the server knows); default: a client with no simulation's node config refuses it (docs/privacy.md) |
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ NODE_KEYS = {
     "site": str,
     "state-dir": str,
     "cache-dir": str,
+    "insecure-reproducible-noise": bool,
 }
 # Without ``partition-id`` a deployed client is numbered from its node id (stable for one
 # SuperNode key); results then show that number.  Kept below 2**31 for MetricRecord/seeds.
@@ -54,6 +56,7 @@ class NodeSettings:
     site: str = ""
     state_dir: Path | None = None
     cache_dir: str | None = None
+    insecure_reproducible_noise: bool = False
 
     @property
     def label(self) -> str:
@@ -71,6 +74,10 @@ def parse_node_config(node_config: Mapping[str, Any], node_id: int = 0) -> NodeS
         if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
             raise NodeConfigError(
                 f"node-config key {key!r} must be an integer, got {value!r} (e.g. --node-config '{key}=0')"
+            )
+        if kind is bool and not isinstance(value, bool):
+            raise NodeConfigError(
+                f"node-config key {key!r} must be true or false, got {value!r} (e.g. --node-config '{key}=false')"
             )
         if kind is str and not isinstance(value, str):
             raise NodeConfigError(
@@ -99,4 +106,5 @@ def parse_node_config(node_config: Mapping[str, Any], node_id: int = 0) -> NodeS
         site=values.get("site", ""),
         state_dir=state,
         cache_dir=cache,
+        insecure_reproducible_noise=values.get("insecure-reproducible-noise", False),
     )

@@ -1,30 +1,46 @@
-"""Model-update privacy for the FedAvg family: central DP with server-side fixed
-clipping (Andrew et al. 2021 / McMahan et al. 2018, arXiv:1710.06963), computed as Flower's
+"""Model-update privacy for the FedAvg family: central DP with server-side fixed clipping
+(Andrew et al. 2021 / McMahan et al. 2018, arXiv:1710.06963), computed as Flower's
 ``DifferentialPrivacyServerSideFixedClipping`` computes it (its helper functions are not public
 API: :func:`clip_update`, :func:`noise_std` and :func:`add_noise` write them out;
 tests/test_model_dp.py checks the result against the wrapper's, bit for bit).
 
 Every round, each accepted reply's update Δ_i = w_i − w_global is clipped to L2 norm C
-(``dp.clip-norm``; :func:`clip_update`), the clipped models are averaged with equal weights
-(w_global + (1/m) Σ clip(Δ_i)), and Gaussian noise with standard deviation σC/m
-(:func:`noise_std`, σ = ``dp.noise-multiplier``) is added to every entry of the aggregate
-(:func:`add_noise`).  m = the replies aggregated.  The noise comes from a generator seeded each
-round by the OS's CSPRNG (:func:`fedderm.noise.secure_generator`): no client can regenerate it
-from the run config and subtract it.  Only ``insecure-reproducible-noise`` (simulation only)
-seeds it from ``seed`` and the round (:func:`noise_generator`).
+(``dp.clip-norm``; :func:`clip_update`) over every floating-point array of the model, and the
+released model is w_global + (1/n) Σ clip(Δ_i) + N(0, (σC/n)² I) (:func:`noise_std`,
+:func:`add_noise`; σ = ``dp.noise-multiplier``), n = the clients sampled in the round (the train
+messages sent), whatever number m ≤ n of them is aggregated.  The noise comes from a generator
+seeded each round by the OS's CSPRNG (:func:`fedderm.noise.secure_generator`): no client can
+regenerate it from the run config and subtract it.  Only ``insecure-reproducible-noise``
+(simulation only) seeds it from ``seed`` and the round (:func:`noise_generator`).
+
+Neighbouring relation: add/remove one client's update (present in the sum or absent: its data
+deleted, or its reply failed or was rejected), n fixed.  The denominator is n, not m: this is
+McMahan et al.'s fixed-denominator estimator (§2, f̃_f with sampling probability 1), whose
+sensitivity is C/n under add/remove; the mean over the m replies (their f̃_c) moves by up to
+2C/m when a client is removed, because m changes too.  With every sampled client aggregated
+(m = n) both are the same number, and the computation is Flower's wrapper's (it takes n as
+``num_sampled_clients``).  A replaced client (substitution) moves the sum by up to 2C.
+
+Only floating-point arrays are clipped, averaged and noised (:func:`noised_keys`).  An integer
+buffer (a counter) keeps the value the server sent: noise would round it into garbage, and the
+clients' counters would tell how much data they have.  BatchNorm models are refused before the run
+(``fedderm/methods/fedavg.py``: ``check_dp``), as Opacus refuses them (``ModuleValidator``, which
+replaces BatchNorm by GroupNorm): the running statistics come from the clients' data, so they would
+be noised too, and the noise on the weights leaves them describing activations the new weights no
+longer produce; the evaluated model then diverges (NaN; docs/privacy.md, "BatchNorm").
 
 Why a mixin rather than Flower's wrapper: the wrapper *contains* the strategy, so it hides
 fedderm's hooks (``evaluate_round``, ``after_round``, ``state_dict``) from the round loop, skips the
 round when any reply is an error (fedderm screens and drops failed clients), weights by
-``num-examples`` unless its accountant is on, and clips in the replies' dtype (float32) where
-this clips in float64.  And its noise is ``np.random.normal``, NumPy's global generator, which
-fedderm's ServerApp seeds with ``seed`` (``fedderm.train.seed_everything``: data, init): inside
-fedderm every client could regenerate it.  Here the same computation runs inside fedderm's
-``aggregate_train`` after screening, with the noise of its own generator (docs/privacy.md,
-"Model-update privacy").
+``num-examples`` unless its accountant is on, clips in the replies' dtype (float32) where this
+clips in float64, and clips and noises every array, integer buffers included.  And its noise is
+``np.random.normal``, NumPy's global generator, which fedderm's ServerApp seeds with ``seed``
+(``fedderm.train.seed_everything``: data, init): inside fedderm every client could regenerate it.
+Here the same computation runs inside fedderm's ``aggregate_train`` after screening, with the noise
+of its own generator (docs/privacy.md, "Model-update privacy").
 
-Accounting: every released aggregate is one Gaussian mechanism with noise multiplier σ on the
-client-level sensitivity C/m, every client in every round (sample rate 1, no amplification);
+Accounting: every released model is one Gaussian mechanism with noise multiplier σ on the
+client-level sensitivity C/n, every client in every round (sample rate 1, no amplification);
 rounds compose in Opacus' RDP accountant (:func:`fedderm.relay_privacy.relay_epsilon`).
 """
 
@@ -108,7 +124,7 @@ def clip_update(update: list[np.ndarray], current: list[np.ndarray], clip: float
 
 
 def noise_std(sigma: float, clip: float, clients: int) -> float:
-    """The Gaussian noise's standard deviation σC/m (arXiv:1710.06963)."""
+    """The Gaussian noise's standard deviation σC/n, n = ``clients`` sampled (arXiv:1710.06963)."""
     return float((sigma * clip) / clients)
 
 
@@ -119,16 +135,23 @@ def add_noise(arrays: list[np.ndarray], std: float, rng: np.random.Generator | n
         a += rng.normal(0, std, a.shape).astype(a.dtype)
 
 
+def noised_keys(record: ArrayRecord) -> list[str]:
+    """The keys of ``record`` that are clipped, averaged and noised: every floating-point array.
+    The rest (integer buffers) the released model takes from the global model sent."""
+    return [k for k, a in record.items() if np.dtype(a.dtype).kind == "f"]
+
+
 def _record(names, arrays) -> ArrayRecord:
     return ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(names, arrays, strict=True)})
 
 
 class ServerSideFixedClipping:
     """Mixin in front of a :class:`strategies.common.Tracked` FedAvg-family strategy: clips every
-    accepted update to ``dp.clip-norm``, averages with equal weights and adds Gaussian noise
-    (module docstring).  Records ``model_privacy`` (ε per round) in summary.json."""
+    accepted update to ``dp.clip-norm``, sums the clipped updates with equal weights over the
+    clients sampled and adds Gaussian noise (module docstring).  Records ``model_privacy`` (ε per
+    round) in summary.json."""
 
-    uniform_mean = True  # the sensitivity C/m needs equal weights (Flower's accountant demands them too)
+    uniform_mean = True  # the sensitivity C/n needs equal weights (Flower's accountant demands them too)
 
     def _dp(self) -> tuple[float, float, float]:
         o = self.cfg.option
@@ -141,22 +164,27 @@ class ServerSideFixedClipping:
     def _aggregate(self, server_round: int, replies: list):
         clip, sigma, delta = self._dp()
         names = list(self.sent.keys())
-        current = [np.asarray(a, dtype=np.float64) for a in self.sent.to_numpy_ndarrays()]
+        sent = dict(zip(names, self.sent.to_numpy_ndarrays(), strict=True))
+        private = noised_keys(self.sent)
+        current = [np.asarray(sent[k], dtype=np.float64) for k in private]
         norms = []
         for msg in replies:
             record = msg.content["arrays"]
-            update = [np.asarray(record[k].numpy(), dtype=np.float64) for k in names]
+            update = [np.asarray(record[k].numpy(), dtype=np.float64) for k in private]
             norms.append(clip_update(update, current, clip))
-            msg.content["arrays"] = _record(names, update)
+            clipped = dict(zip(private, update, strict=True))
+            msg.content["arrays"] = _record(names, [clipped.get(k, sent[k]) for k in names])
         arrays, metrics = super()._aggregate(server_round, replies)
         if arrays is None:
             return arrays, metrics
         m = len(replies)
-        std = noise_std(sigma, clip, m)
+        n = max(len(getattr(self, "_sent_to", None) or ()), m)  # the clients sampled this round
+        std = noise_std(sigma, clip, n)
+        released = [np.asarray(arrays[k].numpy(), dtype=np.float64) for k in private]
+        if m < n:  # the fixed denominator: w + (1/n) Σ clip(Δ_i) = w + (m/n) (mean - w)
+            released = [c + (r - c) * (m / n) for r, c in zip(released, current, strict=True)]
         if sigma > 0:
-            noisy = [np.asarray(arrays[k].numpy(), dtype=np.float64) for k in names]
-            add_noise(noisy, std, noise_generator(self.cfg, server_round))
-            arrays = _record(names, noisy)
+            add_noise(released, std, noise_generator(self.cfg, server_round))
             if self.cfg.insecure_reproducible_noise:
                 log(
                     WARNING,
@@ -165,6 +193,8 @@ class ServerSideFixedClipping:
                     server_round,
                     REPRODUCIBLE,
                 )
+        out = dict(zip(private, released, strict=True))
+        arrays = _record(names, [out.get(k, sent[k]) for k in names])
         self.dp_releases = getattr(self, "dp_releases", 0) + 1
         eps = relay_epsilon(sigma, self.dp_releases, delta)
         entry = {
@@ -174,7 +204,8 @@ class ServerSideFixedClipping:
             "noise_std": std,
             "delta": delta,
             "clients": m,
-            "clipped": int(sum(n > clip for n in norms)),
+            "sampled": n,
+            "clipped": int(sum(norm > clip for norm in norms)),
             "update_norm_max": float(max(norms)),
             "releases": self.dp_releases,
             "epsilon": eps,
@@ -184,12 +215,14 @@ class ServerSideFixedClipping:
             self.note_scalars("privacy", server_round, {"model-epsilon": eps})
         log(
             INFO,
-            "dp round %d: %d/%d updates clipped to %.4g (max norm %.4g), noise std %.4g, (ε, δ) = (%.4g, %g)",
+            "dp round %d: %d/%d updates clipped to %.4g (max norm %.4g), summed over %d sampled, noise std "
+            "%.4g, (ε, δ) = (%.4g, %g)",
             server_round,
             entry["clipped"],
             m,
             clip,
             entry["update_norm_max"],
+            n,
             std,
             eps,
             delta,

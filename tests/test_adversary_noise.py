@@ -35,6 +35,7 @@ from clients.common import session
 from clients.fedclf import BANK
 from clients.state import client_state
 from fedderm.config import ConfigError
+from fedderm.methods import SMALL_VIT
 from fedderm.models import create_model
 from fedderm.noise import INSECURE, REPRODUCIBLE, insecure_entry
 from fedderm.results import RunRecorder
@@ -114,13 +115,13 @@ def test_client_cannot_regenerate_the_servers_dp_noise(tmp_path, module, mode):
     the other client's clipped update.  The error is of the noise's size (the attack before:
     2e-7)."""
     method = module.__name__.split(".")[-1]
-    rc = {"method": method, "model": "tiny-cnn", "image-size": 16, "seed": 5, "min-clients": 2}
+    rc = {"method": method, "model": "vit-micro", "image-size": 16, "seed": 5, "min-clients": 2}
     rc.update({"dp.mode": mode, "dp.clip-norm": 1.0, "dp.noise-multiplier": 1.0, "tensorboard": False})
     cfg = registry.load_config(rc)
     FakeGrid(rc, 2)  # the task identity messages need
     strategy = module.build_strategy(cfg, recorder(tmp_path, cfg))
     torch.manual_seed(0)
-    state = {k: v.numpy() for k, v in create_model("tiny-cnn", 3, 16).state_dict().items()}
+    state = {k: v.numpy() for k, v in create_model("vit-micro", 3, 16).state_dict().items()}
     names = list(state)
     sent = ArrayRecord({k: Array(v) for k, v in state.items()})
     strategy.sent, strategy._sent_to = sent, [7001, 7002]
@@ -255,7 +256,7 @@ def test_insecure_switch_is_off_by_default_and_recorded_when_on(tmp_path):
     """Off in the declared defaults (and so in pyproject.toml); when on, summary.json's ``insecure``
     lists what it weakened in this run, and nothing is written while it is off."""
     assert registry.load_config({}).insecure_reproducible_noise is False
-    dp = {"method": "fedavg", "dp.mode": "server", "dp.noise-multiplier": 1.0}
+    dp = {"method": "fedavg", "model": "vit-micro", "dp.mode": "server", "dp.noise-multiplier": 1.0}
     relay = {"method": "fedclf", "fedclf.relay-clip": 1.0, "fedclf.relay-noise-multiplier": 1.0}
     cases = [
         (dp, ["dp.noise-multiplier"]),
@@ -279,6 +280,7 @@ def test_insecure_run_records_it_in_summary_json(in_process, tmp_path):
         registry.smallest_run(
             "fedavg",
             **{
+                **SMALL_VIT,  # dp.mode takes no BatchNorm model
                 "dp.mode": "server",
                 "dp.noise-multiplier": 1.0,
                 REPRODUCIBLE: True,
@@ -305,6 +307,7 @@ def test_deployment_refuses_the_insecure_switch(tmp_path):
     assert grid.sent == []
     rc = {
         "method": "fedavg",
+        **SMALL_VIT,
         "dp.mode": "server",
         "dp.noise-multiplier": 1.0,
         REPRODUCIBLE: True,
@@ -312,7 +315,7 @@ def test_deployment_refuses_the_insecure_switch(tmp_path):
     }
     cfg = registry.load_config(rc)
     torch.manual_seed(0)
-    arrays = ArrayRecord(create_model("tiny-cnn", 3, 16).state_dict())
+    arrays = ArrayRecord(create_model("vit-micro", 3, 16).state_dict())
     for kind, grid in (("deployment", DeploymentGrid(rc, 2)), ("simulation", FakeGrid(rc, 2))):
         strategy = fedavg.build_strategy(cfg, recorder(tmp_path, cfg, kind))
         if kind == "deployment":
@@ -379,3 +382,87 @@ def test_deploy_page_lists_what_each_method_sends():
     assert rows.keys() == registry.METHODS.keys()
     for name, method in registry.METHODS.items():
         assert rows[name] == set(method.sends), name
+
+
+# ------------------------------------------------------------- a hospital and the insecure switch
+def _hospital_grid(tmp_path: Path, rc: dict, node_configs: list[dict]) -> FakeGrid:
+    """A FakeGrid whose nodes have a deployed hospital's node config (their own data folder, plus
+    ``node_configs``); the server driving it does not take it for a deployment, as modified server
+    code that skips its own refusal would not."""
+    from deploy.loopback import make_hospital_data
+
+    names = [f"h{i}" for i in range(len(node_configs))]
+    folders = make_hospital_data(tmp_path / "data", names, per_class=6, image_size=16)
+    grid = FakeGrid(rc, len(node_configs))
+    for i, (context, extra) in enumerate(zip(grid.contexts.values(), node_configs, strict=True)):
+        own = {"partition-id": i, "site": names[i], "dataset": "folder", "data-path": str(folders[names[i]])}
+        context.node_config = {**own, **extra}
+    return grid
+
+
+def _relay_with_the_switch(
+    tmp_path: Path, node_configs: list[dict], monkeypatch, rounds: bool = True
+) -> tuple[FakeGrid, list]:
+    """FedCLF with relay noise and insecure-reproducible-noise = true sent to the hospitals of
+    :func:`_hospital_grid`: the initial features (``query.features``) and, with ``rounds``, one
+    pre-training round.  Returns the grid and the noise seeds the clients drew with."""
+    import clients.fedclf
+
+    drawn = []
+    real = clients.fedclf.privatise
+    monkeypatch.setattr(clients.fedclf, "privatise", lambda *a, **k: drawn.append(a[3]) or real(*a, **k))
+    rc = {
+        **TINY_FEDCLF,
+        "num-server-rounds": 1,
+        "fedclf.relay-clip": 1.0,
+        "fedclf.relay-noise-multiplier": 1.0,
+        REPRODUCIBLE: True,
+        "cache-dir": str(tmp_path / "cache"),
+    }
+    cfg = registry.load_config(rc)
+    grid = _hospital_grid(tmp_path, rc, node_configs)
+    strategy = fedclf.build_strategy(cfg, recorder(tmp_path, cfg))
+    if not rounds:
+        strategy.collect_initial_features(fedclf.initial_moco(cfg), grid.get_node_ids(), grid)
+        return grid, drawn
+    try:
+        pretrain(strategy, grid, fedclf.initial_moco(cfg))
+    except Exception:  # noqa: BLE001 - without any client's features the relay cannot start
+        pass
+    return grid, drawn
+
+
+def test_a_hospital_refuses_the_insecure_switch_sent_by_the_server(tmp_path, monkeypatch):
+    """The attack: a coordinating site that runs modified server code sends
+    insecure-reproducible-noise = true to hospitals whose SuperNodes name their own data, to
+    regenerate and subtract their relay noise.  Every hospital answers with an error naming the key
+    and sends no feature; none draws noise.  A node config that also holds num-partitions (a
+    simulation's key) is still a hospital's: its own data-path decides."""
+    grid, drawn = _relay_with_the_switch(tmp_path, [{}, {"num-partitions": 2}], monkeypatch)
+    kinds = {msg.metadata.message_type for msg in grid.sent}
+    assert kinds == {"query.features", "train.pretrain"} and len(grid.replies) == len(grid.sent)
+    assert drawn == []
+    assert not any(reply.has_content() and FEATURES in reply.content for reply in grid.replies)
+    assert not any(REMOTE in msg.content for msg in grid.sent)
+    for reply in grid.replies:
+        assert reply.has_error()
+        assert f"'{REPRODUCIBLE}'" in reply.error.reason and "node config" in reply.error.reason
+
+
+def test_a_hospital_that_opts_in_with_its_own_node_config_takes_the_switch(tmp_path, monkeypatch):
+    """The hospital's own --node-config 'insecure-reproducible-noise=true' lets it take the switch
+    (its seeded noise drawn, its features uploaded and relayed); a simulation's nodes take it with no
+    opt-in (tests/test_leakage.py, bench/privacy.py, test_relay_noise_differs_..._unless_insecure)."""
+    grid, drawn = _relay_with_the_switch(tmp_path, [{REPRODUCIBLE: True}] * 2, monkeypatch, rounds=False)
+    assert len(grid.replies) == 2 and not any(reply.has_error() for reply in grid.replies)
+    assert all(FEATURES in reply.content for reply in grid.replies)
+    assert len(drawn) == 2 and all(seed is not None for seed in drawn)  # seeded: the switch taken
+
+
+def test_the_node_config_opt_in_is_a_boolean():
+    from fedderm.node import NodeConfigError, parse_node_config
+
+    assert parse_node_config({}).insecure_reproducible_noise is False
+    assert parse_node_config({REPRODUCIBLE: True}).insecure_reproducible_noise is True
+    with pytest.raises(NodeConfigError, match=f"'{REPRODUCIBLE}'"):
+        parse_node_config({REPRODUCIBLE: "true"})

@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 import registry
 from fedderm.config import ConfigError
-from fedderm.models import create_model
+from fedderm.models import create_model, list_models
 from fedderm.results import RunRecorder
 from strategies import fedavg, fedprox
 from tests.fake_grid import FakeGrid
@@ -26,14 +26,15 @@ def _strategy(
     method: str = "fedavg",
     clip: float = 1.0,
     reproducible: bool = False,
+    min_clients: int = 3,
 ):
     rc = {
         "insecure-reproducible-noise": reproducible,
         "method": method,
-        "model": "tiny-cnn",
+        "model": "vit-micro",
         "image-size": 16,
         "seed": seed,
-        "min-clients": 3,
+        "min-clients": min_clients,
         "dp.mode": "server",
         "dp.clip-norm": clip,
         "dp.noise-multiplier": sigma,
@@ -45,22 +46,38 @@ def _strategy(
     return (fedavg if method == "fedavg" else fedprox).build_strategy(cfg, rec)
 
 
-def _round(strategy, server_round: int = 1):
-    """One aggregation of 3 replies whose updates have norms NORMS (float params; int buffers kept)."""
+def _state() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
-    state = create_model("tiny-cnn", 3, 16).state_dict()
+    return create_model("vit-micro", 3, 16).state_dict()
+
+
+def _directions(state, norms, seed: int = 1) -> list[dict[str, np.ndarray]]:
+    """One random update per norm over every floating-point array."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for norm in norms:
+        d = {
+            k: rng.standard_normal(v.shape).astype(np.float32)
+            for k, v in state.items()
+            if v.is_floating_point()
+        }
+        scale = norm / np.sqrt(sum(float((x.astype(np.float64) ** 2).sum()) for x in d.values()))
+        out.append({k: (x * scale).astype(np.float32) for k, x in d.items()})
+    return out
+
+
+def _aggregate(strategy, state, directions, counters=None, server_round: int = 1):
+    """The global model ``state`` sent to all of NODES; the first ``len(directions)`` reply with
+    ``state`` + their direction (and with their ``num_batches_tracked`` advanced by ``counters``)."""
     sent = ArrayRecord({k: Array(v.numpy()) for k, v in state.items()})
     strategy.sent, strategy._sent_to = sent, list(NODES)
-    rng = np.random.default_rng(1)
-    floats = [k for k, v in state.items() if v.is_floating_point()]
-    directions = []
+    counters = counters or [0] * len(directions)
     replies = []
-    for i, (node, norm) in enumerate(zip(NODES, NORMS, strict=True)):
-        d = {k: rng.standard_normal(state[k].shape).astype(np.float32) for k in floats}
-        scale = norm / np.sqrt(sum(float((x.astype(np.float64) ** 2).sum()) for x in d.values()))
-        d = {k: (x * scale).astype(np.float32) for k, x in d.items()}
-        directions.append(d)
-        arrays = {k: Array(state[k].numpy() + d[k]) if k in d else Array(state[k].numpy()) for k in state}
+    for i, (node, d, count) in enumerate(zip(NODES, directions, counters)):
+        arrays = {
+            k: Array(v.numpy() + d[k]) if k in d else Array(np.asarray(v.numpy() + count))
+            for k, v in state.items()
+        }
         out = Message(
             RecordDict({"arrays": sent, "config": ConfigRecord()}), dst_node_id=node, message_type="train"
         )
@@ -71,6 +88,15 @@ def _round(strategy, server_round: int = 1):
     new, _ = strategy.aggregate_train(server_round, replies)
     assert np.array_equal(np.random.get_state()[1], before)  # NumPy's global generator is untouched
     strategy.record_notes()  # the round loop's record step
+    return replies, new
+
+
+def _round(strategy, server_round: int = 1):
+    """One aggregation of 3 replies whose updates have norms NORMS (float params; int buffers kept)."""
+    state = _state()
+    floats = [k for k, v in state.items() if v.is_floating_point()]
+    directions = _directions(state, NORMS)
+    replies, new = _aggregate(strategy, state, directions, server_round=server_round)
     return state, floats, directions, replies, new
 
 
@@ -92,15 +118,83 @@ def test_every_update_is_clipped_to_c_and_the_mean_is_unweighted(tmp_path):
     assert entry["update_norm_max"] == pytest.approx(10.0, rel=1e-6)
 
 
+def test_integer_buffers_are_neither_clipped_nor_noised_nor_averaged(tmp_path):
+    """An integer buffer (a counter: the clients' would count their batches, i.e. their data) keeps
+    the server's value in the released model, in its dtype, and takes no part in the clipped norm;
+    every floating-point entry gets the noise σC/n."""
+    strategy = _strategy(tmp_path, sigma=3.0)
+    state = {**_state(), "steps": torch.tensor(5)}
+    directions = _directions(state, (0.5, 0.5, 0.5))  # all under C = 1: nothing to clip
+    _, new = _aggregate(strategy, state, directions, counters=[40, 70, 90])
+    (entry,) = strategy.recorder.extra["model_privacy"]
+    assert entry["update_norm_max"] == pytest.approx(0.5, rel=1e-6) and entry["clipped"] == 0
+    assert new["steps"].numpy().dtype == np.int64 and int(new["steps"].numpy()) == 5
+    noise = np.concatenate(
+        [
+            (new[k].numpy() - state[k].numpy() - sum(d[k] for d in directions) / 3).ravel()
+            for k in directions[0]
+        ]
+    )
+    assert noise.size > 1000 and noise.std() == pytest.approx(3.0 * 1.0 / 3, rel=0.1)
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_dp_takes_only_models_without_batchnorm(name):
+    """dp.mode = server with a BatchNorm model stops the run before it starts, naming 'model' (the
+    default config's resnet18 too); a model without BatchNorm (a ViT: LayerNorm) runs."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    has_bn = any(isinstance(m, _BatchNorm) for m in create_model(name, 3, 16).modules())
+    raw = {"method": "fedprox", "model": name, "image-size": 16, "dp.mode": "server"}
+    if has_bn:
+        with pytest.raises(ConfigError, match="'model'.*BatchNorm.*vit-micro"):
+            registry.load_config(raw)
+    else:
+        assert registry.load_config(raw).model == name
+
+
+def test_the_default_config_with_dp_is_refused_naming_model():
+    """The reported run (the default config, resnet18, with dp.mode = server) is refused at once."""
+    with pytest.raises(ConfigError, match="^run-config key 'model' = 'resnet18' has BatchNorm"):
+        registry.load_config({"dp.mode": "server", "dp.noise-multiplier": 0.5})
+    registry.load_config({"dp.mode": "server", "dp.noise-multiplier": 0.5, "model": "vit-tiny"})
+
+
+def test_the_sum_is_over_the_clients_sampled_so_one_client_moves_it_by_at_most_c_over_n(tmp_path):
+    """Add/remove adjacency: one client's reply present or absent (it failed, or its data is gone)
+    moves the noiseless release by at most C/n, n = the clients sampled (the fixed denominator of
+    McMahan et al. 2018), which the noise σC/n is calibrated to.  The mean over the m replies
+    that arrive would move by 2C/3 here."""
+    state = _state()
+    (up,) = _directions(state, (1.0,))  # norm C = 1
+    down = {k: -x for k, x in up.items()}
+    runs, entries = {}, {}
+    for name, directions in (("all", [up, up, down]), ("without", [up, up])):
+        strategy = _strategy(tmp_path / name, sigma=0.0, min_clients=2)
+        _, runs[name] = _aggregate(strategy, state, directions)
+        (entries[name],) = strategy.recorder.extra["model_privacy"]
+    moved = np.sqrt(
+        sum(float(((runs["all"][k].numpy() - runs["without"][k].numpy()) ** 2).sum()) for k in up)
+    )
+    assert moved == pytest.approx(1.0 / 3, rel=1e-5)
+    for k in up:  # w + (1/3) Σ clip(Δ_i) with two replies of three sampled
+        np.testing.assert_allclose(runs["without"][k].numpy(), state[k].numpy() + 2 * up[k] / 3, atol=1e-6)
+    assert entries["without"]["sampled"] == 3 and entries["without"]["clients"] == 2
+    strategy = _strategy(tmp_path / "noise", sigma=2.0, min_clients=2)
+    _aggregate(strategy, state, [up, up])
+    (entry,) = strategy.recorder.extra["model_privacy"]
+    assert entry["noise_std"] == pytest.approx(2.0 * 1.0 / 3)  # σC/n, not σC/m
+
+
 def test_noise_has_std_sigma_c_over_m_and_only_the_insecure_switch_fixes_it_by_the_seed(tmp_path):
-    """σC/m; the same seed draws new noise (the OS's CSPRNG), unless insecure-reproducible-noise."""
+    """σC/n (all n = 3 sampled reply); the same seed draws new noise (the OS's CSPRNG), unless insecure-reproducible-noise."""
     _, floats, _, _, clean = _round(_strategy(tmp_path, sigma=0.0))
     _, _, _, _, a = _round(_strategy(tmp_path, sigma=2.0, seed=0))
     _, _, _, _, b = _round(_strategy(tmp_path, sigma=2.0, seed=0))
     for got in (a, b):
         noise = np.concatenate([(got[k].numpy() - clean[k].numpy()).ravel() for k in floats])
         assert noise.size > 1000
-        assert noise.std() == pytest.approx(2.0 * 1.0 / 3, rel=0.1)  # compute_stdv: σC/m
+        assert noise.std() == pytest.approx(2.0 * 1.0 / 3, rel=0.1)  # compute_stdv: σC/n
     assert all(not np.array_equal(a[k].numpy(), b[k].numpy()) for k in floats)
     _, _, _, _, c = _round(_strategy(tmp_path, sigma=2.0, seed=0, reproducible=True))
     _, _, _, _, d = _round(_strategy(tmp_path, sigma=2.0, seed=0, reproducible=True))
@@ -167,7 +261,7 @@ def test_private_fedavg_runs_through_the_round_loop(tmp_path, reproducible):
             "method": "fedavg",
             "dataset": "digits",
             "partition": "iid",
-            "model": "tiny-cnn",
+            "model": "vit-micro",
             "image-size": 16,
             "num-server-rounds": 1,
             "local-epochs": 1,
@@ -182,14 +276,13 @@ def test_private_fedavg_runs_through_the_round_loop(tmp_path, reproducible):
         rec = RunRecorder(tmp_path / f"run{run}", "fedavg", cfg.to_flat())
         strategy = fedavg.build_strategy(cfg, rec)
         torch.manual_seed(0)
-        model = create_model("tiny-cnn", 10, 16)
+        model = create_model("vit-micro", 10, 16)
         finals.append(run_federated(strategy, FakeGrid(rc, 2), ArrayRecord(model.state_dict())))
         (entry,) = rec.extra["model_privacy"]
         assert entry["round"] == 1 and entry["clients"] == 2 and entry["noise_std"] == pytest.approx(0.25)
         assert 0 < entry["epsilon"] < float("inf")
     same = {k: np.array_equal(finals[0][k].numpy(), finals[1][k].numpy()) for k in finals[0].keys()}
-    floats = [k for k in same if finals[0][k].numpy().dtype.kind == "f"]  # noise below 1 rounds ints to 0
-    assert all(same.values()) if reproducible else not any(same[k] for k in floats)
+    assert all(same.values()) if reproducible else not any(same.values())
 
 
 @pytest.mark.parametrize("sigma", [0.0, 2.0])
@@ -237,3 +330,42 @@ def test_clipping_and_noise_equal_flowers_public_dp_wrapper_bit_for_bit(tmp_path
         assert ours[k].numpy().dtype == np.float64
         assert np.array_equal(ours[k].numpy(), theirs[k].numpy()), k
     assert sigma == 0 or not np.array_equal(ours["a"].numpy(), sent["a"].numpy())
+
+
+def test_private_fedavg_goes_past_round_two_with_finite_metrics(in_process, tmp_path):
+    """The reported failure: the smallest FedAvg run (tiny-cnn: BatchNorm) with dp.mode = server
+    and σ = 1 had every client fail in round 2 ("Input contains NaN"); now it is refused before it
+    starts, naming 'model'.  With the ViT the error names, two rounds run: every client evaluates
+    every round's model to finite metrics.  (insecure-reproducible-noise: the same noise at every
+    run of the test.)"""
+    import json
+
+    import sim
+
+    overrides = {
+        "num-server-rounds": 2,
+        "dp.mode": "server",
+        "dp.noise-multiplier": 1.0,
+        "insecure-reproducible-noise": True,
+        "output-dir": str(tmp_path),
+        "cache-dir": str(tmp_path / "cache"),
+        "tensorboard": False,
+    }
+    with pytest.raises(ConfigError, match="'model'"):
+        sim.simulate(registry.smallest_run("fedavg", **overrides), num_supernodes=2)
+    assert not any(tmp_path.glob("fedavg*"))  # no run folder: refused before the run
+    run_dir = sim.simulate(
+        registry.smallest_run("fedavg", **overrides, model="vit-micro", **{"image-size": 16}),
+        num_supernodes=2,
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert not summary.get("missing_clients")
+    rounds = [r for r in summary["rounds"] if r["round"] >= 1]
+    assert sorted(r["round"] for r in rounds) == [1, 2]
+    for r in rounds:
+        assert len(r["per_client"]) == 2
+        assert all(
+            np.isfinite(m["loss"]) and np.isfinite(m["balanced_accuracy"]) for m in r["per_client"].values()
+        )
+    assert np.isfinite(summary["final"]["balanced_accuracy"]) and len(summary["final"]["per_client"]) == 2
+    assert [e["round"] for e in summary["model_privacy"]] == [1, 2]
