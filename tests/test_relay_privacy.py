@@ -22,7 +22,8 @@ def test_clipping_and_noise():
     noisy, again = privatise(small, clip=2.0, noise_multiplier=0.5), privatise(small, 2.0, 0.5)
     for got in (noisy, again):
         assert (got - small).std().item() == pytest.approx(1.0, rel=0.03)  # sigma * C
-        assert (got - small).mean().abs().item() < 0.01
+        # the mean of 32,000 N(0, 1) draws has SD 1/sqrt(32,000) = 0.0056: six SDs never fail by chance
+        assert (got - small).mean().abs().item() < 6 / (small.numel() ** 0.5)
     assert not torch.isclose(noisy, again).any()  # fresh noise from the OS's CSPRNG every call
     seeded = privatise(small, 2.0, 0.5, insecure_seed=1)  # insecure-reproducible-noise only
     assert (seeded - small).std().item() == pytest.approx(1.0, rel=0.03)
