@@ -28,7 +28,8 @@ from fedderm.config import Config
 from fedderm.data import ClientData, DataError, load_client_data
 from fedderm.data.checks import class_counts
 from fedderm.models import create_classifier
-from fedderm.node import NodeSettings, parse_node_config
+from fedderm.node import NodeSettings, parse_node_config, simulated_node
+from fedderm.state_store import fedderm_cache
 from fedderm.train import check_precision, mim_schedule, resolve_device, round_lr
 from fedderm.train import evaluate as evaluate_model
 
@@ -193,8 +194,11 @@ def session(context: Context) -> ClientSession:
         source = context.state[RUN_CONFIG] if RUN_CONFIG in context.state else context.run_config
         cfg = registry.load_config(dict(source))
         # The decoded-image cache is the hospital's business: node-config cache-dir, else
-        # <state-dir>/cache, else the run config's cache-dir.
+        # <state-dir>/cache, else (a simulation's node) the run config's cache-dir; a hospital's own
+        # node with neither key uses its user's cache folder, not the one the server's run config names.
         cache = node.cache_dir or (str(node.state_dir / "cache") if node.state_dir else None)
+        if cache is None and not simulated_node(context.node_config):
+            cache = str(fedderm_cache() / "cache")
         if cache:
             cfg = dataclasses.replace(cfg, cache_dir=cache)
         try:

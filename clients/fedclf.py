@@ -32,6 +32,7 @@ from flwr.common import log
 from fedderm.config import ConfigError
 from fedderm.leakage import audit
 from fedderm.moco import FEATURE_DIM, FeatureQueue, MoCo, build_moco, encode_keys, moco_round
+from fedderm.node import simulated_node
 from fedderm.noise import REPRODUCIBLE
 from fedderm.relay_privacy import canonical_order, privatise, releases_per_upload
 from wire import FEATURES, REMOTE, to_array, to_record, values
@@ -119,23 +120,16 @@ def upload(
     return ArrayRecord({"features": to_array(np.ascontiguousarray(shared.numpy().astype(dtype)))})
 
 
-def simulated(node_config) -> bool:
-    """Whether this node is one of a simulation's: its node config (the SuperNode's own, never the
-    server's) is what Flower's simulation and fedderm's in-process grids give a node, a
-    ``num-partitions`` of a shared pool and no ``data-path`` of its own (:mod:`fedderm.node`)."""
-    return "num-partitions" in node_config and "data-path" not in node_config
-
-
 def noise_seed(context: Context, s: ClientSession, server_round: int) -> int | None:
     """The seed of this upload's relay noise: None (the OS's CSPRNG) unless the run config says
     ``insecure-reproducible-noise``.  The server sends the run config, so a coordinating site that
     runs modified code could switch it on and subtract every hospital's noise: the client takes it
-    only as a simulated node (:func:`simulated`) or when its own node config says
+    only as a simulated node (:func:`fedderm.node.simulated_node`) or when its own node config says
     ``insecure-reproducible-noise = true``; else it raises naming the key (an error reply: nothing
     drawn, nothing sent).  Taken, it is logged as a warning."""
     if not s.cfg.insecure_reproducible_noise:
         return None
-    if not (simulated(context.node_config) or s.node.insecure_reproducible_noise):
+    if not (simulated_node(context.node_config) or s.node.insecure_reproducible_noise):
         raise ConfigError(
             f"run-config key {REPRODUCIBLE!r} is true, but client {s.partition_id} is no simulated node and "
             "its node config does not accept it: its relay noise would be a function of the run config, "

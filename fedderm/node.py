@@ -15,7 +15,7 @@ itself and nothing else is needed.
 | ``num-partitions`` | int | simulation only: the number of partitions of the shared pool |
 | ``site`` | str | a readable hospital name for the server's log |
 | ``state-dir`` | str | a folder for client state that must outlive a ClientApp process and the run |
-| ``cache-dir`` | str | where this hospital caches decoded images; default: run-config ``cache-dir`` |
+| ``cache-dir`` | str | where this hospital caches decoded images; default: ``<state-dir>/cache``, else ``$XDG_CACHE_HOME/fedderm/cache`` (a simulation's node: run-config ``cache-dir``) |
 | ``insecure-reproducible-noise`` | bool | ``true``: accept the run config's switch of that name (the relay noise then seeded from the run config, which the server knows); default: a client with no simulation's node config refuses it (docs/privacy.md) |
 """
 
@@ -39,6 +39,14 @@ NODE_KEYS = {
 # Without ``partition-id`` a deployed client is numbered from its node id (stable for one
 # SuperNode key); results then show that number.  Kept below 2**31 for MetricRecord/seeds.
 _NODE_ID_MODULUS = 1_000_000
+
+
+def simulated_node(node_config: Mapping[str, Any]) -> bool:
+    """Whether this node is one of a simulation's: its node config (the SuperNode's own, never the
+    server's) is what Flower's simulation and fedderm's in-process grids give a node, a
+    ``num-partitions`` of a shared pool and no ``data-path`` of its own.  A hospital's SuperNode
+    names its own data, so nothing the server sends makes it one."""
+    return "num-partitions" in node_config and "data-path" not in node_config
 
 
 class NodeConfigError(ValueError):

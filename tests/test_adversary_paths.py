@@ -469,3 +469,40 @@ def test_the_default_runs_folder_stays_below_five_models(tmp_path):
     resumed = latest_checkpoint(recorder.run_dir, "train")
     assert all(torch.equal(resumed["strategy"]["best_arrays"][k], best[k]) for k in best)
     assert all(torch.equal(resumed["arrays"][k], arrays[k]) for k in arrays)
+
+
+def test_the_server_does_not_choose_where_a_hospital_caches_its_images(tmp_path, monkeypatch):
+    """A hospital's node (its own data-path, neither cache-dir nor state-dir) caches in its user's
+    folder, not in the run config's cache-dir the server sends; a simulation's node keeps the run
+    config's (the user's own run)."""
+    from flwr.app import Context, RecordDict
+    from PIL import Image
+
+    import sim
+    from clients import common
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    for c in ("a", "b"):
+        (tmp_path / "images" / c).mkdir(parents=True)
+        for i in range(6):
+            Image.new("RGB", (12, 12), (40 * i, 100 * (c == "b"), 0)).save(
+                tmp_path / "images" / c / f"{i}.png"
+            )
+    chosen = tmp_path / "server-chose-this"
+    run_config = sim.resolved_run_config(
+        {"image-size": 16, "synthetic-per-class": 4, "cache-dir": str(chosen), "min-clients": 1}
+    )
+
+    def cache_of(node_config):
+        common.forget_sessions()
+        context = Context(
+            run_id=1, node_id=7, node_config=node_config, state=RecordDict(), run_config=run_config
+        )
+        return common.session(context).cfg.cache_dir
+
+    hospital_cache = cache_of({"partition-id": 0, "dataset": "folder", "data-path": str(tmp_path / "images")})
+    assert hospital_cache == str(tmp_path / "xdg" / "fedderm" / "cache")
+    assert not chosen.exists()
+    # a simulation's node: the run config is the user's own, its cache-dir is where the user wants it
+    assert cache_of({"partition-id": 0, "num-partitions": 1}) == str(chosen)
+    common.forget_sessions()
