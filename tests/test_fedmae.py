@@ -4,6 +4,7 @@ import argparse
 import copy
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ import registry
 import sim
 from clients import fedmae as mae_client
 from clients.state import client_state
-from fedderm.config import ConfigError
+from fedderm import sweep as fs
+from fedderm.config import ConfigError, default_config
 from fedderm.mae import (
     EXCLUDE_PRESETS,
     MaskedAutoencoderViT,
@@ -35,6 +37,7 @@ from strategies.fedmae import FedMAEStrategy, mae_backbone_state
 from strategies.finetune import classifier_from_pretrained
 from wire import LOCAL_RECORD
 
+ROOT = Path(__file__).resolve().parents[1]
 MICRO = {
     "model": "vit-micro",
     "image-size": 32,
@@ -566,3 +569,36 @@ def test_fedmae_pretrain_then_federated_finetune_end_to_end(in_process, tmp_path
     expected = sum(n[pid] * own[pid]["cls_token"] for pid in n) / sum(n.values())
     assert torch.allclose(pretrained["cls_token"], expected, atol=1e-6)
     assert torch.equal(start["cls_token"], pretrained["cls_token"])
+
+
+# -- the settings pre-registered sweeps and presets ran with -------------------------------------------
+#: FedMAE's decoder and every ViT's pooling before the decoder was sized to its encoder and FedMAE
+#: fine-tuned on the class token by default
+FORMER_DEFAULTS = {
+    "fedmae.decoder-embed-dim": 512,
+    "fedmae.decoder-depth": 8,
+    "fedmae.decoder-num-heads": 16,
+    "vit-pool": "avg",
+}
+SWEEPS = sorted((ROOT / "sweeps").rglob("*.toml"))
+
+
+def decoder_and_pool(cfg) -> tuple:
+    return (*(cfg.option(k) for k in FORMER_DEFAULTS if k.startswith("fedmae.")), cfg.vit_pool)
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=[str(p.relative_to(ROOT / "sweeps")) for p in SWEEPS])
+def test_registered_sweeps_run_fedmae_with_the_decoder_and_pooling_they_were_registered_with(path):
+    """Every FedMAE run of every sweep (full and --quick) resolves to the decoder and ViT pooling it
+    had under the former defaults: a sweep's table stays the experiment it was registered as."""
+    valid = sorted([*default_config(), *registry.method_options()])
+    runs = 0
+    for quick in (False, True):
+        sweep = fs.load_sweep(path, quick=quick, load_config=registry.load_config, valid_keys=valid)
+        for run in sweep.runs():
+            cfg = registry.load_config(run.overrides)
+            if cfg.method == "fedmae":
+                former = registry.load_config({**FORMER_DEFAULTS, **run.overrides})
+                assert decoder_and_pool(cfg) == decoder_and_pool(former), (quick, run.name)
+                runs += 1
+    assert runs or '"fedmae"' not in path.read_text()
