@@ -145,8 +145,10 @@ def render(
         out += [
             "## Option defaults per method",
             "",
-            'Option keys declared unset (`""` or `-1`) take the method\'s paper value; a value set in the '
-            "run config wins. `config.json` records the values the run used.",
+            'Option keys declared unset (`""` or `-1`) take the method\'s paper '
+            "value; a value set in the run config wins. A method may also derive unset keys from the rest of "
+            "the run config (`fedmae`'s decoder, sized to its encoder: the `fedmae.decoder-*` lines below). "
+            "`config.json` records the values the run used.",
             "",
             "| method | key | value when unset |",
             "|---|---|---|",

@@ -20,6 +20,7 @@ from fedderm import sweep as fs
 from fedderm.config import ConfigError, default_config
 from fedderm.mae import (
     EXCLUDE_PRESETS,
+    PAPER_DECODER,
     MaskedAutoencoderViT,
     build_mae,
     excluded_keys,
@@ -31,6 +32,7 @@ from fedderm.mae import (
     unpatchify,
     vit_backbone_state,
 )
+from fedderm.methods.fedmae import DECODER_KEYS
 from fedderm.models import create_model
 from fedderm.state_store import StateStore
 from strategies.fedmae import FedMAEStrategy, mae_backbone_state
@@ -173,12 +175,65 @@ def test_reference_names():
         assert callable(getattr(MaskedAutoencoderViT, method))
 
 
+def decoder_of(m: MaskedAutoencoderViT) -> tuple[int, int, int]:
+    return m.decoder_embed.out_features, len(m.decoder_blocks), m.decoder_blocks[0].attn.num_heads
+
+
+def n_params(m: MaskedAutoencoderViT, decoder: bool) -> int:
+    return sum(
+        p.numel() for k, p in m.named_parameters() if k.startswith(("decoder_", "mask_token")) == decoder
+    )
+
+
+@pytest.mark.parametrize(
+    "name, encoder, decoder",
+    [
+        ("vit-micro", (64, 2, 8), (32, 1, 1)),
+        ("vit-tiny", (192, 12, 8), (128, 8, 4)),
+        ("vit-small", (384, 12, 8), (256, 8, 8)),
+        ("vit-base", (768, 12, 16), (512, 8, 16)),  # the MAE reference's mae_vit_base_patch16_dec512d8b
+    ],
+)
+def test_the_default_decoder_is_sized_to_its_encoder_and_vit_base_gets_the_papers(name, encoder, decoder):
+    """With the decoder keys unset the decoder keeps the reference's ViT-B proportions (width and
+    blocks 2/3 of the encoder's, 32-wide heads), so it stays about a third of the encoder's
+    parameters at every size; the run config records the sizes (config.json is ``to_flat``)."""
+    cfg = registry.load_config({"method": "fedmae", "model": name, "image-size": 32})
+    m = build_mae(cfg)
+    assert (m.cls_token.shape[-1], len(m.blocks), m.patch_size) == encoder
+    assert decoder_of(m) == decoder
+    flat = cfg.to_flat()
+    assert tuple(flat[k] for k in DECODER_KEYS) == decoder
+    assert 0.15 < n_params(m, decoder=True) / n_params(m, decoder=False) < 0.35
+
+
+def test_a_set_decoder_wins_and_a_width_alone_takes_heads_that_divide_it():
+    cfg = registry.load_config({**MICRO, "method": "fedmae"})
+    assert decoder_of(build_mae(cfg)) == (32, 1, 2)  # all three given: as given
+    width_only = registry.load_config(
+        {"method": "fedmae", "model": "vit-micro", "fedmae.decoder-embed-dim": 96}
+    )
+    assert tuple(width_only.option(k) for k in DECODER_KEYS) == (96, 1, 3)
+    paper = registry.load_config({"method": "fedmae", "model": "vit-micro", **PAPER_DECODER})
+    assert decoder_of(build_mae(paper)) == (512, 8, 16)
+
+
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ({"fedmae.decoder-embed-dim": 30}, "fedmae.decoder-embed-dim"),
+        ({"fedmae.decoder-embed-dim": 32, "fedmae.decoder-num-heads": 3}, "fedmae.decoder-embed-dim"),
+        ({"fedmae.decoder-depth": 0}, "fedmae.decoder-depth"),
+        ({"fedmae.decoder-num-heads": -2}, "fedmae.decoder-num-heads"),
+    ],
+)
+def test_a_decoder_that_cannot_be_built_is_refused_when_the_config_is_read(bad, key):
+    """Before a run starts (sim.py, the ServerApp, each ClientApp), naming the key."""
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        registry.load_config({"method": "fedmae", "model": "vit-micro", **bad})
+
+
 def test_sizes_follow_the_registered_vits():
-    for name, dims in [("vit-tiny", (192, 12, 8)), ("vit-small", (384, 12, 8)), ("vit-base", (768, 12, 16))]:
-        cfg = registry.load_config({"method": "fedmae", "model": name, "image-size": 32})
-        m = build_mae(cfg)
-        assert (m.cls_token.shape[-1], len(m.blocks), m.patch_size) == dims
-        assert (m.decoder_embed.out_features, len(m.decoder_blocks)) == (512, 8)  # the reference's decoder
     with pytest.raises(ConfigError, match="'model'"):
         build_mae(registry.load_config({"method": "fedmae", "model": "tiny-cnn"}))
     with pytest.raises(ConfigError, match="fedmae.mask-ratio"):
@@ -314,6 +369,23 @@ def test_reference_checkpoint_loads_strictly(tmp_path):
     torch.save(state, tmp_path / "raw.pth")
     with pytest.raises(ValueError, match="raw.pth: expected an MAE checkpoint"):
         load_mae_checkpoint(micro_mae(), tmp_path / "raw.pth")
+
+
+def test_a_checkpoint_with_another_decoder_says_which_decoder_to_set(tmp_path):
+    """A full checkpoint whose decoder is not the run's (e.g. the reference's 512 × 8 against a decoder
+    sized to a small encoder) is refused naming the file, the keys and the decoder keys to set."""
+    torch.save({"model": reference_named_state(dec=64, dec_depth=2)}, tmp_path / "dec64.pth")
+    with pytest.raises(
+        ValueError,
+        match=r"dec64.pth: .*mis-shaped \['decoder_blocks.0.*"
+        r"its decoder is 64 wide x 2 blocks, this run's 32 x 1: set "
+        r"fedmae.decoder-embed-dim=64 fedmae.decoder-depth=2",
+    ):
+        load_mae_checkpoint(micro_mae(), tmp_path / "dec64.pth")
+    model = MaskedAutoencoderViT(
+        32, 8, 3, 64, 2, 2, decoder_embed_dim=64, decoder_depth=2, decoder_num_heads=2
+    )
+    load_mae_checkpoint(model, tmp_path / "dec64.pth")  # with those keys set, it loads
 
 
 def test_checkpoint_of_another_grid_resizes_pos_embed(tmp_path):

@@ -47,6 +47,10 @@ class Method:
     ``defaults`` are its paper's values of option keys that are declared unset (:data:`UNSET`:
     ``""``, ``-1``), taken when the run config leaves them unset, as ``model`` is for ``model``;
     a value set in the run config wins (``registry.resolve_defaults``).
+    ``resolve`` (optional) names the function ``"module:function"`` that gives the option keys
+    whose paper value depends on the rest of the resolved run config, ``f(cfg)`` returning
+    ``{key: value}``; it is applied after ``defaults``, to the keys still unset (FedMAE's decoder,
+    sized to its encoder: :func:`fedderm.mae.decoder_defaults`).
     ``data_check`` (optional) names the function ``"module:function"`` that checks its options
     against the clients' data before a simulation starts, ``f(cfg, clients)`` raising
     ``ConfigError`` (``sim.py``; SiFT's class texts against the class list).
@@ -84,6 +88,7 @@ class Method:
     docs: Mapping[str, str] = field(default_factory=dict)
     data_check: str = ""
     rebuild: str = ""
+    resolve: str = ""
 
 
 #: Every registered method by name: the modules of this package, then whatever a caller registers
