@@ -92,7 +92,7 @@ def _table(keys: list[str], defaults: Mapping[str, Any], docs: Mapping[str, str]
     rows = ["| key | default | type | choices | meaning |", "|---|---|---|---|---|"]
     for key in keys:
         default = defaults[key]
-        choices = ", ".join(f"`{c}`" for c in CHOICES.get(key, ()))
+        choices = ", ".join(f"`{c}`" if c else '`""`' for c in CHOICES.get(key, ()))
         rows.append(
             f"| `{key}` | `{_toml(default)}` | {type(default).__name__} | {_cell(choices)} "
             f"| {_cell(docs[key])} |"
@@ -145,7 +145,7 @@ def render(
         out += [
             "## Option defaults per method",
             "",
-            'Option keys declared unset (`""` or `-1`) take the method\'s paper '
+            'Option keys declared unset (`""` or `-1`), and the core key `vit-pool`, take the method\'s paper '
             "value; a value set in the run config wins. A method may also derive unset keys from the rest of "
             "the run config (`fedmae`'s decoder, sized to its encoder: the `fedmae.decoder-*` lines below). "
             "`config.json` records the values the run used.",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
@@ -264,7 +265,7 @@ def test_encoder_transfers_to_the_timm_classifier():
 def test_vit_pool_token_classifies_the_class_tokens_output_of_the_pre_trained_encoder():
     """``vit-pool="token"`` (000 §IV-A: the class token's output is the image's representation): the
     classifier's features are the MAE encoder's normalised class-token output (its final norm carried
-    over); ``avg`` (the default) is the mean of the patch tokens under a fresh norm."""
+    over); ``avg`` (the other methods' default) is the mean of the patch tokens under a fresh norm."""
     mae = micro_mae()
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     feats, clfs = {}, {}
@@ -624,6 +625,10 @@ def test_fedmae_pretrain_then_federated_finetune_end_to_end(in_process, tmp_path
     assert set(pretrained) == set(micro_mae().state_dict())
     final = torch.load(run_dir / "model.pt")
     assert final["head.weight"].shape == (5, 64)
+    # FedMAE's default representation (000 §IV-A): the class token's output under the encoder's final
+    # norm (timm's token pooling), not the patch mean under a fresh fc_norm
+    assert "backbone.norm.weight" in final and "backbone.fc_norm.weight" not in final
+    assert json.loads((run_dir / "config.json").read_text())["vit-pool"] == "token"
     cfg = registry.load_config({**MICRO, "method": "fedmae"})
     # the fine-tuning started from the pre-trained encoder: round-0 classifier = mapped encoder
     start = mae_backbone_state(cfg, 5)(pretrained)
@@ -674,3 +679,52 @@ def test_registered_sweeps_run_fedmae_with_the_decoder_and_pooling_they_were_reg
                 assert decoder_and_pool(cfg) == decoder_and_pool(former), (quick, run.name)
                 runs += 1
     assert runs or '"fedmae"' not in path.read_text()
+
+
+@pytest.mark.parametrize("name", ["fedmae-paper", "fed-mae-paper", "fedmae-small", "fed-mae-small"])
+def test_presets_pin_their_decoder_and_fine_tune_on_their_papers_representation(name):
+    """The paper presets pin the papers' ViT-B decoder (512 × 8 × 16); 000's FedMAE presets classify the
+    class token's output (000 §IV-A), 003's Fed-MAE presets the mean of the patch tokens (003 §III-D)."""
+    preset = tomllib.loads((ROOT / "presets" / f"{name}.toml").read_text())
+    cfg = registry.load_config(preset)
+    assert (
+        decoder_and_pool(cfg)[:3] == decoder_and_pool(registry.load_config({**FORMER_DEFAULTS, **preset}))[:3]
+    )
+    if name.endswith("-paper"):
+        assert decoder_and_pool(cfg)[:3] == (512, 8, 16)
+    assert cfg.vit_pool == ("token" if name.startswith("fedmae") else "avg")
+
+
+# -- the representation fine-tuning classifies ---------------------------------------------------------
+def test_fedmae_classifies_the_class_token_by_default_and_the_other_vit_methods_the_patch_mean():
+    """000 §IV-A: the class token's output is the image's representation (FedMAE's default); 003 §III-D
+    and MAE fine-tune on average pooling (Fed-BEiT's, and every other method's).  A value set wins,
+    and config.json (``to_flat``) records the resolved one."""
+    vit = {"model": "vit-micro", "image-size": 32}
+    assert registry.load_config({**vit, "method": "fedmae"}).vit_pool == "token"
+    assert registry.load_config({**vit, "method": "fedmae"}).to_flat()["vit-pool"] == "token"
+    assert registry.load_config({**vit, "method": "fedmae", "vit-pool": "avg"}).vit_pool == "avg"
+    for method in ("fedbeit", "random-init", "fedavg", "fedprox", "fedmocov3"):
+        assert registry.load_config({**vit, "method": method}).vit_pool == "avg", method
+    assert registry.load_config({"method": "fedclf", "model": "tiny-cnn"}).vit_pool == "avg"
+    with pytest.raises(ConfigError, match="'vit-pool' must be one of"):
+        registry.load_config({**vit, "method": "fedmae", "vit-pool": "cls"})
+
+
+@pytest.mark.parametrize(
+    "defaults, match",
+    [
+        ({"vit-pool": "cls"}, r"defaults\['vit-pool'\] = 'cls' is none of \['avg', 'token'\]"),
+        (
+            {"fedmae.mask-ratio": 0.5},
+            r"'fedmae.mask-ratio', which is neither one of its options nor a core key",
+        ),
+    ],
+)
+def test_a_method_cannot_register_defaults_for_keys_it_cannot_set(defaults, match):
+    """A default for a key the method does not declare (another method's option) or a core key's value
+    the key does not take would be applied silently to every run of the method: refused at registration."""
+    toy = registry.Method("toy-defaults", "strategies.fedavg", "clients.fedavg", "a toy", defaults=defaults)
+    with pytest.raises(ValueError, match=match):
+        registry.register_method(toy)
+    assert "toy-defaults" not in registry.METHODS

@@ -149,7 +149,9 @@ METHOD = register_method(
             "fedmae.pretrain": True,
             **MIM_OPTIONS,
         },
-        defaults=MAE_RECIPE,
+        # 000 §IV-A: "a learnable class embedding ..., whose state at the Transformer output is the visual
+        # representation of the input image" (003's Fed-MAE fine-tunes on average pooling: its presets say so)
+        defaults={**MAE_RECIPE, "vit-pool": "token"},
         resolve="fedderm.mae:decoder_defaults",
         sends=("arrays", "metrics", "local-arrays"),
         check=check_fedmae,
