@@ -92,7 +92,7 @@ def _table(keys: list[str], defaults: Mapping[str, Any], docs: Mapping[str, str]
     rows = ["| key | default | type | choices | meaning |", "|---|---|---|---|---|"]
     for key in keys:
         default = defaults[key]
-        choices = ", ".join(f"`{c}`" for c in CHOICES.get(key, ()))
+        choices = ", ".join(f"`{c}`" if c else '`""`' for c in CHOICES.get(key, ()))
         kind = getattr(default, "type_name", type(default).__name__)  # fedderm.config.BoolOrAuto
         rows.append(f"| `{key}` | `{_toml(default)}` | {kind} | {_cell(choices)} | {_cell(docs[key])} |")
     return rows
@@ -143,8 +143,10 @@ def render(
         out += [
             "## Option defaults per method",
             "",
-            'Option keys declared unset (`""` or `-1`) take the method\'s paper value; a value set in the '
-            "run config wins. `config.json` records the values the run used.",
+            'Option keys declared unset (`""` or `-1`), and the core key `vit-pool`, take the method\'s paper '
+            "value; a value set in the run config wins. A method may also derive unset keys from the rest of "
+            "the run config (`fedmae`'s decoder, sized to its encoder: the `fedmae.decoder-*` lines below). "
+            "`config.json` records the values the run used.",
             "",
             "| method | key | value when unset |",
             "|---|---|---|",

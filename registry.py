@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from fedderm.config import Config, ConfigError, parse_config
+from fedderm.config import METHOD_KEYS, Config, ConfigError, parse_config
 from fedderm.methods import METHODS, UNSET, VIT_MODELS, Method, register_method
 
 __all__ = [
@@ -103,11 +104,27 @@ def resolve_model(cfg: Config) -> Config:
 
 
 def resolve_defaults(cfg: Config) -> Config:
-    """``cfg`` with the method's ``defaults`` in the option keys the run config left unset
-    (:data:`UNSET`); the resolved values are what ``config.json`` records and a resume reloads."""
-    defaults = METHODS[cfg.method].defaults
-    unset = {k: v for k, v in defaults.items() if cfg.option(k) in UNSET}
-    return dataclasses.replace(cfg, options={**cfg.options, **unset}) if unset else cfg
+    """``cfg`` with the method's values in the keys the run config left unset (:data:`UNSET`): its
+    ``defaults`` in its option keys and in the core keys of :data:`METHOD_KEYS` (those the method
+    gives none take the key's first value), then what its ``resolve`` function derives from the
+    rest of the run config.  The resolved values are what ``config.json`` records and a resume
+    reloads."""
+    method = METHODS[cfg.method]
+    core = {
+        key.replace("-", "_"): method.defaults.get(key, values[0])
+        for key, values in METHOD_KEYS.items()
+        if getattr(cfg, key.replace("-", "_")) in UNSET
+    }
+    options = {k: v for k, v in method.defaults.items() if k not in METHOD_KEYS and cfg.option(k) in UNSET}
+    if core or options:
+        cfg = dataclasses.replace(cfg, **core, options={**cfg.options, **options})
+    if method.resolve:
+        module, _, function = method.resolve.partition(":")
+        derived = getattr(importlib.import_module(module), function)(cfg)
+        unset = {k: v for k, v in derived.items() if cfg.option(k) in UNSET}
+        if unset:
+            cfg = dataclasses.replace(cfg, options={**cfg.options, **unset})
+    return cfg
 
 
 def load_config(run_config: Mapping[str, Any]) -> Config:

@@ -26,6 +26,11 @@ AUGMENT_POLICIES = ("flip", "paper", "000", "003", "004")
 
 #: values of ``dataset`` that need no ``data-path``: generated, or bundled with scikit-learn (docs/data.md)
 EMBEDDED_DATASETS = ("synthetic", "digits", "stained-digits")
+#: Core keys whose default is the method's: declared unset (``""``), a run takes its method's value
+#: (``Method.defaults``) or, where the method gives none, the first value listed (``registry.resolve_defaults``).
+METHOD_KEYS: dict[str, tuple[str, ...]] = {
+    "vit-pool": ("avg", "token"),  # FedMAE: token (000 §IV-A); the others avg (MAE's fine-tuning, 003 §III-D)
+}
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "dataset": (*EMBEDDED_DATASETS, "folder", "csv", "npz"),
@@ -41,7 +46,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "test-set": ("per-client", "global"),
     "augment": AUGMENT_POLICIES,
     "bn-stats": BN_STATS,
-    "vit-pool": ("avg", "token"),
+    "vit-pool": ("", *METHOD_KEYS["vit-pool"]),
     "aggregation": ("mean", "median", "trimmed-mean", "krum", "multi-krum", "bulyan"),
 }
 
@@ -90,7 +95,7 @@ class Config:
     cv_fold: int = 0
     # model and local training
     model: str = ""  # "": the method's paper model (Method.model, fedderm/methods/<m>.py)
-    vit_pool: str = "avg"
+    vit_pool: str = ""  # "": the method's representation (Method.defaults; else "avg")
     num_server_rounds: int = 8
     min_clients: int = 2
     local_epochs: int = 2
@@ -417,7 +422,8 @@ KEY_DOCS: dict[str, str] = {
     "`vit-micro` (tests), `vit-tiny`, `vit-small` (patch 8), `vit-base` (patch 16); "
     "always randomly initialised, nothing is downloaded",
     "vit-pool": "what a ViT classifier classifies: `avg` the mean of the patch tokens' outputs (MAE's "
-    "fine-tuning default) or `token` the class token's output (000 §IV-A's representation); "
+    "fine-tuning default, 003 §III-D) or `token` the class token's output (000 §IV-A's representation); "
+    '`""`: the method\'s (`token` for `fedmae`, else `avg`: "Option defaults per method" below); '
     "`token` needs a ViT `model` and one of the methods `fedmae`, `fedbeit`, `random-init`, `fedavg`, `fedprox`",
     "num-server-rounds": "federated rounds (pre-training rounds for the self-supervised methods)",
     "min-clients": "the server waits until this many clients are connected, and needs this many per round",

@@ -265,6 +265,43 @@ def excluded_keys(model: nn.Module, exclude: str) -> list[str]:
     return [name for name, p in model.named_parameters() if p.requires_grad and name.startswith(prefixes)]
 
 
+# -- the decoder's size -----------------------------------------------------------------------------
+#: The MAE reference's decoder of ViT-B/16 (``mae_vit_base_patch16_dec512d8b``), with which 000 and 003
+#: pre-train ViT-B/16 (003 §IV-D: 111.7M parameters with the encoder): width, blocks, heads.
+PAPER_DECODER = {"fedmae.decoder-embed-dim": 512, "fedmae.decoder-depth": 8, "fedmae.decoder-num-heads": 16}
+#: the width of one head of the reference's decoder (512 / 16)
+DECODER_HEAD_DIM = 32
+
+
+def auto_decoder(embed_dim: int, depth: int) -> tuple[int, int, int]:
+    """(width, blocks, heads) of a decoder sized to an encoder of width ``embed_dim`` and ``depth``
+    blocks, in the proportions of the reference's ViT-B MAE (768 × 12 encoder, 512 × 8 decoder):
+    width 2/3 of the encoder's in whole 32-wide heads (at least one), blocks 2/3 of the encoder's
+    (at least one), heads of 32 channels.  ViT-B gets the reference's 512 × 8 × 16 exactly; smaller
+    encoders a decoder that stays about a third of the encoder's parameters (``vit-micro``: 32 × 1 × 1).
+    MAE (He et al. 2022, §4.1, Table 1) found fine-tuning insensitive to the decoder's size
+    (one block: 84.8 % against 84.9 % with eight)."""
+    heads = max(1, (embed_dim + 24) // 48)  # round(embed_dim · 2/3 / 32)
+    return DECODER_HEAD_DIM * heads, max(1, (2 * depth + 1) // 3), heads
+
+
+def decoder_defaults(cfg: Config) -> dict[str, int]:
+    """``Method.resolve`` of ``fedmae``: the decoder keys the run config leaves unset (``-1``), sized to
+    the encoder ``cfg.model`` by :func:`auto_decoder`; the heads follow the width when only the width is
+    given (the most heads of at least 32 channels that divide it in multiples of 4)."""
+    arch = vit_arch(cfg.model)
+    width, blocks, heads = auto_decoder(arch["embed_dim"], arch["depth"])
+    given = cfg.option("fedmae.decoder-embed-dim")
+    if given != -1:
+        width = given
+        heads = next((h for h in range(max(1, width // DECODER_HEAD_DIM), 0, -1) if width % (4 * h) == 0), 1)
+    return {
+        "fedmae.decoder-embed-dim": width,
+        "fedmae.decoder-depth": blocks,
+        "fedmae.decoder-num-heads": heads,
+    }
+
+
 # -- building from the run config -----------------------------------------------------------------
 @dataclass(frozen=True)
 class MAEOptions:
@@ -371,17 +408,39 @@ def load_mae_checkpoint(model: MaskedAutoencoderViT, path: str | Path) -> list[s
             state[key] = _resize_pos_embed(state[key], own[key].shape[1] - 1)
     expected = set(own) if any(k.startswith("decoder_") for k in state) else set(encoder_keys(own))
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-    if missing or unexpected:
+    mis_shaped = sorted(k for k in expected & set(state) if tuple(state[k].shape) != tuple(own[k].shape))
+    if missing or unexpected or mis_shaped:
         raise ValueError(
             f"{path}: checkpoint does not match the {len(expected)}-key MAE "
             f"({'encoder+decoder' if len(expected) == len(own) else 'encoder'}): "
-            f"missing {missing[:8]}, unexpected {unexpected[:8]}"
+            f"missing {missing[:8]}, unexpected {unexpected[:8]}, mis-shaped {mis_shaped[:8]}"
+            + _decoder_hint(state, own, [*missing, *unexpected, *mis_shaped])
         )
     if expected == set(own):
         model.load_state_dict(state, strict=True)
     else:  # encoder-only: strict over the encoder (checked above), decoder kept
         model.load_state_dict({**own, **state}, strict=True)
     return sorted(state)
+
+
+def _decoder_size(state) -> tuple[int, int]:
+    """(width, blocks) of the decoder in an MAE state dict."""
+    blocks = {k.split(".")[1] for k in state if k.startswith("decoder_blocks.")}
+    return int(state["decoder_embed.weight"].shape[0]), len(blocks)
+
+
+def _decoder_hint(state, own, problems: list[str]) -> str:
+    """What to set when a full checkpoint's decoder is not the run's (the run's may be sized to its encoder)."""
+    if "decoder_embed.weight" not in state or not any(
+        k.startswith(("decoder_", "mask_token")) for k in problems
+    ):
+        return ""
+    (width, blocks), (run_width, run_blocks) = _decoder_size(state), _decoder_size(own)
+    return (
+        f"; its decoder is {width} wide x {blocks} blocks, this run's {run_width} x {run_blocks}: set "
+        f"fedmae.decoder-embed-dim={width} fedmae.decoder-depth={blocks} and fedmae.decoder-num-heads as it was "
+        "trained (the MAE reference's: 16) to load it whole"
+    )
 
 
 # -- transfer to the fine-tuning classifier ----------------------------------------------------------

@@ -8,7 +8,7 @@ which the server averages with the same weights into the final global model (fro
 replies that pass screening only).
 
 Fed-MAE of 003 is this strategy with ``fedmae.exclude="none"`` (plain FedAvg over everything)
-and ``fedmae.mask-ratio=0.6`` (``presets/fed-mae.toml``).
+and ``fedmae.mask-ratio=0.6`` (``presets/fed-mae-paper.toml``).
 """
 
 from __future__ import annotations
@@ -151,7 +151,15 @@ def run(grid, cfg, recorder, classes) -> None:
         )
         finetune_pretrained(grid, cfg, recorder, classes, to_record(mae.state_dict()), backbone)
         return
-    log(INFO, "FedMAE: mask ratio %.2f, kept on the clients: %s", options.mask_ratio, options.exclude)
+    log(
+        INFO,
+        "FedMAE: mask ratio %.2f, kept on the clients: %s, decoder %d wide x %d blocks x %d heads",
+        options.mask_ratio,
+        options.exclude,
+        options.decoder_embed_dim,
+        options.decoder_depth,
+        options.decoder_num_heads,
+    )
     pretrain_then_finetune(
         grid,
         cfg,

@@ -4,9 +4,11 @@ import argparse
 import copy
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
@@ -15,9 +17,11 @@ import registry
 import sim
 from clients import fedmae as mae_client
 from clients.state import client_state
-from fedderm.config import ConfigError
+from fedderm import sweep as fs
+from fedderm.config import ConfigError, default_config
 from fedderm.mae import (
     EXCLUDE_PRESETS,
+    PAPER_DECODER,
     MaskedAutoencoderViT,
     build_mae,
     excluded_keys,
@@ -29,12 +33,14 @@ from fedderm.mae import (
     unpatchify,
     vit_backbone_state,
 )
+from fedderm.methods.fedmae import DECODER_KEYS
 from fedderm.models import create_model
 from fedderm.state_store import StateStore
 from strategies.fedmae import FedMAEStrategy, mae_backbone_state
 from strategies.finetune import classifier_from_pretrained
 from wire import LOCAL_RECORD
 
+ROOT = Path(__file__).resolve().parents[1]
 MICRO = {
     "model": "vit-micro",
     "image-size": 32,
@@ -170,12 +176,65 @@ def test_reference_names():
         assert callable(getattr(MaskedAutoencoderViT, method))
 
 
+def decoder_of(m: MaskedAutoencoderViT) -> tuple[int, int, int]:
+    return m.decoder_embed.out_features, len(m.decoder_blocks), m.decoder_blocks[0].attn.num_heads
+
+
+def n_params(m: MaskedAutoencoderViT, decoder: bool) -> int:
+    return sum(
+        p.numel() for k, p in m.named_parameters() if k.startswith(("decoder_", "mask_token")) == decoder
+    )
+
+
+@pytest.mark.parametrize(
+    "name, encoder, decoder",
+    [
+        ("vit-micro", (64, 2, 8), (32, 1, 1)),
+        ("vit-tiny", (192, 12, 8), (128, 8, 4)),
+        ("vit-small", (384, 12, 8), (256, 8, 8)),
+        ("vit-base", (768, 12, 16), (512, 8, 16)),  # the MAE reference's mae_vit_base_patch16_dec512d8b
+    ],
+)
+def test_the_default_decoder_is_sized_to_its_encoder_and_vit_base_gets_the_papers(name, encoder, decoder):
+    """With the decoder keys unset the decoder keeps the reference's ViT-B proportions (width and
+    blocks 2/3 of the encoder's, 32-wide heads), so it stays about a third of the encoder's
+    parameters at every size; the run config records the sizes (config.json is ``to_flat``)."""
+    cfg = registry.load_config({"method": "fedmae", "model": name, "image-size": 32})
+    m = build_mae(cfg)
+    assert (m.cls_token.shape[-1], len(m.blocks), m.patch_size) == encoder
+    assert decoder_of(m) == decoder
+    flat = cfg.to_flat()
+    assert tuple(flat[k] for k in DECODER_KEYS) == decoder
+    assert 0.15 < n_params(m, decoder=True) / n_params(m, decoder=False) < 0.35
+
+
+def test_a_set_decoder_wins_and_a_width_alone_takes_heads_that_divide_it():
+    cfg = registry.load_config({**MICRO, "method": "fedmae"})
+    assert decoder_of(build_mae(cfg)) == (32, 1, 2)  # all three given: as given
+    width_only = registry.load_config(
+        {"method": "fedmae", "model": "vit-micro", "fedmae.decoder-embed-dim": 96}
+    )
+    assert tuple(width_only.option(k) for k in DECODER_KEYS) == (96, 1, 3)
+    paper = registry.load_config({"method": "fedmae", "model": "vit-micro", **PAPER_DECODER})
+    assert decoder_of(build_mae(paper)) == (512, 8, 16)
+
+
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ({"fedmae.decoder-embed-dim": 30}, "fedmae.decoder-embed-dim"),
+        ({"fedmae.decoder-embed-dim": 32, "fedmae.decoder-num-heads": 3}, "fedmae.decoder-embed-dim"),
+        ({"fedmae.decoder-depth": 0}, "fedmae.decoder-depth"),
+        ({"fedmae.decoder-num-heads": -2}, "fedmae.decoder-num-heads"),
+    ],
+)
+def test_a_decoder_that_cannot_be_built_is_refused_when_the_config_is_read(bad, key):
+    """Before a run starts (sim.py, the ServerApp, each ClientApp), naming the key."""
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        registry.load_config({"method": "fedmae", "model": "vit-micro", **bad})
+
+
 def test_sizes_follow_the_registered_vits():
-    for name, dims in [("vit-tiny", (192, 12, 8)), ("vit-small", (384, 12, 8)), ("vit-base", (768, 12, 16))]:
-        cfg = registry.load_config({"method": "fedmae", "model": name, "image-size": 32})
-        m = build_mae(cfg)
-        assert (m.cls_token.shape[-1], len(m.blocks), m.patch_size) == dims
-        assert (m.decoder_embed.out_features, len(m.decoder_blocks)) == (512, 8)  # the reference's decoder
     with pytest.raises(ConfigError, match="'model'"):
         build_mae(registry.load_config({"method": "fedmae", "model": "tiny-cnn"}))
     with pytest.raises(ConfigError, match="fedmae.mask-ratio"):
@@ -206,7 +265,7 @@ def test_encoder_transfers_to_the_timm_classifier():
 def test_vit_pool_token_classifies_the_class_tokens_output_of_the_pre_trained_encoder():
     """``vit-pool="token"`` (000 §IV-A: the class token's output is the image's representation): the
     classifier's features are the MAE encoder's normalised class-token output (its final norm carried
-    over); ``avg`` (the default) is the mean of the patch tokens under a fresh norm."""
+    over); ``avg`` (the other methods' default) is the mean of the patch tokens under a fresh norm."""
     mae = micro_mae()
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     feats, clfs = {}, {}
@@ -311,6 +370,23 @@ def test_reference_checkpoint_loads_strictly(tmp_path):
     torch.save(state, tmp_path / "raw.pth")
     with pytest.raises(ValueError, match="raw.pth: expected an MAE checkpoint"):
         load_mae_checkpoint(micro_mae(), tmp_path / "raw.pth")
+
+
+def test_a_checkpoint_with_another_decoder_says_which_decoder_to_set(tmp_path):
+    """A full checkpoint whose decoder is not the run's (e.g. the reference's 512 × 8 against a decoder
+    sized to a small encoder) is refused naming the file, the keys and the decoder keys to set."""
+    torch.save({"model": reference_named_state(dec=64, dec_depth=2)}, tmp_path / "dec64.pth")
+    with pytest.raises(
+        ValueError,
+        match=r"dec64.pth: .*mis-shaped \['decoder_blocks.0.*"
+        r"its decoder is 64 wide x 2 blocks, this run's 32 x 1: set "
+        r"fedmae.decoder-embed-dim=64 fedmae.decoder-depth=2",
+    ):
+        load_mae_checkpoint(micro_mae(), tmp_path / "dec64.pth")
+    model = MaskedAutoencoderViT(
+        32, 8, 3, 64, 2, 2, decoder_embed_dim=64, decoder_depth=2, decoder_num_heads=2
+    )
+    load_mae_checkpoint(model, tmp_path / "dec64.pth")  # with those keys set, it loads
 
 
 def test_checkpoint_of_another_grid_resizes_pos_embed(tmp_path):
@@ -549,6 +625,10 @@ def test_fedmae_pretrain_then_federated_finetune_end_to_end(in_process, tmp_path
     assert set(pretrained) == set(micro_mae().state_dict())
     final = torch.load(run_dir / "model.pt")
     assert final["head.weight"].shape == (5, 64)
+    # FedMAE's default representation (000 §IV-A): the class token's output under the encoder's final
+    # norm (timm's token pooling), not the patch mean under a fresh fc_norm
+    assert "backbone.norm.weight" in final and "backbone.fc_norm.weight" not in final
+    assert json.loads((run_dir / "config.json").read_text())["vit-pool"] == "token"
     cfg = registry.load_config({**MICRO, "method": "fedmae"})
     # the fine-tuning started from the pre-trained encoder: round-0 classifier = mapped encoder
     start = mae_backbone_state(cfg, 5)(pretrained)
@@ -566,3 +646,85 @@ def test_fedmae_pretrain_then_federated_finetune_end_to_end(in_process, tmp_path
     expected = sum(n[pid] * own[pid]["cls_token"] for pid in n) / sum(n.values())
     assert torch.allclose(pretrained["cls_token"], expected, atol=1e-6)
     assert torch.equal(start["cls_token"], pretrained["cls_token"])
+
+
+# -- the settings pre-registered sweeps and presets ran with -------------------------------------------
+#: FedMAE's decoder and every ViT's pooling before the decoder was sized to its encoder and FedMAE
+#: fine-tuned on the class token by default
+FORMER_DEFAULTS = {
+    "fedmae.decoder-embed-dim": 512,
+    "fedmae.decoder-depth": 8,
+    "fedmae.decoder-num-heads": 16,
+    "vit-pool": "avg",
+}
+SWEEPS = sorted((ROOT / "sweeps").rglob("*.toml"))
+
+
+def decoder_and_pool(cfg) -> tuple:
+    return (*(cfg.option(k) for k in FORMER_DEFAULTS if k.startswith("fedmae.")), cfg.vit_pool)
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=[str(p.relative_to(ROOT / "sweeps")) for p in SWEEPS])
+def test_registered_sweeps_run_fedmae_with_the_decoder_and_pooling_they_were_registered_with(path):
+    """Every FedMAE run of every sweep (full and --quick) resolves to the decoder and ViT pooling it
+    had under the former defaults: a sweep's table stays the experiment it was registered as."""
+    valid = sorted([*default_config(), *registry.method_options()])
+    runs = 0
+    for quick in (False, True):
+        sweep = fs.load_sweep(path, quick=quick, load_config=registry.load_config, valid_keys=valid)
+        for run in sweep.runs():
+            cfg = registry.load_config(run.overrides)
+            if cfg.method == "fedmae":
+                former = registry.load_config({**FORMER_DEFAULTS, **run.overrides})
+                assert decoder_and_pool(cfg) == decoder_and_pool(former), (quick, run.name)
+                runs += 1
+    assert runs or '"fedmae"' not in path.read_text()
+
+
+@pytest.mark.parametrize("name", ["fedmae-paper", "fed-mae-paper", "fedmae-small", "fed-mae-small"])
+def test_presets_pin_their_decoder_and_fine_tune_on_their_papers_representation(name):
+    """The paper presets pin the papers' ViT-B decoder (512 × 8 × 16); 000's FedMAE presets classify the
+    class token's output (000 §IV-A), 003's Fed-MAE presets the mean of the patch tokens (003 §III-D)."""
+    preset = tomllib.loads((ROOT / "presets" / f"{name}.toml").read_text())
+    cfg = registry.load_config(preset)
+    assert (
+        decoder_and_pool(cfg)[:3] == decoder_and_pool(registry.load_config({**FORMER_DEFAULTS, **preset}))[:3]
+    )
+    if name.endswith("-paper"):
+        assert decoder_and_pool(cfg)[:3] == (512, 8, 16)
+    assert cfg.vit_pool == ("token" if name.startswith("fedmae") else "avg")
+
+
+# -- the representation fine-tuning classifies ---------------------------------------------------------
+def test_fedmae_classifies_the_class_token_by_default_and_the_other_vit_methods_the_patch_mean():
+    """000 §IV-A: the class token's output is the image's representation (FedMAE's default); 003 §III-D
+    and MAE fine-tune on average pooling (Fed-BEiT's, and every other method's).  A value set wins,
+    and config.json (``to_flat``) records the resolved one."""
+    vit = {"model": "vit-micro", "image-size": 32}
+    assert registry.load_config({**vit, "method": "fedmae"}).vit_pool == "token"
+    assert registry.load_config({**vit, "method": "fedmae"}).to_flat()["vit-pool"] == "token"
+    assert registry.load_config({**vit, "method": "fedmae", "vit-pool": "avg"}).vit_pool == "avg"
+    for method in ("fedbeit", "random-init", "fedavg", "fedprox", "fedmocov3"):
+        assert registry.load_config({**vit, "method": method}).vit_pool == "avg", method
+    assert registry.load_config({"method": "fedclf", "model": "tiny-cnn"}).vit_pool == "avg"
+    with pytest.raises(ConfigError, match="'vit-pool' must be one of"):
+        registry.load_config({**vit, "method": "fedmae", "vit-pool": "cls"})
+
+
+@pytest.mark.parametrize(
+    "defaults, match",
+    [
+        ({"vit-pool": "cls"}, r"defaults\['vit-pool'\] = 'cls' is none of \['avg', 'token'\]"),
+        (
+            {"fedmae.mask-ratio": 0.5},
+            r"'fedmae.mask-ratio', which is neither one of its options nor a core key",
+        ),
+    ],
+)
+def test_a_method_cannot_register_defaults_for_keys_it_cannot_set(defaults, match):
+    """A default for a key the method does not declare (another method's option) or a core key's value
+    the key does not take would be applied silently to every run of the method: refused at registration."""
+    toy = registry.Method("toy-defaults", "strategies.fedavg", "clients.fedavg", "a toy", defaults=defaults)
+    with pytest.raises(ValueError, match=match):
+        registry.register_method(toy)
+    assert "toy-defaults" not in registry.METHODS

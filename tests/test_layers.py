@@ -37,6 +37,8 @@ DYNAMIC: dict[str, str] = {
     "fedderm.sift": "the installed text-model package that sift.text-model names",
     "clients.probe": "the backbone mapping that Method.probe names (in fedderm.probes)",
     "fedderm.inference": "the function that rebuilds a method's own network, which Method.rebuild names",
+    "registry": "the function that derives a method's defaults from the rest of the run config, which "
+    "Method.resolve names (FedMAE's decoder sized to its encoder, in fedderm.mae)",
     "fedderm.methods": "the package imports every module found in it (each registers its method), so that a "
     "new fedderm/methods/<m>.py needs no edit elsewhere; those modules import only fedderm.methods and fedderm.config",
 }

@@ -11,7 +11,7 @@ import registry
 import sim
 from fedderm.config import ConfigError
 from fedderm.metrics import METRIC_NAMES
-from fedderm.models import create_model
+from fedderm.models import create_classifier, create_model
 from fedderm.probes import KNN_K, knn_probe, linear_probe
 
 SSL_METHODS = {
@@ -127,7 +127,7 @@ def test_probe_mapping_gives_the_whole_backbone(method, extra):
     torch.manual_seed(3)
     state = _initial_state(method, cfg)
     backbone = mapping(method)(cfg, state)
-    model = create_model(cfg.model, 4, cfg.image_size)
+    model = create_classifier(cfg, 4)  # the run's classifier (FedMAE's: class-token pooling)
     model.backbone.load_state_dict(backbone, strict=True)
     # the backbone's tensors are the pre-trained ones (same suffix, same values); MAE/BEiT's fresh
     # fc_norm (average pooling) is the only exception

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedderm.config import Config, ConfigError
+from fedderm.config import METHOD_KEYS, Config, ConfigError
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,13 @@ class Method:
     ``augment`` is the paper whose augmentation policy ``augment="paper"`` picks
     (:data:`fedderm.augment.POLICIES`; ``flip`` where its paper gives none).
     ``defaults`` are its paper's values of option keys that are declared unset (:data:`UNSET`:
-    ``""``, ``-1``), taken when the run config leaves them unset, as ``model`` is for ``model``;
-    a value set in the run config wins (``registry.resolve_defaults``).
+    ``""``, ``-1``), and of the core keys whose default is the method's
+    (:data:`fedderm.config.METHOD_KEYS`: ``vit-pool``), taken when the run config leaves them unset,
+    as ``model`` is for ``model``; a value set in the run config wins (``registry.resolve_defaults``).
+    ``resolve`` (optional) names the function ``"module:function"`` that gives the option keys
+    whose paper value depends on the rest of the resolved run config, ``f(cfg)`` returning
+    ``{key: value}``; it is applied after ``defaults``, to the keys still unset (FedMAE's decoder,
+    sized to its encoder: :func:`fedderm.mae.decoder_defaults`).
     ``data_check`` (optional) names the function ``"module:function"`` that checks its options
     against the clients' data before a simulation starts, ``f(cfg, clients)`` raising
     ``ConfigError`` (``sim.py``; SiFT's class texts against the class list).
@@ -84,6 +89,7 @@ class Method:
     docs: Mapping[str, str] = field(default_factory=dict)
     data_check: str = ""
     rebuild: str = ""
+    resolve: str = ""
 
 
 #: Every registered method by name: the modules of this package, then whatever a caller registers
@@ -93,10 +99,23 @@ METHODS: dict[str, Method] = {}
 
 def register_method(method: Method) -> Method:
     """Add ``method`` to :data:`METHODS` and return it.  A name already taken, an option without
-    its one line in ``docs`` (or a line for no option), or an option key another method declares
-    with a different default, is a ValueError naming them."""
+    its one line in ``docs`` (or a line for no option), an option key another method declares
+    with a different default, or a ``defaults`` entry for a key that is neither its option nor a
+    core key it may set (:data:`fedderm.config.METHOD_KEYS`, with one of the key's values), is a
+    ValueError naming them."""
     if method.name in METHODS:
         raise ValueError(f"method {method.name!r} is registered twice")
+    for key, value in method.defaults.items():
+        if key in METHOD_KEYS:
+            if value not in METHOD_KEYS[key]:
+                raise ValueError(
+                    f"method {method.name!r}: defaults[{key!r}] = {value!r} is none of {list(METHOD_KEYS[key])}"
+                )
+        elif key not in method.options:
+            raise ValueError(
+                f"method {method.name!r}: defaults names {key!r}, which is neither one of its options nor "
+                f"a core key a method may set ({', '.join(METHOD_KEYS)})"
+            )
     undocumented = [k for k in method.options if not str(method.docs.get(k, "")).strip()]
     stray = [k for k in method.docs if k not in method.options]
     if undocumented or stray:

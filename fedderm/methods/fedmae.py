@@ -92,6 +92,26 @@ def check_mim(cfg: Config) -> None:
     )
 
 
+DECODER_KEYS = ("fedmae.decoder-embed-dim", "fedmae.decoder-depth", "fedmae.decoder-num-heads")
+
+
+def check_fedmae(cfg: Config) -> None:
+    """FedMAE's pre-training keys (``mim.*``) and, for a ``fedmae`` run, its decoder: blocks and heads
+    >= 1, the width a multiple of 4 × heads (the 2-D sine-cosine position embedding per head)."""
+    check_mim(cfg)
+    if cfg.method != "fedmae":
+        return
+    width, depth, heads = (cfg.option(k) for k in DECODER_KEYS)
+    need(cfg, depth >= 1, "fedmae.decoder-depth", "must be >= 1 (or -1: sized to the encoder)")
+    need(cfg, heads >= 1, "fedmae.decoder-num-heads", "must be >= 1 (or -1: sized to the width)")
+    need(
+        cfg,
+        width >= 4 and width % (4 * heads) == 0,
+        "fedmae.decoder-embed-dim",
+        f"must be a positive multiple of 4 × fedmae.decoder-num-heads ({4 * heads}) (or -1: sized to the encoder)",
+    )
+
+
 #: one line per option: the run-config reference (docs/run-config.md)
 DOCS = {
     "fedmae.mask-ratio": "share of patches removed per image (000: 0.75; 003's Fed-MAE: 0.6)",
@@ -99,9 +119,12 @@ DOCS = {
     "`patch-embed`, `decoder-embed`, `cls-token`",
     "fedmae.norm-pix-loss": "`true`: per-patch normalised targets (the MAE reference's option); "
     "000 Eq. 7 uses raw pixels",
-    "fedmae.decoder-embed-dim": "decoder width",
-    "fedmae.decoder-depth": "decoder blocks",
-    "fedmae.decoder-num-heads": "decoder attention heads (the width must be a multiple of 4 × heads)",
+    "fedmae.decoder-embed-dim": "decoder width; `-1`: sized to the encoder, 2/3 of its width in 32-wide heads "
+    "(the MAE reference's ViT-B proportions: 768 → 512; `vit-micro` → 32); the papers' ViT-B decoder: 512",
+    "fedmae.decoder-depth": "decoder blocks; `-1`: 2/3 of the encoder's blocks, at least 1 (ViT-B: 12 → 8, "
+    "the reference's; `vit-micro` → 1); the papers': 8",
+    "fedmae.decoder-num-heads": "decoder attention heads (the width must be a multiple of 4 × heads); `-1`: "
+    "one per 32 channels of the width (the reference's 512 / 16); the papers': 16",
     "fedmae.init-checkpoint": "an MAE checkpoint (the reference's format) to start from; loaded strictly",
     "fedmae.pretrain": "`false`: no federated pre-training; fine-tune from `fedmae.init-checkpoint` or from scratch",
 }
@@ -118,16 +141,20 @@ METHOD = register_method(
             "fedmae.mask-ratio": 0.75,
             "fedmae.exclude": "cls-token",
             "fedmae.norm-pix-loss": False,
-            "fedmae.decoder-embed-dim": 512,
-            "fedmae.decoder-depth": 8,
-            "fedmae.decoder-num-heads": 16,
+            # -1: sized to the encoder (fedderm.mae.decoder_defaults); 000/003's ViT-B decoder is 512 × 8 × 16
+            "fedmae.decoder-embed-dim": -1,
+            "fedmae.decoder-depth": -1,
+            "fedmae.decoder-num-heads": -1,
             "fedmae.init-checkpoint": "",
             "fedmae.pretrain": True,
             **MIM_OPTIONS,
         },
-        defaults=MAE_RECIPE,
+        # 000 §IV-A: "a learnable class embedding ..., whose state at the Transformer output is the visual
+        # representation of the input image" (003's Fed-MAE fine-tunes on average pooling: its presets say so)
+        defaults={**MAE_RECIPE, "vit-pool": "token"},
+        resolve="fedderm.mae:decoder_defaults",
         sends=("arrays", "metrics", "local-arrays"),
-        check=check_mim,
+        check=check_fedmae,
         model="vit-base",
         models=VIT_MODELS,
         paper_image_size=224,
