@@ -496,7 +496,7 @@ KEY_DOCS: dict[str, str] = {
     "methods that average one model per reply (FedAvg, FedProx, FedBN, FL-BT, MOON, Semi-FL, the self-supervised "
     "pre-training and fine-tuning, LoRA adapters); refused for `scaffold` and `feddyn` (their server step needs the "
     'mean), `sift` (a ring, nothing averaged), `local`/`localcl` (nothing averaged) and `dp.mode = "server"` '
-    "(clipping and noise calibrated to the mean); docs/security-replies-section.md",
+    "(clipping and noise calibrated to the mean); docs/security.md",
     "byzantine-clients": "f: how many bad replies a robust `aggregation` must withstand: `min-clients` must be "
     ">= 2f + 1 (`median`), 2f + 3 (`krum`, `multi-krum`), 4f + 3 (`bulyan`), and `trimmed-mean` cut at least f "
     "per side (int(`trimmed-mean-beta` x `min-clients`) >= f); checked before the run",

@@ -147,7 +147,7 @@ def mean_only(cfg: Config, method: str, why: str) -> None:
         raise ConfigError(
             f"run-config key 'aggregation' = {cfg.aggregation!r} does not apply to method {method!r}: "
             f'{why}; set aggregation = "mean" (robust rules fit the methods that average one model '
-            "per reply: docs/security-replies-section.md)"
+            "per reply: docs/security.md)"
         )
 
 
