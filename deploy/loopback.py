@@ -894,9 +894,12 @@ def main(argv: list[str] | None = None) -> int:
             failures.append(f"{type(err).__name__}: {err}")
         finally:
             fed.stop()
-    print(f"stopped every process started ({time.monotonic() - t0:.0f} s in all); work folder: {workdir}")
+    print(f"stopped every process started ({time.monotonic() - t0:.0f} s in all)")
     if not args.keep and not failures and args.workdir is None:
         shutil.rmtree(workdir, ignore_errors=True)
+        print(f"work folder {workdir} removed, with the results above (--keep keeps it)")
+    else:
+        print(f"work folder (kept): {workdir}")
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1
