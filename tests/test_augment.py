@@ -158,9 +158,9 @@ def test_fedmae_client_pretrains_and_finetunes_on_the_runs_policy(
     assert set(seen) == ({Policy(crop_scale=(0.2, 1.0))} if augment == "paper" else set())
     seen.clear()
     from clients.common import session
-    from fedderm.models import create_model
+    from fedderm.models import create_classifier
 
-    clf = create_model("vit-micro", session(ctx).data.num_classes, 16)
+    clf = create_classifier(session(ctx).cfg, session(ctx).data.num_classes)
     msg = Message(
         RecordDict({"arrays": ArrayRecord(clf.state_dict()), "config": config}),
         dst_node_id=1,
