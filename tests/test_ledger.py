@@ -297,6 +297,21 @@ def test_sweep_writes_provenance_and_the_arms_validation_curves(swept):
         )
 
 
+def test_a_one_axis_sweeps_figure_names_its_title_once():
+    """A sweep with one axis has one panel named by its title: the figure heads with the title and
+    leaves the panel untitled (a second copy at panel width was cut off); panels of a two-axis sweep
+    keep their names."""
+    arm = {"round": [0, 1], "mean": [0.1, 0.5], "low": [0.1, 0.4], "high": [0.1, 0.6], "n": 2}
+    title = "004 claims, Tables II-IV on stained centres: FL-BT vs FedAvg and FedBN (per centre, GTA)"
+    fig = sweep_plots.curves_figure({"metric": "accuracy", "panels": {title: {"FedAvg": arm}}}, title)
+    assert [ax.get_title() for ax in fig.axes] == [""]
+    assert fig.get_suptitle().replace("\n", " ").startswith(title)
+    two = {"metric": "accuracy", "panels": {"digits": {"FedAvg": arm}, "synthetic centres": {"FedAvg": arm}}}
+    fig = sweep_plots.curves_figure(two, title)
+    assert [ax.get_title() for ax in fig.axes] == ["digits", "synthetic centres"]
+    assert sweep_plots.curves_figure({"metric": "accuracy", "panels": {}}) is None
+
+
 def test_importer_records_the_runs_and_their_table_to_the_digit(swept, tmp_path):
     sweep_file, out = swept
     prov = json.loads((out / records.PROVENANCE).read_text())
