@@ -404,8 +404,6 @@ def test_every_claims_experiment_has_a_registered_comparison():
     registered = {c["source"].split(":")[0] for c in claims.load_registry(ROOT)[0]}
     for path in sorted((ROOT / "sweeps" / "claims").glob("*.toml")):
         ids = {records.sweep_id(path.stem), records.sweep_id(path.stem, gpu=True)}
-        if path.stem == "004-flbt-centres":  # added with its records
-            continue
         assert ids & registered, path.name
         assert fs.load_sweep(path).reference
 
