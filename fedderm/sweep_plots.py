@@ -71,9 +71,21 @@ def curve_data(table: Mapping[str, Any], runs: Mapping[str, Mapping[str, Any]]) 
 
 def plot_curves(data: Mapping[str, Any], path: Path, title: str = "") -> bool:
     """Write the figure (matplotlib, Agg); False when there is nothing to draw."""
+    fig = curves_figure(data, title)
+    if fig is None:
+        return False
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    return True
+
+
+def curves_figure(data: Mapping[str, Any], title: str = ""):
+    """The figure :func:`plot_curves` writes, or None.  A sweep with one axis has one panel, named by
+    the sweep's title (:func:`curve_data`): the title then heads the figure once, not the panel too."""
+    import textwrap
+
     panels = data["panels"]
     if not panels:
-        return False
+        return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -91,19 +103,17 @@ def plot_curves(data: Mapping[str, Any], path: Path, title: str = "") -> bool:
                     c["round"], [100 * v for v in c["low"]], [100 * v for v in c["high"]],
                     color=line.get_color(), alpha=0.18, lw=0,
                 )  # fmt: skip
-        ax.set_title(name, fontsize=9)
+        if name != title:
+            ax.set_title(textwrap.fill(name, width=60), fontsize=9)
         ax.set_xlabel("round")
         ax.set_ylabel(f"validation {data['metric'].replace('_', ' ')} (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     if title:
-        import textwrap
-
         head = textwrap.fill(title, width=int(55 * cols))
         fig.suptitle(f"{head}\nmean over seeds; band: lowest to highest seed", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"Software": None})
-    return True
+    return fig
 
 
 def write_curves(table: Mapping[str, Any], results: list[Mapping[str, Any]], folder: Path) -> Path | None:

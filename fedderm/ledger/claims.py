@@ -3,7 +3,8 @@
 Each ``[[claim]]`` is one pre-registered comparison: a paper's claim as a paired difference
 (``row`` − ``vs`` of a sweep, a ``metric``), the paper's own effect in the same direction and where
 it is from, and the ``group`` of comparisons that together make the paper's claim (e.g. "FL-BT
-above every baseline": all must hold, :func:`fedderm.ledger.stats.combine`).  :func:`evaluate`
+above every baseline": all must hold, :func:`fedderm.ledger.stats.combine`, by the group's ``rule``
+when its sweep file registered another order than the default).  :func:`evaluate`
 computes each comparison's interval, detectable effect and four-way verdict from its source
 (records, else the printed unrecorded table), and the page blocks and the forest plot are made from
 that.
@@ -30,7 +31,7 @@ CLAIM_KEYS = {
     "id", "paper", "claim", "group", "paper_effect", "direction", "paper_source", "source", "row", "vs",
     "row2", "vs2", "metric", "unit", "setting", "printed", "n", "commit", "needs_records",
 }  # fmt: skip
-GROUP_KEYS = {"id", "title", "paper", "registered"}
+GROUP_KEYS = {"id", "title", "paper", "registered", "rule"}
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Group:
 
     @property
     def verdict(self) -> str:
-        return stats.combine([m.verdict for m in self.members])
+        return stats.combine([m.verdict for m in self.members], self.group.get("rule", "underpowered-first"))
 
 
 @dataclass
@@ -85,6 +86,10 @@ def load_registry(root: Path) -> tuple[list[dict], list[dict]]:
         bad = set(g) - GROUP_KEYS
         if bad or "id" not in g or "title" not in g:
             raise LedgerError(f"{path}: group {g.get('id')!r}: needs id and title; unknown {sorted(bad)}")
+        if g.get("rule", "underpowered-first") not in stats.COMBINE_RULES:
+            raise LedgerError(
+                f"{path}: group {g['id']!r}: rule {g['rule']!r} is not one of {', '.join(stats.COMBINE_RULES)}"
+            )
         seen.add(g["id"])
     ids: set[str] = set()
     for c in claims:

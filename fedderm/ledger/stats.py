@@ -84,18 +84,32 @@ def verdict(ci: Sequence[float] | None, paper_effect: float | None, direction: i
     return UNDERPOWERED if low <= paper_effect <= high else SMALLER
 
 
-def combine(verdicts: Sequence[str]) -> str:
+#: how a claim's comparisons combine when not all are reproduced: the verdicts checked in order, the
+#: first one present wins.  ``underpowered-first`` (the default): any comparison this experiment
+#: could not tell leaves the claim open.  ``smaller-first``: a comparison that rules out the paper's
+#: effect decides before one that cannot tell (the rule some sweep files pre-register).
+COMBINE_RULES = {
+    "underpowered-first": (CONTRADICTED, UNDERPOWERED, NOT_TESTED, SMALLER),
+    "smaller-first": (CONTRADICTED, SMALLER, UNDERPOWERED, NOT_TESTED),
+}
+
+
+def combine(verdicts: Sequence[str], rule: str = "underpowered-first") -> str:
     """A claim made of several comparisons that must all hold (e.g. "above every baseline"):
-    reproduced when every one is, contradicted when any is, else underpowered when any is (the
-    experiment could not tell), else not tested when any is, else smaller than the paper's."""
+    reproduced when every one is, contradicted when any is; else, by ``rule``
+    (:data:`COMBINE_RULES`), underpowered when any is (the experiment could not tell), else not
+    tested when any is, else smaller than the paper's; or, ``smaller-first``, smaller than the
+    paper's when any is, else underpowered, else not tested."""
+    if rule not in COMBINE_RULES:
+        raise ValueError(f"combine rule {rule!r}: one of {', '.join(COMBINE_RULES)}")
     if not verdicts:
         return NOT_TESTED
     if all(v == REPRODUCED for v in verdicts):
         return REPRODUCED
-    for v in (CONTRADICTED, UNDERPOWERED, NOT_TESTED):
+    for v in COMBINE_RULES[rule]:
         if v in verdicts:
             return v
-    return SMALLER
+    raise ValueError(f"unknown verdicts among {list(verdicts)}")
 
 
 def expected_false_exclusions(n_intervals: int, level: float = LEVEL) -> float:
