@@ -107,33 +107,44 @@ def _same_tensors(a: Mapping, b: Mapping) -> bool:
     return True
 
 
+def _mapped(obj: Any, leaf) -> Any:
+    """``obj`` with ``leaf(x)`` in place of every part ``x`` for which it is not None, walking dicts,
+    lists and tuples; a container none of whose parts changed is returned as it is (the same object)."""
+    new = leaf(obj)
+    if new is not None:
+        return new
+    if isinstance(obj, dict):
+        items = {k: _mapped(v, leaf) for k, v in obj.items()}
+        return obj if all(items[k] is v for k, v in obj.items()) else items
+    if isinstance(obj, (list, tuple)):
+        values = [_mapped(v, leaf) for v in obj]
+        return obj if all(a is b for a, b in zip(values, obj)) else type(obj)(values)
+    return obj
+
+
+def _as_marked_tensor(obj: Any) -> Any:
+    if isinstance(obj, (np.ndarray, np.generic)) and obj.dtype.kind in "biufc":
+        return {NDARRAY: torch.from_numpy(np.array(obj, copy=True))}
+    return None
+
+
+def _as_numpy(obj: Any) -> Any:
+    if isinstance(obj, dict) and set(obj) == {NDARRAY} and isinstance(obj[NDARRAY], torch.Tensor):
+        array = obj[NDARRAY].numpy()
+        return array[()] if array.ndim == 0 else array
+    return None
+
+
 def _storable(obj: Any) -> Any:
     """``obj`` with every numpy array and scalar as a tensor marked :data:`NDARRAY` (their dtype
     kept), so that ``weights_only`` loads it; :func:`_restored` gives them back as numpy.  Parts
     without numpy are returned as they are (the same objects)."""
-    if isinstance(obj, (np.ndarray, np.generic)) and obj.dtype.kind in "biufc":
-        return {NDARRAY: torch.from_numpy(np.array(obj, copy=True))}
-    if isinstance(obj, dict):
-        items = {k: _storable(v) for k, v in obj.items()}
-        return obj if all(items[k] is v for k, v in obj.items()) else items
-    if isinstance(obj, (list, tuple)):
-        values = [_storable(v) for v in obj]
-        return obj if all(a is b for a, b in zip(values, obj)) else type(obj)(values)
-    return obj
+    return _mapped(obj, _as_marked_tensor)
 
 
 def _restored(obj: Any) -> Any:
     """``obj`` with the numpy values :func:`_storable` marked given back as numpy."""
-    if isinstance(obj, dict):
-        if set(obj) == {NDARRAY} and isinstance(obj[NDARRAY], torch.Tensor):
-            array = obj[NDARRAY].numpy()
-            return array[()] if array.ndim == 0 else array
-        items = {k: _restored(v) for k, v in obj.items()}
-        return obj if all(items[k] is v for k, v in obj.items()) else items
-    if isinstance(obj, (list, tuple)):
-        values = [_restored(v) for v in obj]
-        return obj if all(a is b for a, b in zip(values, obj)) else type(obj)(values)
-    return obj
+    return _mapped(obj, _as_numpy)
 
 
 def _save(path: Path, obj: Any) -> None:
