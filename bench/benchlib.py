@@ -61,6 +61,20 @@ def print_machine(info: dict | None = None) -> dict:
     return info
 
 
+def report(text: str, info: dict, wall: float, out: str | None, payload: dict) -> None:
+    """Print a benchmark's table, its wall time and the load average at its start (``info``, from
+    :func:`machine`) and end; with ``out``, write the table there and ``payload`` with the wall
+    time, the machine and the final load average beside it (``.json``)."""
+    print(text)
+    end = machine()["loadavg"]
+    print(f"total wall {wall:.0f} s; load average at start {info['loadavg']}, at end {end}")
+    if out:
+        Path(out).write_text(text + "\n")
+        Path(out).with_suffix(".json").write_text(
+            json.dumps({**payload, "wall": wall, "machine": info, "loadavg_end": end}, indent=1)
+        )
+
+
 def tree_rss(pid: int) -> int:
     """Bytes resident in ``pid`` and every descendant process (0 once it is gone)."""
     kids, todo, total = procs.children(), [pid], 0

@@ -113,15 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({k: v for k, v in row.items() if k != "run_dir"}), flush=True)
             rows.append(row)
     wall = time.perf_counter() - t0
-    text = table(rows, SETTINGS["fedclf.relay-delta"])
-    print(text)
-    end = benchlib.machine()["loadavg"]
-    print(f"total wall {wall:.0f} s; load average at start {info['loadavg']}, at end {end}")
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-        Path(args.out).with_suffix(".json").write_text(
-            json.dumps({"rows": rows, "wall": wall, "machine": info, "loadavg_end": end}, indent=1)
-        )
+    benchlib.report(table(rows, SETTINGS["fedclf.relay-delta"]), info, wall, args.out, {"rows": rows})
     return 0
 
 

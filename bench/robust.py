@@ -187,17 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 clean[rule] = one_run(rule, 1.0, args.clients, args.rounds, Path(tmp), args.seed)
                 print(json.dumps(clean[rule]), flush=True)
     wall = time.perf_counter() - t0
-    text = table(rows, clean, args.scale)
-    print(text)
-    end = benchlib.machine()["loadavg"]
-    print(f"total wall {wall:.0f} s; load average at start {info['loadavg']}, at end {end}")
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-        Path(args.out).with_suffix(".json").write_text(
-            json.dumps(
-                {"rows": rows, "clean": clean, "wall": wall, "machine": info, "loadavg_end": end}, indent=1
-            )
-        )
+    benchlib.report(table(rows, clean, args.scale), info, wall, args.out, {"rows": rows, "clean": clean})
     return 0
 
 
