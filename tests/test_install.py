@@ -24,14 +24,15 @@ def test_the_build_is_cpu_unless_a_gpu_is_found_or_cuda_is_asked_for(torch, plat
 
 def test_the_cpu_build_comes_from_its_index_first_and_only_when_it_answers():
     cpu = install.pip_commands("cpu", "https://idx/cpu", "", "/app")
-    assert [c[4:] for c in cpu] == [
+    assert all(c[1:5] == ["-m", "pip", "install", "--no-compile"] for c in cpu)  # compileall does it
+    assert [c[5:] for c in cpu] == [
         ["torch", "torchvision", "--index-url", "https://idx/cpu"],
         ["-e", "/app"],
     ]
-    assert [c[4:] for c in install.pip_commands("cpu", "https://idx/cpu", "no route", "/app")] == [
+    assert [c[5:] for c in install.pip_commands("cpu", "https://idx/cpu", "no route", "/app")] == [
         ["-e", "/app"]
     ]
-    assert [c[4:] for c in install.pip_commands("cuda", "https://idx/cpu", "", "/app[test]")] == [
+    assert [c[5:] for c in install.pip_commands("cuda", "https://idx/cpu", "", "/app[test]")] == [
         ["-e", "/app[test]"]
     ]
 
@@ -58,15 +59,14 @@ def test_a_cpu_index_out_of_reach_is_said_in_one_line_and_pip_installs_the_rest(
     )
     monkeypatch.setattr(sys, "prefix", "/v")  # an active virtual environment
     assert install.main(["--torch", "cpu", "--torch-index", index_server]) == 0
-    assert ran[0][4:] == ["torch", "torchvision", "--index-url", index_server] and ran[1][4] == "-e"
+    assert ran[0][5:] == ["torch", "torchvision", "--index-url", index_server] and ran[1][5] == "-e"
+    assert ran[2] == install.compile_command() and len(ran) == 3  # after pip, the bytecode
     assert capsys.readouterr().out.splitlines()[-1].endswith("(CPU build)")
     ran.clear()
     closed = "http://127.0.0.1:9/whl/cpu"  # nothing listens on port 9 (discard)
     assert install.main(["--torch", "cpu", "--torch-index", closed, "--extras", "test"]) == 0
-    assert len(ran) == 1 and ran[0][4:6] == [
-        "-e",
-        f"{install.Path(install.__file__).resolve().parents[1]}[test]",
-    ]
+    app = install.Path(install.__file__).resolve().parents[1]
+    assert len(ran) == 2 and ran[0][5:7] == ["-e", f"{app}[test]"] and ran[1] == install.compile_command()
     said = [line for line in capsys.readouterr().out.splitlines() if "cannot be reached" in line]
     assert len(said) == 1 and closed in said[0]
     # the CPU build asked for and its index answered, but the environment got another: an error
@@ -76,6 +76,26 @@ def test_a_cpu_index_out_of_reach_is_said_in_one_line_and_pip_installs_the_rest(
     assert install.main(["--torch", "cpu", "--torch-index", index_server]) == 1
     monkeypatch.setattr(sys, "prefix", sys.base_prefix)
     assert install.main([]) == 2 and "no virtual environment is active" in capsys.readouterr().err
+
+
+def test_bytecode_is_compiled_for_every_package_and_a_file_that_does_not_compile_is_no_error(
+    tmp_path, monkeypatch
+):
+    """pip installs with --no-compile; compile_command then compiles the environment's packages
+    (here a folder standing for site-packages) on every core, skipping a file that is not Python."""
+    import subprocess
+
+    site = tmp_path / "site-packages"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "good.py").write_text("X = 1\n")
+    (site / "pkg" / "template.py").write_text("{% if x %}\n")
+    monkeypatch.setattr(install.sysconfig, "get_paths", lambda: {"purelib": str(site), "platlib": str(site)})
+    cmd = install.compile_command()
+    assert cmd.count(str(site)) == 1 and cmd[cmd.index("-j") + 1] == "0"
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.stdout == done.stderr == ""  # quiet, also about the template
+    compiled = sorted(p.name.split(".")[0] for p in (site / "pkg" / "__pycache__").iterdir())
+    assert compiled == ["good"]
 
 
 class _Done:
