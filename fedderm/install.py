@@ -11,11 +11,12 @@ machine without an NVIDIA GPU never uses.  PyTorch publishes CPU builds on its o
 pip twice: first torch and torchvision from that index when the build is the CPU one (``--torch
 auto``, the default: the CPU build unless ``nvidia-smi`` lists a GPU), then ``pip install -e .``
 (with the extras given), which keeps the torch it finds.  pip is told not to compile bytecode
-(``--no-compile``, as uv does by default); ``compileall`` then compiles the environment's packages on
-every core, where pip compiles one file after another (78 of 186 s of a 6.8 GB install on 2 cores).  Where the CPU index cannot be reached
-(an offline mirror, a firewall), it says so in one line and pip installs torch from the sources
-it is configured with; ``--torch-index URL`` (or ``FEDDERM_TORCH_INDEX``) names a mirror of the
-CPU index.  macOS and Windows get PyPI's torch, which is a CPU build there.
+(``--no-compile``, as uv does by default); ``compileall`` then compiles the environment's packages
+on every core, where pip compiles one file after another (78 of 186 s of a 6.8 GB install on 2
+cores).  Where the CPU index cannot be reached (an offline mirror, a firewall), it says so in one
+line and pip installs torch from the sources it is configured with; ``--torch-index URL`` (or
+``FEDDERM_TORCH_INDEX``) names a mirror of the CPU index.  macOS and Windows get PyPI's torch,
+which is a CPU build there.
 
 It ends with one line: the environment's folder and size on disk, and torch's version and build.
 Run it with only the standard library (it is run before fedderm's dependencies are installed).
@@ -85,12 +86,12 @@ def pip_commands(build: str, index: str, index_error: str, target: str) -> list[
     return [*first, [*pip, "-e", target]]
 
 
-def compile_command(python: str = sys.executable) -> list[str]:
-    """``compileall`` of the environment's packages on every core (``-j 0``); files already
+def compile_command() -> list[str]:
+    """``compileall`` of this environment's packages on every core (``-j 0``); files already
     compiled are left as they are.  Quiet, also about a file that does not compile (pip ignores those
     too: some packages ship templates named ``.py``)."""
     folders = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
-    return [python, "-m", "compileall", "-qq", "-j", "0", *folders]
+    return [sys.executable, "-m", "compileall", "-qq", "-j", "0", *folders]
 
 
 def folder_size(folder: Path) -> int:
