@@ -12,8 +12,8 @@ pip twice: first torch and torchvision from that index when the build is the CPU
 auto``, the default: the CPU build unless ``nvidia-smi`` lists a GPU), then ``pip install -e .``
 (with the extras given), which keeps the torch it finds.  pip is told not to compile bytecode
 (``--no-compile``, as uv does by default); ``compileall`` then compiles the environment's packages
-on every core, where pip compiles one file after another (78 of 186 s of a 6.8 GB install on 2
-cores).  Where the CPU index cannot be reached (an offline mirror, a firewall), it says so in one
+on every core, where pip compiles one file after another (docs/benchmarks.md, "Installing:
+bytecode").  Where the CPU index cannot be reached (an offline mirror, a firewall), it says so in one
 line and pip installs torch from the sources it is configured with; ``--torch-index URL`` (or
 ``FEDDERM_TORCH_INDEX``) names a mirror of the CPU index.  macOS and Windows get PyPI's torch,
 which is a CPU build there.
